@@ -1,0 +1,391 @@
+"""Integer index arithmetic: linear forms, range-aware simplification and interval bounds.
+
+Index expressions after splits and layout changes look like `((jo*16 + ji) // 16, (jo*16 + ji) % 16)`.
+Turning them back into `(jo, ji)` is what lets the code generator emit unit-stride vector loads, so
+the simplifier works on linear forms `Σ coef·atom + const` and uses the loop ranges it is given.
+Only `INDEX_DTYPE` expressions are linearized; other integer types keep their wrap-around semantics.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .expr import (INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not, Select, Var,
+                   children, rebuild)
+
+
+class Lin:
+    """Σ coef·atom + const over int64; atoms are Vars or non-linear sub-expressions."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms=None, const=0):
+        self.terms = terms or {}  # key -> [atom, coef]
+        self.const = const
+
+    def add(self, other: "Lin", scale: int = 1) -> "Lin":
+        terms = {k: [a, c] for k, (a, c) in self.terms.items()}
+        for k, (a, c) in other.terms.items():
+            if k in terms:
+                terms[k][1] += c * scale
+                if terms[k][1] == 0:
+                    del terms[k]
+            elif c * scale:
+                terms[k] = [a, c * scale]
+        return Lin(terms, self.const + other.const * scale)
+
+    def scale(self, s: int) -> "Lin":
+        if s == 0:
+            return Lin()
+        return Lin({k: [a, c * s] for k, (a, c) in self.terms.items()}, self.const * s)
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def coef_of(self, var: Var) -> int:
+        t = self.terms.get(var)
+        return t[1] if t else 0
+
+
+def struct_key(e: Expr):
+    """A hashable key equal for structurally equal expressions (variables by identity)."""
+    if isinstance(e, Var):
+        return e
+    if isinstance(e, Const):
+        return ("c", e.value, e.dtype)
+    head = (type(e).__name__, getattr(e, "op", None), getattr(e, "func", None), e.dtype,
+            id(getattr(e, "buffer", None)) if hasattr(e, "buffer") else None)
+    return head + tuple(struct_key(c) for c in children(e))
+
+
+def _atom(e: Expr) -> Lin:
+    if isinstance(e, Const):
+        return Lin({}, e.value)
+    return Lin({struct_key(e): [e, 1]}, 0)
+
+
+def expr_range(e: Expr, ranges: dict):
+    """Inclusive integer range (lo, hi) of an int64 expression, or None when unknown."""
+    return lin_range(to_lin(e, ranges), ranges)
+
+
+def lin_range(lin: Lin, ranges: dict):
+    lo = hi = lin.const
+    for atom, c in lin.terms.values():
+        r = _atom_range(atom, ranges)
+        if r is None:
+            return None
+        a, b = (r[0] * c, r[1] * c) if c > 0 else (r[1] * c, r[0] * c)
+        lo += a
+        hi += b
+    return lo, hi
+
+
+def _atom_range(atom: Expr, ranges: dict):
+    if isinstance(atom, Var):
+        return ranges.get(atom)
+    if isinstance(atom, Binary):
+        if atom.op in ("floordiv", "floormod") and isinstance(atom.b, Const) and atom.b.value > 0:
+            c = atom.b.value
+            r = expr_range(atom.a, ranges)
+            if atom.op == "floordiv":
+                return None if r is None else (r[0] // c, r[1] // c)
+            if r is not None and r[0] // c == r[1] // c:
+                return (r[0] % c, r[1] % c)
+            return (0, c - 1)
+        ra, rb = expr_range(atom.a, ranges), expr_range(atom.b, ranges)
+        if ra is None or rb is None:
+            return None
+        if atom.op == "min":
+            return (min(ra[0], rb[0]), min(ra[1], rb[1]))
+        if atom.op == "max":
+            return (max(ra[0], rb[0]), max(ra[1], rb[1]))
+        if atom.op == "mul":
+            prods = [x * y for x in ra for y in rb]
+            return (min(prods), max(prods))
+    if isinstance(atom, Select):
+        rt, rf = expr_range(atom.t, ranges), expr_range(atom.f, ranges)
+        if rt is None or rf is None:
+            return None
+        return (min(rt[0], rf[0]), max(rt[1], rf[1]))
+    return None
+
+
+def to_lin(e: Expr, ranges: dict) -> Lin:
+    """Linear form of an int64 expression, simplifying floordiv/floormod with the known ranges."""
+    if isinstance(e, Const):
+        return Lin({}, e.value)
+    if isinstance(e, Var):
+        return Lin({e: [e, 1]}, 0)
+    if isinstance(e, Binary) and e.dtype == INDEX_DTYPE:
+        if e.op in ("add", "sub"):
+            return to_lin(e.a, ranges).add(to_lin(e.b, ranges), 1 if e.op == "add" else -1)
+        if e.op == "mul":
+            la, lb = to_lin(e.a, ranges), to_lin(e.b, ranges)
+            if la.is_const():
+                return lb.scale(la.const)
+            if lb.is_const():
+                return la.scale(lb.const)
+            return _atom(Binary("mul", from_lin(la), from_lin(lb), e.dtype))
+        if e.op in ("floordiv", "floormod"):
+            lb = to_lin(e.b, ranges)
+            if lb.is_const() and lb.const > 0:
+                return _divmod(e.op, to_lin(e.a, ranges), lb.const, ranges)
+            return _atom(Binary(e.op, from_lin(to_lin(e.a, ranges)), from_lin(lb), e.dtype))
+        if e.op in ("min", "max"):
+            la, lb = to_lin(e.a, ranges), to_lin(e.b, ranges)
+            r = lin_range(la.add(lb, -1), ranges)
+            if r is not None:
+                if r[1] <= 0:
+                    return la if e.op == "min" else lb
+                if r[0] >= 0:
+                    return lb if e.op == "min" else la
+            return _atom(Binary(e.op, from_lin(la), from_lin(lb), e.dtype))
+    if isinstance(e, Cast) and e.dtype == INDEX_DTYPE and e.value.dtype in ("int32", "int8"):
+        inner = simplify(e.value, ranges)
+        if isinstance(inner, Const):
+            return Lin({}, inner.value)
+        return _atom(Cast(e.dtype, inner))
+    if e.dtype != INDEX_DTYPE:
+        raise TypeError(f"to_lin on a {e.dtype} expression")
+    return _atom(simplify(e, ranges))
+
+
+def _divmod(op: str, la: Lin, c: int, ranges: dict) -> Lin:
+    """floor(la / c) or la mod c, pulling out the part of la that is a multiple of c."""
+    q_terms, r_terms = {}, {}
+    for k, (a, coef) in la.terms.items():
+        if coef % c == 0:
+            q_terms[k] = [a, coef // c]
+        else:
+            r_terms[k] = [a, coef]
+    qc, rc = divmod(la.const, c)
+    rest = Lin(r_terms, rc)
+    r = lin_range(rest, ranges)
+    if r is not None and r[0] // c == r[1] // c:
+        m = r[0] // c
+        if op == "floordiv":
+            return Lin(q_terms, qc + m)
+        return rest.add(Lin({}, -m * c))
+    if rest.is_const():
+        return Lin(q_terms, qc + rest.const // c) if op == "floordiv" else Lin({}, rest.const % c)
+    atom = _atom(Binary(op, from_lin(rest), Const(c, INDEX_DTYPE), INDEX_DTYPE))
+    if op == "floordiv":
+        return Lin(q_terms, qc).add(atom)
+    return atom
+
+
+def from_lin(lin: Lin) -> Expr:
+    """Back to an expression tree; terms with positive coefficients first for readable output."""
+    items = sorted(lin.terms.values(), key=lambda t: t[1] < 0)
+    out = None
+    for atom, c in items:
+        if out is None:
+            term = atom if c == 1 else Binary("mul", atom, Const(c, INDEX_DTYPE), INDEX_DTYPE)
+            out = term if c > 0 else Binary("mul", atom, Const(c, INDEX_DTYPE), INDEX_DTYPE)
+            continue
+        mag = abs(c)
+        term = atom if mag == 1 else Binary("mul", atom, Const(mag, INDEX_DTYPE), INDEX_DTYPE)
+        out = Binary("add" if c > 0 else "sub", out, term, INDEX_DTYPE)
+    if out is None:
+        return Const(lin.const, INDEX_DTYPE)
+    if lin.const:
+        out = Binary("add" if lin.const > 0 else "sub", out, Const(abs(lin.const), INDEX_DTYPE), INDEX_DTYPE)
+    return out
+
+
+# ----------------------------------------------------------------------------- general simplify
+
+_CMP = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+        "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+
+
+def simplify(e: Expr, ranges: dict | None = None) -> Expr:
+    """Fold constants, normalize index arithmetic, decide comparisons the ranges settle."""
+    ranges = ranges if ranges is not None else {}
+    if isinstance(e, (Var, Const)):
+        return e
+    if e.dtype == INDEX_DTYPE and isinstance(e, (Binary, Cast)):
+        return from_lin(to_lin(e, ranges))
+    if isinstance(e, Compare):
+        return _simplify_compare(e, ranges)
+    if isinstance(e, Logical):
+        a, b = simplify(e.a, ranges), simplify(e.b, ranges)
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, Const):
+                if e.op == "and":
+                    return y if x.value else Const(False, "bool")
+                return Const(True, "bool") if x.value else y
+        return Logical(e.op, a, b)
+    if isinstance(e, Not):
+        a = simplify(e.a, ranges)
+        return Const(not a.value, "bool") if isinstance(a, Const) else Not(a)
+    if isinstance(e, Select):
+        cond = simplify(e.cond, ranges)
+        if isinstance(cond, Const):
+            return simplify(e.t if cond.value else e.f, ranges)
+        return Select(cond, simplify(e.t, ranges), simplify(e.f, ranges))
+    kids = children(e)
+    new = tuple(simplify(k, ranges) for k in kids)
+    if isinstance(e, Cast) and isinstance(new[0], Const):
+        return Const(_cast_value(new[0].value, e.dtype), e.dtype)
+    if isinstance(e, Binary) and all(isinstance(k, Const) for k in new):
+        folded = _fold_binary(e.op, new[0].value, new[1].value, e.dtype)
+        if folded is not None:
+            return Const(folded, e.dtype)
+    if any(n is not k for n, k in zip(new, kids)):
+        return rebuild(e, new)
+    return e
+
+
+def _simplify_compare(e: Compare, ranges) -> Expr:
+    a, b = simplify(e.a, ranges), simplify(e.b, ranges)
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(_CMP[e.op](a.value, b.value), "bool")
+    if a.dtype == INDEX_DTYPE:
+        d = to_lin(a, ranges).add(to_lin(b, ranges), -1)
+        r = lin_range(d, ranges)
+        if r is not None:
+            lo, hi = r
+            verdict = {"lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0), "gt": (lo > 0, hi <= 0),
+                       "ge": (lo >= 0, hi < 0), "eq": (lo == hi == 0, lo > 0 or hi < 0),
+                       "ne": (lo > 0 or hi < 0, lo == hi == 0)}[e.op]
+            if verdict[0]:
+                return Const(True, "bool")
+            if verdict[1]:
+                return Const(False, "bool")
+        const = d.const
+        d.const = 0
+        return Compare(e.op, from_lin(d), Const(-const, INDEX_DTYPE))
+    return Compare(e.op, a, b)
+
+
+def _cast_value(v, dtype):
+    if dtype == "bool":
+        return bool(v)
+    if dtype.startswith("int"):
+        bits = int(dtype[3:])
+        v = int(math.trunc(v))
+        v &= (1 << bits) - 1
+        return v - (1 << bits) if v >= 1 << (bits - 1) else v
+    return float(v)
+
+
+def _fold_binary(op, a, b, dtype):
+    try:
+        if op == "add":
+            v = a + b
+        elif op == "sub":
+            v = a - b
+        elif op == "mul":
+            v = a * b
+        elif op == "div":
+            v = a / b
+        elif op == "floordiv":
+            v = a // b
+        elif op == "floormod":
+            v = a % b
+        elif op == "min":
+            v = min(a, b)
+        elif op == "max":
+            v = max(a, b)
+        elif op == "pow":
+            v = a ** b
+        else:
+            return None
+    except (ZeroDivisionError, OverflowError, ValueError):
+        return None
+    return _cast_value(v, dtype) if dtype.startswith("int") else float(v)
+
+
+def prove(cond: Expr, ranges: dict) -> bool:
+    """True when the ranges show `cond` always holds."""
+    s = simplify(cond, ranges)
+    return isinstance(s, Const) and bool(s.value)
+
+
+# ----------------------------------------------------------------------------- bounds
+
+def bound(e: Expr, relax: dict, ranges: dict):
+    """(lo, hi) Lin forms of `e` when the vars in `relax` (Var -> (lo, hi)) take every value.
+
+    Other variables stay symbolic. Returns None when a relaxed variable sits inside something
+    non-monotonic the analysis cannot bound.
+    """
+    all_ranges = dict(ranges)
+    all_ranges.update(relax)
+    lin = to_lin(e, all_ranges) if e.dtype == INDEX_DTYPE else None
+    if lin is None:
+        return None
+    lo, hi = Lin({}, lin.const), Lin({}, lin.const)
+    for key, (atom, c) in lin.terms.items():
+        r = _atom_bound(atom, relax, ranges)
+        if r is None:
+            return None
+        alo, ahi = r
+        if c > 0:
+            lo, hi = lo.add(alo, c), hi.add(ahi, c)
+        else:
+            lo, hi = lo.add(ahi, c), hi.add(alo, c)
+    return lo, hi
+
+
+def _mentions(e: Expr, vars_) -> bool:
+    if isinstance(e, Var):
+        return e in vars_
+    return any(_mentions(c, vars_) for c in children(e))
+
+
+def _atom_bound(atom: Expr, relax: dict, ranges: dict):
+    if not _mentions(atom, relax):
+        lin = _atom(atom)
+        return lin, lin
+    if isinstance(atom, Var):
+        lo, hi = relax[atom]
+        return Lin({}, lo), Lin({}, hi)
+    if isinstance(atom, Binary) and isinstance(atom.b, Const) and atom.op in ("floordiv", "floormod"):
+        c = atom.b.value
+        inner = bound(atom.a, relax, ranges)
+        if inner is None:
+            return None
+        lo, hi = inner
+        if atom.op == "floordiv":
+            return _divmod("floordiv", lo, c, ranges), _divmod("floordiv", hi, c, ranges)
+        return Lin({}, 0), Lin({}, c - 1)
+    if isinstance(atom, Binary) and atom.op in ("min", "max"):
+        ba, bb = bound(atom.a, relax, ranges), bound(atom.b, relax, ranges)
+        if ba is None or bb is None:
+            return None
+        pick = _lin_min if atom.op == "min" else _lin_max
+        return pick(ba[0], bb[0], ranges), pick(ba[1], bb[1], ranges)
+    if isinstance(atom, Select):
+        bt, bf = bound(atom.t, relax, ranges), bound(atom.f, relax, ranges)
+        if bt is None or bf is None:
+            return None
+        return _lin_min(bt[0], bf[0], ranges), _lin_max(bt[1], bf[1], ranges)
+    return None
+
+
+def _lin_min(a: Lin, b: Lin, ranges):
+    r = lin_range(a.add(b, -1), ranges)
+    if r is not None and r[1] <= 0:
+        return a
+    if r is not None and r[0] >= 0:
+        return b
+    return _atom(Binary("min", from_lin(a), from_lin(b), INDEX_DTYPE))
+
+
+def _lin_max(a: Lin, b: Lin, ranges):
+    r = lin_range(a.add(b, -1), ranges)
+    if r is not None and r[1] <= 0:
+        return b
+    if r is not None and r[0] >= 0:
+        return a
+    return _atom(Binary("max", from_lin(a), from_lin(b), INDEX_DTYPE))
+
+
+
+def substitute_var(e: Expr, var: Var, value: Expr, ranges: dict) -> Expr:
+    """`e` with `var` replaced by `value`, simplified."""
+    from .expr import substitute
+    return simplify(substitute(e, {var: value}), ranges)

@@ -1,0 +1,528 @@
+"""LLVM IR generation from the loop IR, with llvmlite.ir.
+
+- A `vectorized` loop is emitted once with its variable standing for all lanes: unit-stride
+  loads/stores become vector loads/stores, other accesses gathers/scatters, guards that depend on
+  the lane become masks (masked loads/stores), uniform values stay scalar and are broadcast.
+- An `unrolled` loop is emitted once per iteration with its variable a constant.
+- A `parallel` loop is outlined into a function run by libgomp's GOMP_parallel, each thread taking
+  a contiguous chunk of iterations (static schedule).
+- Kernel arguments are `noalias`; scratch buffers are 64-byte aligned (stack for small local
+  tiles, which LLVM then keeps in registers; aligned_alloc for large ones).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from . import arith
+from .expr import (Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, walk)
+from .loop_ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt,
+                      Store, walk_stmts)
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+LLTYPE = {"float32": F32, "float64": F64, "int8": I8, "int32": I32, "int64": I64, "bool": I1}
+STACK_LIMIT_BYTES = 32 * 1024
+FAST = ("contract",)
+
+_ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _mangle(t) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_mangle(t.element)}"
+    if t == F32:
+        return "f32"
+    if t == F64:
+        return "f64"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    return "p0"
+
+
+class ModuleBuilder:
+    """One LLVM module holding a kernel and the functions outlined from its parallel loops."""
+
+    def __init__(self, func: LoweredFunc, target):
+        self.func = func
+        self.target = target
+        self.module = ir.Module(name=func.name)
+        self.module.triple = target.triple
+        self.n_outlined = 0
+
+    def declare(self, name: str, ret, args, varargs=False):
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args, var_arg=varargs), name=name)
+        return fn
+
+    def intrinsic(self, base: str, ret, args, types):
+        name = base + "".join("." + _mangle(t) for t in types)
+        return self.declare(name, ret, args)
+
+    def build(self) -> ir.Module:
+        f = self.func
+        fnty = ir.FunctionType(I32, [PTR] * len(f.args))
+        fn = ir.Function(self.module, fnty, name=f.name)
+        for a in fn.args:
+            a.add_attribute("noalias")
+        em = FunctionEmitter(self, fn)
+        for buf, arg in zip(f.args, fn.args):
+            em.buffers[buf] = arg
+        em.emit_stmt(f.body)
+        em.builder.ret(ir.Constant(I32, 0))
+        return self.module
+
+
+class FunctionEmitter:
+    """Emits statements into one LLVM function."""
+
+    def __init__(self, mb: ModuleBuilder, fn: ir.Function):
+        self.mb = mb
+        self.fn = fn
+        self.entry = fn.append_basic_block("entry")
+        self.builder = ir.IRBuilder(fn.append_basic_block("body"))
+        self.vars: dict = {}
+        self.buffers: dict = {}
+        self.vec_var = None
+        self.lanes = 0
+        self.mask = None
+        self.ranges: dict = {}
+        self.in_parallel = False
+        # the entry block only holds allocas; it falls through to the body
+        ir.IRBuilder(self.entry).branch(self.builder.block)
+
+    # ------------------------------------------------------------------ statements
+    def emit_stmt(self, s: Stmt):
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                self.emit_stmt(x)
+        elif isinstance(s, For):
+            self.emit_for(s)
+        elif isinstance(s, Store):
+            self.emit_store(s)
+        elif isinstance(s, Allocate):
+            self.emit_allocate(s)
+        elif isinstance(s, IfThenElse):
+            self.emit_if(s)
+        elif isinstance(s, LetStmt):
+            self.vars[s.var] = self.emit_expr(s.value)
+            self.emit_stmt(s.body)
+        else:
+            raise TypeError(f"cannot generate code for {type(s).__name__}")
+
+    def emit_for(self, s: For):
+        self.ranges[s.var] = (0, s.extent - 1)
+        if s.kind == "unrolled":
+            for i in range(s.extent):
+                self.vars[s.var] = ir.Constant(I64, i)
+                self.emit_stmt(s.body)
+            return
+        if s.kind == "vectorized" and self.vec_var is None:
+            self.vec_var, self.lanes = s.var, s.extent
+            self.vars[s.var] = ir.Constant(ir.VectorType(I64, s.extent), list(range(s.extent)))
+            self.emit_stmt(s.body)
+            self.vec_var, self.lanes = None, 0
+            return
+        if s.kind == "parallel" and not self.in_parallel and self.vec_var is None and s.extent > 1:
+            self.emit_parallel(s)
+            return
+        self.emit_serial_loop(s.var, ir.Constant(I64, 0), ir.Constant(I64, s.extent), s.body)
+
+    def emit_serial_loop(self, var, start, end, body):
+        b = self.builder
+        pre = b.block
+        loop = self.fn.append_basic_block(f"for_{var.name}")
+        exit_ = self.fn.append_basic_block(f"end_{var.name}")
+        if isinstance(start, ir.Constant) and isinstance(end, ir.Constant):
+            b.branch(loop)
+        else:
+            b.cbranch(b.icmp_signed("<", start, end), loop, exit_)
+        b.position_at_end(loop)
+        phi = b.phi(I64, name=var.name)
+        phi.add_incoming(start, pre)
+        self.vars[var] = phi
+        self.emit_stmt(body)
+        nxt = self.builder.add(phi, ir.Constant(I64, 1), name=f"{var.name}_next", flags=("nsw", "nuw"))
+        phi.add_incoming(nxt, self.builder.block)
+        self.builder.cbranch(self.builder.icmp_signed("<", nxt, end), loop, exit_)
+        self.builder.position_at_end(exit_)
+
+    def emit_parallel(self, s: For):
+        """Outline the loop body; each libgomp thread runs a contiguous chunk of iterations."""
+        mb = self.mb
+        mb.n_outlined += 1
+        used_vars = _free_vars_of(s.body) - {s.var}
+        captured_vars = [v for v in self.vars if v in used_vars]
+        used_bufs = _buffers_of(s.body)
+        captured_bufs = [bf for bf in self.buffers if bf in used_bufs]
+        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs)
+        struct_t = ir.LiteralStructType(fields or [I64])
+        fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{self.fn.name}_par{mb.n_outlined}")
+        fn.linkage = "internal"
+        # pack the captured values
+        b = self.builder
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            slot = _opaque_alloca(b, struct_t, "closure")
+        for i, val in enumerate([self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs]):
+            b.store(val, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
+        gomp = mb.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
+        b.call(gomp, [fn, slot, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        # the outlined body
+        child = FunctionEmitter(mb, fn)
+        child.in_parallel = True
+        child.ranges = dict(self.ranges)
+        cb = child.builder
+        data = fn.args[0]
+        for i, v in enumerate(captured_vars):
+            child.vars[v] = cb.load(cb.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t),
+                                    typ=fields[i])
+        for j, bf in enumerate(captured_bufs):
+            k = len(captured_vars) + j
+            child.buffers[bf] = cb.load(cb.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=struct_t),
+                                        typ=PTR)
+        tid = cb.sext(cb.call(mb.declare("omp_get_thread_num", I32, []), []), I64)
+        nth = cb.sext(cb.call(mb.declare("omp_get_num_threads", I32, []), []), I64)
+        ext = ir.Constant(I64, s.extent)
+        start = cb.sdiv(cb.mul(ext, tid), nth)
+        end = cb.sdiv(cb.mul(ext, cb.add(tid, ir.Constant(I64, 1))), nth)
+        child.ranges[s.var] = (0, s.extent - 1)
+        child.emit_serial_loop(s.var, start, end, s.body)
+        child.builder.ret_void()
+
+    def emit_allocate(self, s: Allocate):
+        buf = s.buffer
+        ety = LLTYPE[buf.dtype]
+        nbytes = buf.nbytes
+        if nbytes <= STACK_LIMIT_BYTES:
+            with self.builder.goto_block(self.entry):
+                self.builder.position_at_start(self.entry)
+                ptr = _opaque_alloca(self.builder, ir.ArrayType(ety, buf.size), buf.name)
+                ptr.align = 64
+            self.buffers[buf] = ptr
+            self.emit_stmt(s.body)
+            return
+        alloc = self.mb.declare("aligned_alloc", PTR, [I64, I64])
+        size = -(-nbytes // 64) * 64
+        ptr = self.builder.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
+        self.buffers[buf] = ptr
+        self.emit_stmt(s.body)
+        self.builder.call(self.mb.declare("free", ir.VoidType(), [PTR]), [ptr])
+
+    def emit_if(self, s: IfThenElse):
+        cond = self.emit_expr(s.cond)
+        if isinstance(cond.type, ir.VectorType):
+            saved = self.mask
+            self.mask = cond if saved is None else self.builder.and_(saved, cond)
+            self.emit_stmt(s.then)
+            if s.else_ is not None:
+                inv = self.builder.not_(cond)
+                self.mask = inv if saved is None else self.builder.and_(saved, inv)
+                self.emit_stmt(s.else_)
+            self.mask = saved
+            return
+        b = self.builder
+        if s.else_ is None:
+            with b.if_then(cond):
+                self.emit_stmt(s.then)
+        else:
+            with b.if_else(cond) as (then, otherwise):
+                with then:
+                    self.emit_stmt(s.then)
+                with otherwise:
+                    self.emit_stmt(s.else_)
+
+    # ------------------------------------------------------------------ memory
+    def _access(self, buf: Buffer, index: Expr):
+        """('scalar', ptr) | ('contiguous', ptr) | ('gather', <N x ptr>) for the current lanes."""
+        b = self.builder
+        ety = LLTYPE[buf.dtype]
+        base_ptr = self.buffers[buf]
+        v = self.vec_var
+        if v is None or v not in _free_vars(index):
+            return "scalar", b.gep(base_ptr, [self._scalar_index(index)], source_etype=ety)
+        lin = arith.to_lin(index, self.ranges)
+        if lin.coef_of(v) == 1 and not any(v in _free_vars(a) for a, _ in lin.terms.values() if a is not v):
+            base = arith.substitute_var(index, v, Const(0, "int64"), self.ranges)
+            return "contiguous", b.gep(base_ptr, [self._scalar_index(base)], source_etype=ety)
+        idx = self.emit_expr(index)
+        return "gather", b.gep(base_ptr, [idx], source_etype=ety)
+
+    def _scalar_index(self, index: Expr):
+        val = self.emit_expr(index)
+        return val
+
+    def emit_load(self, e: Load):
+        b = self.builder
+        ety = LLTYPE[e.buffer.dtype]
+        kind, ptr = self._access(e.buffer, e.index)
+        align = ety.width // 8 if isinstance(ety, ir.IntType) else (4 if ety == F32 else 8)
+        if e.buffer.dtype == "bool":
+            align = 1
+        if kind == "scalar":
+            if self.mask is not None:
+                # a uniform address read under a lane mask: only safe if some lane is active
+                return self._masked_scalar_load(ptr, ety)
+            return b.load(ptr, typ=ety, align=align)
+        vty = ir.VectorType(ety, self.lanes)
+        if kind == "contiguous":
+            if self.mask is None:
+                return b.load(ptr, typ=vty, align=align)
+            fn = self.mb.intrinsic("llvm.masked.load", vty, [PTR, I32, self.mask.type, vty], [vty, PTR])
+            return b.call(fn, [ptr, ir.Constant(I32, align), self.mask, ir.Constant(vty, None)])
+        mask = self.mask if self.mask is not None else ir.Constant(ir.VectorType(I1, self.lanes), [1] * self.lanes)
+        pty = ir.VectorType(PTR, self.lanes)
+        fn = self.mb.intrinsic("llvm.masked.gather", vty, [pty, I32, mask.type, vty], [vty, pty])
+        return b.call(fn, [ptr, ir.Constant(I32, align), mask, ir.Constant(vty, None)])
+
+    def _masked_scalar_load(self, ptr, ety):
+        b = self.builder
+        any_fn = self.mb.intrinsic("llvm.vector.reduce.or", I1, [self.mask.type], [self.mask.type])
+        active = b.call(any_fn, [self.mask])
+        pre = b.block
+        with b.if_then(active):
+            val = b.load(ptr, typ=ety)
+            then_block = b.block
+        phi = b.phi(ety)
+        phi.add_incoming(val, then_block)
+        phi.add_incoming(ir.Constant(ety, None), pre)
+        return phi
+
+    def emit_store(self, s: Store):
+        b = self.builder
+        ety = LLTYPE[s.buffer.dtype]
+        value = self.emit_expr(s.value)
+        kind, ptr = self._access(s.buffer, s.index)
+        if kind == "scalar":
+            if isinstance(value.type, ir.VectorType):
+                # every lane writes the same element; the last active lane wins, as in the scalar loop
+                idx = ir.Constant(ir.VectorType(I64, self.lanes), [0] * self.lanes)
+                kind, ptr = "gather", b.gep(self.buffers[s.buffer], [b.add(idx, b.insert_element(
+                    ir.Constant(ir.VectorType(I64, self.lanes), None), self._scalar_index(s.index),
+                    ir.Constant(I32, 0)))], source_etype=ety)
+                ptr = b.shuffle_vector(ptr, ptr, ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
+            elif self.mask is not None:
+                any_fn = self.mb.intrinsic("llvm.vector.reduce.or", I1, [self.mask.type], [self.mask.type])
+                with b.if_then(b.call(any_fn, [self.mask])):
+                    b.store(value, ptr)
+                return
+            else:
+                b.store(value, ptr)
+                return
+        value = self._broadcast(value)
+        vty = value.type
+        align = 1 if s.buffer.dtype == "bool" else max(ety.width // 8, 1) if isinstance(ety, ir.IntType) else (4 if ety == F32 else 8)
+        if kind == "contiguous":
+            if self.mask is None:
+                b.store(value, ptr, align=align)
+                return
+            fn = self.mb.intrinsic("llvm.masked.store", ir.VoidType(), [vty, PTR, I32, self.mask.type], [vty, PTR])
+            b.call(fn, [value, ptr, ir.Constant(I32, align), self.mask])
+            return
+        mask = self.mask if self.mask is not None else ir.Constant(ir.VectorType(I1, self.lanes), [1] * self.lanes)
+        pty = ir.VectorType(PTR, self.lanes)
+        fn = self.mb.intrinsic("llvm.masked.scatter", ir.VoidType(), [vty, pty, I32, mask.type], [vty, pty])
+        b.call(fn, [value, ptr, ir.Constant(I32, align), mask])
+
+    # ------------------------------------------------------------------ expressions
+    def _broadcast(self, v):
+        if isinstance(v.type, ir.VectorType) or self.vec_var is None:
+            return v
+        b = self.builder
+        vty = ir.VectorType(v.type, self.lanes)
+        if isinstance(v, ir.Constant):
+            return ir.Constant(vty, [v.constant] * self.lanes) if v.constant is not None else ir.Constant(vty, None)
+        ins = b.insert_element(ir.Constant(vty, None), v, ir.Constant(I32, 0))
+        return b.shuffle_vector(ins, ir.Constant(vty, None), ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
+
+    def _pair(self, a, b):
+        if isinstance(a.type, ir.VectorType) or isinstance(b.type, ir.VectorType):
+            return self._broadcast(a), self._broadcast(b)
+        return a, b
+
+    def emit_expr(self, e: Expr):
+        if isinstance(e, Const):
+            return ir.Constant(LLTYPE[e.dtype], e.value)
+        if isinstance(e, Var):
+            if e not in self.vars:
+                raise KeyError(f"variable {e.name} used outside its loop")
+            return self.vars[e]
+        if isinstance(e, Load):
+            return self.emit_load(e)
+        if isinstance(e, Binary):
+            return self.emit_binary(e)
+        if isinstance(e, Compare):
+            a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
+            if e.a.dtype.startswith("float"):
+                op = {"ne": "!="}.get(e.op, _ICMP[e.op])
+                return self.builder.fcmp_unordered(op, a, b) if e.op == "ne" else self.builder.fcmp_ordered(op, a, b)
+            return self.builder.icmp_signed(_ICMP[e.op], a, b)
+        if isinstance(e, Logical):
+            a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
+            return self.builder.and_(a, b) if e.op == "and" else self.builder.or_(a, b)
+        if isinstance(e, Not):
+            return self.builder.not_(self.emit_expr(e.a))
+        if isinstance(e, Select):
+            return self.emit_select(e)
+        if isinstance(e, Cast):
+            return self.emit_cast(e)
+        if isinstance(e, Call):
+            from .intrinsics import emit_math
+            return emit_math(self, e.func, self.emit_expr(e.args[0]), e.dtype)
+        raise TypeError(f"cannot generate code for expression {type(e).__name__}")
+
+    def emit_select(self, e: Select):
+        b = self.builder
+        cond = self.emit_expr(e.cond)
+        has_loads = any(isinstance(n, Load) for n in walk(e.t)) or any(isinstance(n, Load) for n in walk(e.f))
+        if not has_loads:
+            t, f = self._pair(self.emit_expr(e.t), self.emit_expr(e.f))
+            if isinstance(t.type, ir.VectorType):
+                cond = self._broadcast(cond)
+            return b.select(cond, t, f)
+        if isinstance(cond.type, ir.VectorType):
+            # loads in a branch may be out of bounds on the lanes that do not take it: mask them
+            saved = self.mask
+            self.mask = cond if saved is None else b.and_(saved, cond)
+            t = self.emit_expr(e.t)
+            inv = b.not_(cond)
+            self.mask = inv if saved is None else b.and_(saved, inv)
+            f = self.emit_expr(e.f)
+            self.mask = saved
+            t, f = self._pair(t, f)
+            return b.select(cond, t, f)
+        # scalar condition: real control flow so the untaken branch's loads never happen
+        with b.if_else(cond) as (then, otherwise):
+            with then:
+                t = self.emit_expr(e.t)
+                tb = b.block
+            with otherwise:
+                f = self.emit_expr(e.f)
+                fb = b.block
+        t, f = self._pair(t, f)
+        phi = b.phi(t.type)
+        phi.add_incoming(t, tb)
+        phi.add_incoming(f, fb)
+        return phi
+
+    def emit_binary(self, e: Binary):
+        b = self.builder
+        x, y = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
+        flt = e.dtype.startswith("float")
+        op = e.op
+        if flt:
+            if op == "add":
+                return b.fadd(x, y, flags=FAST)
+            if op == "sub":
+                return b.fsub(x, y, flags=FAST)
+            if op == "mul":
+                return b.fmul(x, y, flags=FAST)
+            if op == "div":
+                return b.fdiv(x, y)
+            if op in ("min", "max"):
+                fn = self.mb.intrinsic(f"llvm.{op}num", x.type, [x.type, x.type], [x.type])
+                return b.call(fn, [x, y])
+            if op == "pow":
+                fn = self.mb.intrinsic("llvm.pow", x.type, [x.type, x.type], [x.type])
+                return b.call(fn, [x, y])
+        else:
+            if op == "add":
+                return b.add(x, y)
+            if op == "sub":
+                return b.sub(x, y)
+            if op == "mul":
+                return b.mul(x, y)
+            if op in ("min", "max"):
+                fn = self.mb.intrinsic(f"llvm.s{op}", x.type, [x.type, x.type], [x.type])
+                return b.call(fn, [x, y])
+            if op == "floordiv":
+                return self._floordiv(x, y)
+            if op == "floormod":
+                return self._floormod(x, y)
+        raise TypeError(f"no code for {op} on {e.dtype}")
+
+    def _floordiv(self, x, y):
+        b = self.builder
+        q = b.sdiv(x, y)
+        r = b.srem(x, y)
+        zero = ir.Constant(x.type, None)
+        adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                                                       b.icmp_signed("<", y, zero)))
+        return b.sub(q, b.zext(adjust, x.type))
+
+    def _floormod(self, x, y):
+        b = self.builder
+        r = b.srem(x, y)
+        zero = ir.Constant(x.type, None)
+        adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                                                       b.icmp_signed("<", y, zero)))
+        return b.select(adjust, b.add(r, y), r)
+
+    def emit_cast(self, e: Cast):
+        b = self.builder
+        v = self.emit_expr(e.value)
+        src, dst = e.value.dtype, e.dtype
+        lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
+        t = LLTYPE[dst] if lanes is None else ir.VectorType(LLTYPE[dst], lanes)
+        if dst == "bool":
+            zero = ir.Constant(v.type, None)
+            return b.fcmp_unordered("!=", v, zero) if src.startswith("float") else b.icmp_signed("!=", v, zero)
+        if src == "bool":
+            return b.uitofp(v, t) if dst.startswith("float") else b.zext(v, t)
+        sf, df = src.startswith("float"), dst.startswith("float")
+        if sf and df:
+            return b.fpext(v, t) if dst == "float64" else b.fptrunc(v, t)
+        if sf:
+            return b.fptosi(v, t)
+        if df:
+            return b.sitofp(v, t)
+        sw, dw = LLTYPE[src].width, LLTYPE[dst].width
+        if sw == dw:
+            return v
+        return b.sext(v, t) if dw > sw else b.trunc(v, t)
+
+
+def _opaque_alloca(builder, ty, name):
+    """An alloca typed as an opaque `ptr`, so GEPs on it take their element type explicitly."""
+    slot = builder.alloca(ty, name=name)
+    slot.type = PTR
+    return slot
+
+
+def _free_vars(e: Expr) -> set:
+    return {n for n in walk(e) if isinstance(n, Var)}
+
+
+def _stmt_exprs(s):
+    if isinstance(s, Store):
+        return [s.index, s.value]
+    if isinstance(s, IfThenElse):
+        return [s.cond]
+    if isinstance(s, LetStmt):
+        return [s.value]
+    return []
+
+
+def _free_vars_of(s: Stmt) -> set:
+    out = set()
+    for st in walk_stmts(s):
+        for e in _stmt_exprs(st):
+            out |= _free_vars(e)
+    return out
+
+
+def _buffers_of(s: Stmt) -> set:
+    out = set()
+    for st in walk_stmts(s):
+        if isinstance(st, Store):
+            out.add(st.buffer)
+        for e in _stmt_exprs(st):
+            out |= {n.buffer for n in walk(e) if isinstance(n, Load)}
+    return out
+
+
+def generate(func: LoweredFunc, target) -> ir.Module:
+    """LLVM IR module for a lowered function."""
+    return ModuleBuilder(func, target).build()

@@ -1,0 +1,37 @@
+"""Exception types of the compiler.
+
+Every failure a user can provoke with bad input raises one of these, with a message that names
+the problem; nothing reaches LLVM or native code in an invalid state.
+"""
+
+
+class CompilerError(Exception):
+    """Base class of every error the compiler raises on purpose."""
+
+
+class DTypeError(CompilerError, TypeError):
+    """An unsupported dtype or dtype combination in an expression."""
+
+
+class ExprError(CompilerError, ValueError):
+    """A malformed tensor expression (wrong number of indices, reduce in the wrong place, ...)."""
+
+
+class ScheduleError(CompilerError, ValueError):
+    """A schedule primitive was called with arguments that make no sense for the stage."""
+
+
+class TargetError(CompilerError, ValueError):
+    """A target string that cannot be parsed or names an unknown triple/cpu."""
+
+
+class ArgumentError(CompilerError, TypeError):
+    """Arrays passed to a kernel do not match its argument spec (shape, dtype, layout)."""
+
+
+class LoweringError(CompilerError):
+    """The schedule is valid step by step but cannot be lowered as a whole."""
+
+
+class KernelLoadError(CompilerError):
+    """A serialized kernel could not be loaded (corrupt bytes, other target, missing symbol)."""

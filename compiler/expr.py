@@ -1,0 +1,356 @@
+"""Scalar expression nodes shared by the tensor language and the loop IR.
+
+An expression is an immutable tree. Tensor-language specific nodes (reading a tensor, reductions)
+live in `tensor.py`; loop-IR specific ones (reading a flat buffer) in `loop_ir.py`. Variables are
+compared by identity: two loops named `i` are different variables.
+"""
+
+from __future__ import annotations
+
+from .dtypes import check_dtype, is_float, is_int
+from .errors import DTypeError
+
+INDEX_DTYPE = "int64"
+
+BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
+COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+LOGICAL_OPS = ("and", "or")
+MATH_FUNCS = ("exp", "log", "sqrt", "tanh", "sigmoid", "erf", "abs", "floor", "ceil")
+
+
+class Expr:
+    """Base of every scalar expression; operators build new nodes."""
+
+    __slots__ = ("dtype",)
+
+    def _bin(self, op, other, reverse=False):
+        a, b = (other, self) if reverse else (self, other)
+        return binary(op, a, b)
+
+    def __add__(self, o): return self._bin("add", o)
+    def __radd__(self, o): return self._bin("add", o, True)
+    def __sub__(self, o): return self._bin("sub", o)
+    def __rsub__(self, o): return self._bin("sub", o, True)
+    def __mul__(self, o): return self._bin("mul", o)
+    def __rmul__(self, o): return self._bin("mul", o, True)
+    def __truediv__(self, o): return self._bin("div", o)
+    def __rtruediv__(self, o): return self._bin("div", o, True)
+    def __floordiv__(self, o): return self._bin("floordiv", o)
+    def __rfloordiv__(self, o): return self._bin("floordiv", o, True)
+    def __mod__(self, o): return self._bin("floormod", o)
+    def __rmod__(self, o): return self._bin("floormod", o, True)
+    def __pow__(self, o): return self._bin("pow", o)
+    def __neg__(self): return binary("sub", const(0, self.dtype), self)
+    def __lt__(self, o): return compare("lt", self, o)
+    def __le__(self, o): return compare("le", self, o)
+    def __gt__(self, o): return compare("gt", self, o)
+    def __ge__(self, o): return compare("ge", self, o)
+    def __and__(self, o): return logical("and", self, o)
+    def __rand__(self, o): return logical("and", o, self)
+    def __or__(self, o): return logical("or", self, o)
+    def __ror__(self, o): return logical("or", o, self)
+    def __invert__(self): return Not(self)
+
+    def __bool__(self):
+        raise DTypeError("a symbolic expression has no truth value; use if_then_else/select "
+                         "or the & | ~ operators instead of and/or/not")
+
+    def astype(self, dtype) -> "Expr":
+        return cast(dtype, self)
+
+    __hash__ = object.__hash__
+
+
+class Var(Expr):
+    """A scalar variable: a loop index, a tensor axis or a let-bound value."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, dtype: str = INDEX_DTYPE):
+        self.name = name
+        self.dtype = check_dtype(dtype)
+
+    def __repr__(self):
+        return self.name
+
+
+class Const(Expr):
+    __slots__ = ("value",)
+
+    def __init__(self, value, dtype: str):
+        self.dtype = check_dtype(dtype)
+        if dtype == "bool":
+            value = bool(value)
+        elif is_int(dtype):
+            value = int(value)
+        else:
+            value = float(value)
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+class Binary(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr, dtype: str):
+        self.op, self.a, self.b, self.dtype = op, a, b, dtype
+
+
+class Compare(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr):
+        self.op, self.a, self.b, self.dtype = op, a, b, "bool"
+
+
+class Logical(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr):
+        self.op, self.a, self.b, self.dtype = op, a, b, "bool"
+
+
+class Not(Expr):
+    __slots__ = ("a",)
+
+    def __init__(self, a: Expr):
+        a = as_expr(a)
+        if a.dtype != "bool":
+            raise DTypeError(f"logical not needs a bool condition, got {a.dtype}")
+        self.a, self.dtype = a, "bool"
+
+
+class Select(Expr):
+    """`cond ? t : f`; both branches are evaluated (so both must be safe to evaluate)."""
+
+    __slots__ = ("cond", "t", "f")
+
+    def __init__(self, cond: Expr, t: Expr, f: Expr):
+        self.cond, self.t, self.f, self.dtype = cond, t, f, t.dtype
+
+
+class Cast(Expr):
+    __slots__ = ("value",)
+
+    def __init__(self, dtype: str, value: Expr):
+        self.dtype, self.value = dtype, value
+
+
+class Call(Expr):
+    """An elementwise math function (exp, log, ...)."""
+
+    __slots__ = ("func", "args")
+
+    def __init__(self, func: str, args: tuple, dtype: str):
+        self.func, self.args, self.dtype = func, tuple(args), dtype
+
+
+# ----------------------------------------------------------------------------- constructors
+
+def const(value, dtype: str | None = None) -> Const:
+    """A constant; without a dtype, bool/int/float map to bool/int64/float32."""
+    if dtype is None:
+        if isinstance(value, bool):
+            dtype = "bool"
+        elif isinstance(value, int):
+            dtype = INDEX_DTYPE
+        else:
+            dtype = "float32"
+    return Const(value, dtype)
+
+
+def as_expr(value, hint: str | None = None) -> Expr:
+    """Turn a Python scalar into a constant, adopting the dtype of the other operand (`hint`)."""
+    if isinstance(value, Expr):
+        return value
+    if hasattr(value, "dtype") and hasattr(value, "item"):  # numpy scalar
+        return Const(value.item(), check_dtype(value.dtype))
+    if isinstance(value, bool):
+        return Const(value, "bool")
+    if isinstance(value, int):
+        return Const(value, hint if hint in ("int8", "int32", "int64", "float32", "float64") else INDEX_DTYPE)
+    if isinstance(value, float):
+        if hint is not None and not is_float(hint):
+            raise DTypeError(f"cannot combine the float constant {value!r} with {hint}; "
+                             "cast the integer side with .astype('float32')")
+        return Const(value, hint or "float32")
+    raise DTypeError(f"cannot use {type(value).__name__} {value!r} in a tensor expression")
+
+
+def _unify(a, b, what: str):
+    hint_a = a.dtype if isinstance(a, Expr) else None
+    hint_b = b.dtype if isinstance(b, Expr) else None
+    a = as_expr(a, hint_b)
+    b = as_expr(b, hint_a)
+    if a.dtype != b.dtype:
+        raise DTypeError(f"cannot combine {a.dtype} and {b.dtype} in {what}; "
+                         "cast one side with .astype(...)")
+    return a, b
+
+
+def binary(op: str, a, b) -> Expr:
+    a, b = _unify(a, b, op)
+    dt = a.dtype
+    if dt == "bool":
+        raise DTypeError(f"arithmetic {op} on bool values; cast them first")
+    if op == "div" and not is_float(dt):
+        raise DTypeError(f"true division '/' of {dt} values; use // (floordiv) for integers")
+    if op in ("floordiv", "floormod") and not is_int(dt):
+        raise DTypeError(f"{op} needs integer operands, got {dt}")
+    if op == "pow" and not is_float(dt):
+        raise DTypeError(f"pow needs float operands, got {dt}")
+    return Binary(op, a, b, dt)
+
+
+def compare(op: str, a, b) -> Expr:
+    a, b = _unify(a, b, op)
+    return Compare(op, a, b)
+
+
+def logical(op: str, a, b) -> Expr:
+    a, b = as_expr(a), as_expr(b)
+    if a.dtype != "bool" or b.dtype != "bool":
+        raise DTypeError(f"logical {op} needs bool operands, got {a.dtype} and {b.dtype}")
+    return Logical(op, a, b)
+
+
+def equal(a, b) -> Expr:
+    return compare("eq", a, b)
+
+
+def not_equal(a, b) -> Expr:
+    return compare("ne", a, b)
+
+
+def if_then_else(cond, t, f) -> Expr:
+    """Select `t` where `cond` holds, else `f` (alias: select)."""
+    cond = as_expr(cond)
+    if cond.dtype != "bool":
+        raise DTypeError(f"if_then_else condition must be bool, got {cond.dtype}")
+    t, f = _unify(t, f, "if_then_else")
+    return Select(cond, t, f)
+
+
+select = if_then_else
+
+
+def cast(dtype, value) -> Expr:
+    dtype = check_dtype(dtype)
+    value = as_expr(value)
+    if value.dtype == dtype:
+        return value
+    return Cast(dtype, value)
+
+
+def _math(func: str, x, int_ok: bool = False) -> Expr:
+    x = as_expr(x)
+    if not is_float(x.dtype) and not (int_ok and is_int(x.dtype)):
+        raise DTypeError(f"{func} needs a float argument, got {x.dtype}")
+    return Call(func, (x,), x.dtype)
+
+
+def exp(x): return _math("exp", x)
+def log(x): return _math("log", x)
+def sqrt(x): return _math("sqrt", x)
+def tanh(x): return _math("tanh", x)
+def sigmoid(x): return _math("sigmoid", x)
+def erf(x): return _math("erf", x)
+def floor(x): return _math("floor", x)
+def ceil(x): return _math("ceil", x)
+def abs(x): return _math("abs", x, int_ok=True)  # noqa: A001 - mirrors numpy's name
+
+
+def power(x, y) -> Expr:
+    return binary("pow", x, y)
+
+
+def floordiv(a, b) -> Expr:
+    return binary("floordiv", a, b)
+
+
+def floormod(a, b) -> Expr:
+    return binary("floormod", a, b)
+
+
+def maximum(a, b) -> Expr:
+    return binary("max", a, b)
+
+
+def minimum(a, b) -> Expr:
+    return binary("min", a, b)
+
+
+def gelu(x) -> Expr:
+    """GELU with the exact erf form: 0.5·x·(1 + erf(x/√2))."""
+    x = as_expr(x)
+    return x * 0.5 * (erf(x * 0.7071067811865476) + 1.0)
+
+
+# ----------------------------------------------------------------------------- traversal
+
+def children(e: Expr) -> tuple:
+    """The sub-expressions of a node, in a fixed order (used by generic visitors)."""
+    if isinstance(e, (Binary, Compare, Logical)):
+        return (e.a, e.b)
+    if isinstance(e, Not):
+        return (e.a,)
+    if isinstance(e, Select):
+        return (e.cond, e.t, e.f)
+    if isinstance(e, Cast):
+        return (e.value,)
+    if isinstance(e, Call):
+        return e.args
+    extra = getattr(e, "children", None)
+    return extra() if extra else ()
+
+
+def rebuild(e: Expr, new_children: tuple) -> Expr:
+    """Copy `e` with its children replaced (no dtype checks: the children keep their dtypes)."""
+    if isinstance(e, Binary):
+        return Binary(e.op, new_children[0], new_children[1], e.dtype)
+    if isinstance(e, Compare):
+        return Compare(e.op, *new_children)
+    if isinstance(e, Logical):
+        return Logical(e.op, *new_children)
+    if isinstance(e, Not):
+        return Not(new_children[0])
+    if isinstance(e, Select):
+        return Select(*new_children)
+    if isinstance(e, Cast):
+        return Cast(e.dtype, new_children[0])
+    if isinstance(e, Call):
+        return Call(e.func, new_children, e.dtype)
+    return e.rebuild(new_children)
+
+
+def transform(e: Expr, fn) -> Expr:
+    """Post-order rewrite: `fn(node)` returns a replacement or None to keep the (rebuilt) node."""
+    kids = children(e)
+    if kids:
+        new = tuple(transform(k, fn) for k in kids)
+        if any(n is not k for n, k in zip(new, kids)):
+            e = rebuild(e, new)
+    out = fn(e)
+    return e if out is None else out
+
+
+def substitute(e: Expr, mapping: dict) -> Expr:
+    """Replace variables by expressions (`mapping`: Var -> Expr)."""
+    if not mapping:
+        return e
+    return transform(e, lambda n: mapping.get(n) if isinstance(n, Var) else None)
+
+
+def walk(e: Expr):
+    """Yield every node of the tree, pre-order."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(children(n)))
+
+
+def free_vars(e: Expr) -> set:
+    return {n for n in walk(e) if isinstance(n, Var)}

@@ -1,0 +1,184 @@
+"""The loop IR that schedules lower to: a handful of statement kinds, printable as pseudo-code.
+
+Buffers are flat: every Load/Store takes one int64 element offset. Loops always start at 0.
+"""
+
+from __future__ import annotations
+
+from .dtypes import nbytes
+from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var
+
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+
+
+class Buffer:
+    """A flat memory region: an argument, a global temporary, or a local (per-loop) scratch."""
+
+    def __init__(self, name: str, shape: tuple, dtype: str, scope: str):
+        self.name, self.shape, self.dtype, self.scope = name, tuple(shape), dtype, scope
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * nbytes(self.dtype)
+
+    def strides(self) -> list:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return out[::-1]
+
+    def __repr__(self):
+        return f"Buffer({self.name}, {self.shape}, {self.dtype}, {self.scope})"
+
+
+class Load(Expr):
+    __slots__ = ("buffer", "index")
+
+    def __init__(self, buffer: Buffer, index: Expr):
+        self.buffer, self.index, self.dtype = buffer, index, buffer.dtype
+
+    def children(self):
+        return (self.index,)
+
+    def rebuild(self, kids):
+        return Load(self.buffer, kids[0])
+
+
+class Stmt:
+    pass
+
+
+class For(Stmt):
+    def __init__(self, var: Var, extent: int, kind: str, body: Stmt):
+        assert kind in LOOP_KINDS, kind
+        self.var, self.extent, self.kind, self.body = var, extent, kind, body
+
+
+class Store(Stmt):
+    def __init__(self, buffer: Buffer, index: Expr, value: Expr):
+        self.buffer, self.index, self.value = buffer, index, value
+
+
+class Allocate(Stmt):
+    def __init__(self, buffer: Buffer, body: Stmt):
+        self.buffer, self.body = buffer, body
+
+
+class IfThenElse(Stmt):
+    def __init__(self, cond: Expr, then: Stmt, else_: Stmt | None = None):
+        self.cond, self.then, self.else_ = cond, then, else_
+
+
+class LetStmt(Stmt):
+    def __init__(self, var: Var, value: Expr, body: Stmt):
+        self.var, self.value, self.body = var, value, body
+
+
+class Seq(Stmt):
+    def __init__(self, stmts):
+        flat = []
+        for s in stmts:
+            if isinstance(s, Seq):
+                flat.extend(s.stmts)
+            elif s is not None:
+                flat.append(s)
+        self.stmts = flat
+
+
+def seq(stmts) -> Stmt:
+    s = Seq(stmts)
+    return s.stmts[0] if len(s.stmts) == 1 else s
+
+
+class LoweredFunc:
+    """A lowered kernel: its arguments (buffers, in call order) and body."""
+
+    def __init__(self, name: str, args: list, body: Stmt):
+        self.name, self.args, self.body = name, args, body
+
+    def __str__(self):
+        return format_func(self)
+
+
+def stmt_children(s: Stmt) -> list:
+    if isinstance(s, Seq):
+        return list(s.stmts)
+    if isinstance(s, (For, Allocate, LetStmt)):
+        return [s.body]
+    if isinstance(s, IfThenElse):
+        return [s.then] + ([s.else_] if s.else_ is not None else [])
+    return []
+
+
+def walk_stmts(s: Stmt):
+    stack = [s]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(stmt_children(n)))
+
+
+# ----------------------------------------------------------------------------- printing
+
+_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "floormod": "%",
+        "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        if e.dtype.startswith("float"):
+            return f"{e.value!r}f" if e.dtype == "float32" else repr(e.value)
+        return str(e.value).lower() if e.dtype == "bool" else str(e.value)
+    if isinstance(e, (Binary, Compare, Logical)):
+        if e.op in _SYM:
+            return f"({format_expr(e.a)} {_SYM[e.op]} {format_expr(e.b)})"
+        return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Not):
+        return f"!{format_expr(e.a)}"
+    if isinstance(e, Select):
+        return f"select({format_expr(e.cond)}, {format_expr(e.t)}, {format_expr(e.f)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({format_expr(e.value)})"
+    if isinstance(e, Call):
+        return f"{e.func}({', '.join(format_expr(a) for a in e.args)})"
+    if isinstance(e, Load):
+        return f"{e.buffer.name}[{format_expr(e.index)}]"
+    return f"<{type(e).__name__}>"
+
+
+def format_stmt(s: Stmt, indent: int = 0) -> str:
+    pad = "  " * indent
+    if isinstance(s, Seq):
+        return "".join(format_stmt(x, indent) for x in s.stmts)
+    if isinstance(s, For):
+        kind = "" if s.kind == "serial" else f"{s.kind} "
+        return f"{pad}{kind}for ({s.var.name}, 0, {s.extent}) {{\n{format_stmt(s.body, indent + 1)}{pad}}}\n"
+    if isinstance(s, Store):
+        return f"{pad}{s.buffer.name}[{format_expr(s.index)}] = {format_expr(s.value)}\n"
+    if isinstance(s, Allocate):
+        b = s.buffer
+        return (f"{pad}allocate {b.name}[{b.dtype} * {'x'.join(map(str, b.shape))}], {b.scope}\n"
+                f"{format_stmt(s.body, indent)}")
+    if isinstance(s, IfThenElse):
+        out = f"{pad}if ({format_expr(s.cond)}) {{\n{format_stmt(s.then, indent + 1)}{pad}}}"
+        if s.else_ is not None:
+            out += f" else {{\n{format_stmt(s.else_, indent + 1)}{pad}}}"
+        return out + "\n"
+    if isinstance(s, LetStmt):
+        return f"{pad}let {s.var.name} = {format_expr(s.value)}\n{format_stmt(s.body, indent)}"
+    return f"{pad}<{type(s).__name__}>\n"
+
+
+def format_func(f: LoweredFunc) -> str:
+    args = ", ".join(f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]" for b in f.args)
+    return f"func {f.name}({args}) {{\n{format_stmt(f.body, 1)}}}\n"

@@ -1,0 +1,421 @@
+"""Lowering: a schedule becomes a LoweredFunc of loop IR.
+
+Passes, in order:
+1. `_expand_inline`: substitute inlined stages into their readers.
+2. `_infer_bounds`: consumers first, the region of every stage that its attach point needs
+   (stages computed at the root get their whole domain).
+3. `_StageLoops`: per stage, the extent of every leaf loop and each root axis as an expression of
+   the leaf loop variables (undoing split and fuse), plus guards for splits that do not divide.
+4. `_build_stage`: the loop nest, the reduction's init nest, attached producers and their local
+   buffers; every index is simplified with the loop ranges as it is created.
+5. `_auto_unroll`: mark small inner nests unrolled where a stage asked for it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import arith
+from .errors import LoweringError, ScheduleError
+from .expr import INDEX_DTYPE, Binary, Const, Select, Var, substitute, transform, walk
+from .loop_ir import (Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq,
+                      walk_stmts)
+from .schedule import Fuse, Schedule, Split, Stage
+from .tensor import PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
+
+_KIND = {"vectorize": "vectorized", "parallel": "parallel", "unroll": "unrolled"}
+
+
+def lower(schedule: Schedule, args, name: str = "main") -> LoweredFunc:
+    """Lower `schedule` to a function whose arguments are the tensors `args`, in order."""
+    return _Lowering(schedule, list(args), name).run()
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else f"t_{s}"
+
+
+class _StageLoops:
+    """Leaf loops of a stage for given root extents, and root axis values in leaf variables."""
+
+    def __init__(self, stage: Stage, root_ext: dict):
+        ext = dict(root_ext)
+        for rel in stage.relations:
+            if isinstance(rel, Split):
+                pe = ext[rel.parent]
+                if rel.factor is not None:
+                    inner = min(rel.factor, pe)
+                    outer = -(-pe // inner)
+                else:
+                    outer = min(rel.nparts, pe)
+                    inner = -(-pe // outer)
+                ext[rel.outer], ext[rel.inner] = outer, inner
+            else:
+                ext[rel.fused] = ext[rel.outer] * ext[rel.inner]
+        self.ext = ext
+        self.loop_var = {iv: Var(iv.name) for iv in stage.leaf_iter_vars}
+        value = {iv: v for iv, v in self.loop_var.items()}
+        self.guards = []  # (expr, limit): expr < limit must hold
+        for rel in reversed(stage.relations):
+            if isinstance(rel, Split):
+                v = value[rel.outer] * ext[rel.inner] + value[rel.inner]
+                value[rel.parent] = v
+                if ext[rel.outer] * ext[rel.inner] > ext[rel.parent]:
+                    self.guards.append((v, ext[rel.parent]))
+            else:
+                f = value[rel.fused]
+                value[rel.outer] = f // ext[rel.inner] if ext[rel.inner] > 1 else f
+                value[rel.inner] = f % ext[rel.inner] if ext[rel.inner] > 1 else Const(0, INDEX_DTYPE)
+        self.value = value
+        self.leaves = list(stage.leaf_iter_vars)
+
+
+class _Lowering:
+    def __init__(self, schedule: Schedule, args: list, name: str):
+        self.s = schedule
+        self.args = args
+        self.name = name
+        self.stages = [st for st in schedule.stages if not st.is_inline]
+        self.var_range: dict = {}
+        self.root_min: dict = {}   # stage -> {root iv: Expr}
+        self.loops: dict = {}      # stage -> _StageLoops
+        self.buffer_of: dict = {}  # tensor -> Buffer
+        self.body_of: dict = {}    # stage -> expanded body
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> LoweredFunc:
+        self._check_args()
+        for st in self.stages:
+            self.body_of[st] = self._expand_inline(st.op.body)
+        self._infer_bounds()
+        self._make_buffers()
+        attached: dict = {}
+        for st in self.stages:
+            if st.attach[0] == "at":
+                attached.setdefault((id(st.attach[1]), id(st.attach[2])), []).append(st)
+        self.attached = attached
+        roots = [self._build_stage(st) for st in self.stages if st.attach[0] == "root"]
+        body = seq(roots)
+        for st in reversed(self.stages):
+            if st.attach[0] == "root" and not st.is_output:
+                body = Allocate(self.buffer_of[st.tensor], body)
+        arg_buffers = [self.buffer_of[t] for t in self.args]
+        return LoweredFunc(self.name, arg_buffers, body)
+
+    def _check_args(self):
+        if not all(isinstance(t, Tensor) for t in self.args):
+            raise LoweringError("build/lower args must be the tensors of the kernel's signature")
+        ids = [id(t) for t in self.args]
+        if len(set(ids)) != len(ids):
+            raise LoweringError("a tensor is listed twice in the kernel arguments")
+        for t in self.s.placeholders:
+            if t not in self.args:
+                raise LoweringError(f"input {t.name} is read by the computation but not in the argument list")
+        for t in self.s.outputs:
+            if t not in self.args:
+                raise LoweringError(f"output {t.name} is not in the argument list")
+        for t in self.args:
+            if not isinstance(t.op, PlaceholderOp) and t not in self.s.outputs:
+                raise LoweringError(f"argument {t.name} is neither an input nor an output of the schedule")
+        names = set()
+        for t in self.args:
+            n = _ident(t.name)
+            while n in names:
+                n += "_"
+            names.add(n)
+            self.buffer_of[t] = Buffer(n, t.shape, t.dtype, "arg")
+
+    def _expand_inline(self, body):
+        def fn(n):
+            if isinstance(n, TensorRead):
+                st = self.s.stage_of(n.tensor)
+                if st is not None and st.is_inline:
+                    mapping = {ax.var: i for ax, i in zip(st.op.axis, n.indices)}
+                    return self._expand_inline(substitute(st.op.body, mapping))
+            return None
+        if isinstance(body, Reduce):
+            where = transform(body.where, fn) if body.where is not None else None
+            return Reduce(body.combiner, transform(body.source, fn), body.axes, where)
+        return transform(body, fn)
+
+    # ------------------------------------------------------------------ bounds
+    def _infer_bounds(self):
+        for st in reversed(self.stages):
+            op = st.op
+            root_ext = {ax: ax.extent for ax in op.reduce_axis}
+            mins = {ax: Const(0, INDEX_DTYPE) for ax in st.root_iter_vars}
+            if st.attach[0] == "at":
+                region = self._region(st)
+                for ax, (lo, ext) in zip(op.axis, region):
+                    mins[ax], root_ext[ax] = lo, ext
+            else:
+                root_ext.update({ax: ax.extent for ax in op.axis})
+            self.root_min[st] = mins
+            loops = _StageLoops(st, root_ext)
+            self.loops[st] = loops
+            for iv, v in loops.loop_var.items():
+                self.var_range[v] = (0, loops.ext[iv] - 1)
+
+    def _attach_path(self, st: Stage):
+        path, cur = [], st
+        while cur.attach[0] == "at":
+            parent, iv = cur.attach[1], cur.attach[2]
+            path.append((parent, iv))
+            cur = parent
+        return path
+
+    def _enclosing_loops(self, st: Stage):
+        """(stage, leaf iv) of every loop around the statement of `st`, its own included."""
+        out = [(st, iv) for iv in st.leaf_iter_vars]
+        for parent, iv in self._attach_path(st):
+            pos = parent.leaf_iter_vars.index(iv)
+            out.extend((parent, x) for x in parent.leaf_iter_vars[:pos + 1])
+        return out
+
+    def _inside(self, loop_stage: Stage, loop_iv, at_stage: Stage, at_iv) -> bool:
+        """Is loop (loop_stage, loop_iv) nested inside loop (at_stage, at_iv)?"""
+        at_pos = at_stage.leaf_iter_vars.index(at_iv)
+        if loop_stage is at_stage:
+            return loop_stage.leaf_iter_vars.index(loop_iv) > at_pos
+        for parent, iv in self._attach_path(loop_stage):
+            if parent is at_stage:
+                return parent.leaf_iter_vars.index(iv) >= at_pos
+        return False
+
+    def _root_values(self, st: Stage) -> dict:
+        loops = self.loops[st]
+        return {ax.var: self.root_min[st][ax] + loops.value[ax] for ax in st.root_iter_vars}
+
+    def _region(self, st: Stage):
+        """[(min expr, extent)] per axis of `st` that the loop it is attached at needs."""
+        _, at_stage, at_iv = st.attach
+        if at_iv not in at_stage.leaf_iter_vars:
+            raise ScheduleError(f"compute_at: {st.name} is attached at {at_iv.name}, which is no longer "
+                                f"a loop of {at_stage.name}")
+        consumers = [q for q in self.stages if any(
+            isinstance(n, TensorRead) and n.tensor is st.tensor for n in _body_nodes(self.body_of[q]))]
+        lows, highs = [None] * len(st.op.axis), [None] * len(st.op.axis)
+        for q in consumers:
+            if q is not at_stage and not any(p is at_stage and at_stage.leaf_iter_vars.index(iv) >=
+                                             at_stage.leaf_iter_vars.index(at_iv)
+                                             for p, iv in self._attach_path(q)):
+                raise LoweringError(f"compute_at: {st.name} is read by {q.name}, which is not inside "
+                                    f"loop {at_iv.name} of {at_stage.name}")
+            relax = {}
+            for ls, liv in self._enclosing_loops(q):
+                if self._inside(ls, liv, at_stage, at_iv):
+                    relax[self.loops[ls].loop_var[liv]] = (0, self.loops[ls].ext[liv] - 1)
+            subst = self._root_values(q)
+            for n in _body_nodes(self.body_of[q]):
+                if not (isinstance(n, TensorRead) and n.tensor is st.tensor):
+                    continue
+                for d, idx in enumerate(n.indices):
+                    b = arith.bound(substitute(idx, subst), relax, self.var_range)
+                    if b is None:
+                        lows[d] = highs[d] = "full"
+                        continue
+                    if lows[d] == "full":
+                        continue
+                    lows[d] = b[0] if lows[d] is None else arith._lin_min(lows[d], b[0], self.var_range)
+                    highs[d] = b[1] if highs[d] is None else arith._lin_max(highs[d], b[1], self.var_range)
+        region = []
+        for d, dim in enumerate(st.op.shape):
+            lo, hi = lows[d], highs[d]
+            if lo is None or lo == "full":
+                region.append((Const(0, INDEX_DTYPE), dim))
+                continue
+            ext = hi.add(lo, -1)
+            if not ext.is_const():
+                region.append((Const(0, INDEX_DTYPE), dim))
+                continue
+            extent = ext.const + 1
+            if lo.is_const():
+                a, b = max(lo.const, 0), min(lo.const + extent, dim)
+                region.append((Const(a, INDEX_DTYPE), max(b - a, 1)))
+            else:
+                region.append((arith.from_lin(lo), min(extent, dim)))
+        return region
+
+    # ------------------------------------------------------------------ buffers
+    def _make_buffers(self):
+        taken = {b.name for b in self.buffer_of.values()}
+        for st in self.stages:
+            if st.tensor in self.buffer_of:
+                continue
+            loops = self.loops[st]
+            shape = tuple(loops.ext[ax] for ax in st.op.axis)
+            n = _ident(st.name)
+            while n in taken:
+                n += "_"
+            taken.add(n)
+            scope = "global" if st.attach[0] == "root" else "local"
+            self.buffer_of[st.tensor] = Buffer(n, shape, st.op.dtype, scope)
+
+    def _flat_index(self, buf: Buffer, indices) -> object:
+        idx = None
+        for i, stride in zip(indices, buf.strides()):
+            term = i * stride if stride != 1 else i
+            idx = term if idx is None else idx + term
+        return arith.simplify(idx if idx is not None else Const(0, INDEX_DTYPE), self.var_range)
+
+    def _to_loads(self, e):
+        def fn(n):
+            if isinstance(n, TensorRead):
+                st = self.s.stage_of(n.tensor)
+                idx = list(n.indices)
+                if st is not None and st.attach[0] == "at":
+                    mins = self.root_min[st]
+                    idx = [i - mins[ax] for i, ax in zip(idx, st.op.axis)]
+                return Load(self.buffer_of[n.tensor], self._flat_index(self.buffer_of[n.tensor], idx))
+            return None
+        return arith.simplify(transform(e, fn), self.var_range)
+
+    # ------------------------------------------------------------------ nests
+    def _build_stage(self, st: Stage):
+        loops = self.loops[st]
+        op = st.op
+        buf = self.buffer_of[st.tensor]
+        subst = self._root_values(st)
+        store_idx = self._flat_index(buf, [loops.value[ax] for ax in op.axis])
+        body = self.body_of[st]
+        conds = [arith.simplify(v < lim, self.var_range) for v, lim in loops.guards]
+        if st.attach[0] == "at":  # a region may stick out of the domain when the consumer's splits overhang
+            for ax, dim in zip(op.axis, op.shape):
+                v = subst[ax.var]
+                conds.append(arith.simplify((v >= 0) & (v < dim), self.var_range))
+        conds = [c for c in conds if not (isinstance(c, Const) and c.value)]
+        leaves = loops.leaves
+        for iv in leaves:
+            if loops.ext[iv] > 64 and st.annotations.get(iv) == "vectorize":
+                raise ScheduleError(f"vectorize: {iv.name} of {st.name} has {loops.ext[iv]} iterations "
+                                    "after bound inference, more than 64 lanes")
+        kinds = [_KIND.get(st.annotations.get(iv), "serial") for iv in leaves]
+        self._check_vector_placement(st, kinds)
+        lvars = [loops.loop_var[iv] for iv in leaves]
+        if isinstance(body, Reduce):
+            acc = Load(buf, store_idx)
+            src = self._to_loads(substitute(body.source, subst))
+            combined = arith.simplify(_combine(body.combiner, acc, src), self.var_range)
+            if body.where is not None:
+                combined = Select(self._to_loads(substitute(body.where, subst)), combined, acc)
+            init = Store(buf, store_idx, Const(reduce_identity(body.combiner, op.dtype), op.dtype))
+            update = Store(buf, store_idx, combined)
+            first_red = next(i for i, iv in enumerate(leaves) if iv.kind == "reduce")
+            spatial_inner = [i for i in range(first_red, len(leaves)) if leaves[i].kind != "reduce"]
+            red_vars = {lvars[i] for i in range(len(leaves)) if leaves[i].kind == "reduce"}
+            outer_conds, init_conds, upd_conds = [], [], []
+            for c in conds:
+                depth = self._depth(c, lvars)
+                if depth < first_red:
+                    outer_conds.append(c)
+                else:
+                    upd_conds.append(c)
+                    if not (arith_vars(c) & red_vars):
+                        init_conds.append(c)
+            init_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in spatial_inner],
+                                   init, init_conds, attach=False)
+            upd_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i])
+                                       for i in range(first_red, len(leaves))], update, upd_conds)
+            inner = seq([init_nest, upd_nest])
+            nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in range(first_red)],
+                              inner, outer_conds)
+        else:
+            value = self._to_loads(substitute(body, subst))
+            nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in range(len(leaves))],
+                              Store(buf, store_idx, value), conds)
+        if st.auto_unroll_max_step:
+            nest = _auto_unroll(nest, st.auto_unroll_max_step)
+        return nest
+
+    def _check_vector_placement(self, st: Stage, kinds):
+        if "vectorized" not in kinds:
+            return
+        vpos = kinds.index("vectorized")
+        if kinds.count("vectorized") > 1:
+            raise ScheduleError(f"vectorize: stage {st.name} has more than one vectorized loop")
+        for other in self.stages:
+            if other.attach[0] == "at" and other.attach[1] is st and \
+                    st.leaf_iter_vars.index(other.attach[2]) >= vpos:
+                raise ScheduleError(f"vectorize: {other.name} is computed inside the vectorized loop "
+                                    f"{st.leaf_iter_vars[vpos].name} of {st.name}")
+        for k in kinds[vpos + 1:]:
+            if k == "parallel":
+                raise ScheduleError(f"parallel loop inside the vectorized loop of {st.name}")
+
+    def _depth(self, cond, lvars) -> int:
+        used = arith_vars(cond)
+        d = -1
+        for i, v in enumerate(lvars):
+            if v in used:
+                d = i
+        return d
+
+    def _nest(self, st, loops, body, conds, attach=True):
+        """Wrap `body` in `loops` (outermost first), placing each guard as high as it can go."""
+        lvars = [l[0] for l in loops]
+        by_depth: dict = {}
+        for c in conds:
+            by_depth.setdefault(self._depth(c, lvars), []).append(c)
+        for d in range(len(loops) - 1, -1, -1):
+            var, ext, kind, iv = loops[d]
+            body = _guard(by_depth.get(d), body)
+            if attach:
+                for child in reversed(self.attached.get((id(st), id(iv)), [])):
+                    body = Allocate(self.buffer_of[child.tensor], seq([self._build_stage(child), body]))
+            body = For(var, ext, kind, body)
+        return _guard(by_depth.get(-1), body)
+
+
+def _body_nodes(body):
+    """Every expression node of a stage body, the reduction's condition included."""
+    if isinstance(body, Reduce):
+        yield from walk(body.source)
+        if body.where is not None:
+            yield from walk(body.where)
+    else:
+        yield from walk(body)
+
+
+def arith_vars(e) -> set:
+    return {n for n in walk(e) if isinstance(n, Var)}
+
+
+def _guard(conds, body):
+    if not conds:
+        return body
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = cond & c
+    return IfThenElse(cond, body)
+
+
+def _combine(combiner, acc, src):
+    if combiner == "sum":
+        return Binary("add", acc, src, acc.dtype)
+    return Binary(combiner, acc, src, acc.dtype)
+
+
+def _auto_unroll(stmt, max_step: int):
+    """Mark serial loops unrolled, innermost first, while the unrolled size stays <= max_step."""
+    def visit(s):
+        if isinstance(s, For):
+            body, size = visit(s.body)
+            total = size * s.extent
+            if s.kind == "serial" and total <= max_step:
+                return For(s.var, s.extent, "unrolled", body), total
+            return For(s.var, s.extent, s.kind, body), total
+        if isinstance(s, Seq):
+            parts = [visit(x) for x in s.stmts]
+            return Seq([p[0] for p in parts]), sum(p[1] for p in parts)
+        if isinstance(s, Allocate):
+            body, size = visit(s.body)
+            return Allocate(s.buffer, body), size
+        if isinstance(s, IfThenElse):
+            then, size = visit(s.then)
+            return IfThenElse(s.cond, then, s.else_), size
+        return s, 1
+    return visit(stmt)[0]
+
+
+__all__ = ["lower", "walk_stmts"]

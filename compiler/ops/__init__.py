@@ -1,0 +1,60 @@
+"""The operator inventory: compute definitions (no schedules) with numpy references.
+
+`get_op("conv2d_nchw", N=1, C=3, ...)` builds an `OpDef`; `INVENTORY` maps each name to its
+constructor so tools can list and build operators by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..errors import ExprError
+from .base import OpDef, UnknownOpError, random_inputs
+from .conv import conv2d_nchw, conv2d_nhwc, depthwise_conv2d_nchw
+from .elementwise import add, bias_add, gelu, mul, relu
+from .matmul import batch_matmul, dense, matmul, matmul_int8
+from .nn import layer_norm, softmax
+from .pool import avg_pool2d, max_pool2d
+from .reduction import reduce_max, reduce_min, reduce_sum
+from .transform import pad, transpose
+
+INVENTORY = {
+    "matmul": matmul,
+    "matmul_int8": matmul_int8,
+    "batch_matmul": batch_matmul,
+    "dense": dense,
+    "conv2d_nchw": conv2d_nchw,
+    "conv2d_nhwc": conv2d_nhwc,
+    "depthwise_conv2d_nchw": depthwise_conv2d_nchw,
+    "max_pool2d": max_pool2d,
+    "avg_pool2d": avg_pool2d,
+    "softmax": softmax,
+    "layer_norm": layer_norm,
+    "add": add,
+    "mul": mul,
+    "relu": relu,
+    "gelu": gelu,
+    "bias_add": bias_add,
+    "reduce_sum": reduce_sum,
+    "reduce_max": reduce_max,
+    "reduce_min": reduce_min,
+    "transpose": transpose,
+    "pad": pad,
+}
+
+
+def get_op(name: str, **params) -> OpDef:
+    """Build operator `name`; unknown names raise UnknownOpError, bad parameters ExprError."""
+    try:
+        ctor = INVENTORY[name]
+    except (KeyError, TypeError):
+        raise UnknownOpError(f"unknown operator {name!r}; known operators: {', '.join(sorted(INVENTORY))}") from None
+    sig = inspect.signature(ctor)
+    try:
+        sig.bind(**params)
+    except TypeError as e:
+        raise ExprError(f"{name}: {e}; parameters are {name}{sig}") from None
+    return ctor(**params)
+
+
+__all__ = ["INVENTORY", "OpDef", "UnknownOpError", "get_op", "random_inputs", *INVENTORY]

@@ -1,0 +1,73 @@
+"""Reductions over one or more axes: reduce_sum, reduce_max, reduce_min."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import is_float
+from ..errors import ExprError
+from ..tensor import compute, placeholder, reduce_axis
+from ..tensor import max as te_max
+from ..tensor import min as te_min
+from ..tensor import sum as te_sum
+from .base import NUMERIC, OpDef, check_axis, check_dtype_for, check_shape
+
+_COMBINERS = {"sum": (te_sum, np.sum), "max": (te_max, np.max), "min": (te_min, np.min)}
+
+
+def _reduce(kind, shape, axis, keepdims, dtype) -> OpDef:
+    op = f"reduce_{kind}"
+    shape = check_shape(op, shape)
+    dtype = check_dtype_for(op, dtype, NUMERIC)
+    nd = len(shape)
+    if axis is None:
+        axes = tuple(range(nd))
+    else:
+        raw = axis if isinstance(axis, (tuple, list)) else (axis,)
+        axes = tuple(sorted(check_axis(op, a, nd) for a in raw))
+        if not axes or len(set(axes)) != len(axes):
+            raise ExprError(f"{op}: axis {axis!r} must name distinct axes (at least one)")
+    keep = [d for d in range(nd) if d not in axes]
+    if keepdims:
+        out_shape = tuple(1 if d in axes else shape[d] for d in range(nd))
+    else:
+        # A full reduction gives shape (1,), not a 0-d tensor: kernels take array arguments.
+        out_shape = tuple(shape[d] for d in keep) or (1,)
+    data = placeholder(shape, dtype, "data")
+    raxes = {d: reduce_axis(shape[d], f"r{d}") for d in axes}
+    te_fn, np_fn = _COMBINERS[kind]
+
+    def body(*idx):
+        if keepdims:
+            src = [raxes[d] if d in raxes else idx[d] for d in range(nd)]
+        else:
+            pos = dict(zip(keep, idx))
+            src = [raxes[d] if d in raxes else pos[d] for d in range(nd)]
+        return te_fn(data[tuple(src)], axis=list(raxes.values()))
+
+    out = compute(out_shape, body, name=op, tag=op)
+
+    def reference(x):
+        if kind == "sum" and is_float(dtype):  # float64 accumulation
+            r = np.sum(x.astype(np.float64), axis=axes)
+        elif kind == "sum":  # integer sums wrap in the dtype, like the kernel does
+            r = np.sum(x, axis=axes, dtype=dtype)
+        else:
+            r = np_fn(x, axis=axes)
+        return np.asarray(r).astype(dtype).reshape(out_shape)
+
+    params = dict(shape=shape, axis=axes, keepdims=bool(keepdims), dtype=dtype)
+    return OpDef(op, [data], out, params, int(np.prod(shape)), reference)
+
+
+def reduce_sum(shape, axis=None, keepdims=False, dtype="float32") -> OpDef:
+    """Sum over `axis` (int, tuple, or None for all axes)."""
+    return _reduce("sum", shape, axis, keepdims, dtype)
+
+
+def reduce_max(shape, axis=None, keepdims=False, dtype="float32") -> OpDef:
+    return _reduce("max", shape, axis, keepdims, dtype)
+
+
+def reduce_min(shape, axis=None, keepdims=False, dtype="float32") -> OpDef:
+    return _reduce("min", shape, axis, keepdims, dtype)

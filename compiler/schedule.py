@@ -1,0 +1,450 @@
+"""Schedules: how the loops of each stage are split, ordered, annotated and placed.
+
+A schedule never changes the user's compute definition: cache_read/cache_write add stages and
+give the affected stages new operations inside the schedule only, so one definition can be
+scheduled many times (the tuner builds thousands of candidates from it).
+
+Every primitive checks its arguments and raises ScheduleError before changing anything, and is
+recorded as a step that refers to stages and axes by position (see schedule_steps.py), so a
+schedule can be stored as JSON and replayed on a fresh, structurally equal definition.
+"""
+
+from __future__ import annotations
+
+from .errors import ScheduleError
+from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, compute, topo_order
+from .expr import Const, transform
+from . import expr as E
+
+MAX_VECTOR_LANES = 64
+ANNOTATIONS = ("vectorize", "parallel", "unroll")
+
+
+class Split:
+    __slots__ = ("parent", "outer", "inner", "factor", "nparts")
+
+    def __init__(self, parent, outer, inner, factor, nparts):
+        self.parent, self.outer, self.inner, self.factor, self.nparts = parent, outer, inner, factor, nparts
+
+
+class Fuse:
+    __slots__ = ("outer", "inner", "fused")
+
+    def __init__(self, outer, inner, fused):
+        self.outer, self.inner, self.fused = outer, inner, fused
+
+
+class Stage:
+    """The loop nest that computes one tensor."""
+
+    def __init__(self, schedule: "Schedule", tensor: Tensor, op: ComputeOp, scope: str = "global"):
+        self.schedule = schedule
+        self.tensor = tensor
+        self.op = op
+        self.name = op.name
+        self.scope = scope
+        self.root_iter_vars = list(op.axis) + list(op.reduce_axis)
+        self.all_iter_vars = list(self.root_iter_vars)
+        self.leaf_iter_vars = list(self.root_iter_vars)
+        self.relations: list = []
+        self.annotations: dict = {}
+        self.attach = ("root",)
+        self.auto_unroll_max_step = 0
+
+    def __repr__(self):
+        return f"Stage({self.name})"
+
+    @property
+    def is_output(self) -> bool:
+        return self.tensor in self.schedule.outputs
+
+    @property
+    def is_inline(self) -> bool:
+        return self.attach[0] == "inline"
+
+    # ------------------------------------------------------------------ helpers
+    def _leaf(self, axis, what: str) -> IterVar:
+        iv = self._resolve(axis, what)
+        if iv not in self.leaf_iter_vars:
+            raise ScheduleError(f"{what}: axis {iv.name!r} is not a loop of stage {self.name} any more "
+                                f"(it was split or fused); current loops: {[v.name for v in self.leaf_iter_vars]}")
+        return iv
+
+    def _resolve(self, axis, what: str) -> IterVar:
+        if isinstance(axis, str):
+            for iv in self.all_iter_vars:
+                if iv.name == axis:
+                    return iv
+            raise ScheduleError(f"{what}: stage {self.name} has no axis named {axis!r}")
+        if not isinstance(axis, IterVar) or axis not in self.all_iter_vars:
+            name = getattr(axis, "name", axis)
+            raise ScheduleError(f"{what}: {name!r} is not an axis of stage {self.name}")
+        return axis
+
+    def _new_iv(self, name: str, extent: int, kind: str) -> IterVar:
+        taken = {iv.name for iv in self.all_iter_vars}
+        base, n = name, 1
+        while name in taken:
+            name = f"{base}{n}"
+            n += 1
+        iv = IterVar(name, extent, kind)
+        self.all_iter_vars.append(iv)
+        return iv
+
+    def _index(self, iv: IterVar) -> int:
+        return self.all_iter_vars.index(iv)
+
+    def _record(self, op: str, **fields):
+        self.schedule._record(op, stage=self.schedule.stages.index(self), **fields)
+
+    def _check_not_inline(self, what):
+        if self.is_inline:
+            raise ScheduleError(f"{what}: stage {self.name} is inlined and has no loops")
+
+    # ------------------------------------------------------------------ loop primitives
+    def split(self, axis, factor=None, nparts=None):
+        """Split a loop into (outer, inner) by the inner `factor` or the outer `nparts`."""
+        self._check_not_inline("split")
+        iv = self._leaf(axis, "split")
+        if (factor is None) == (nparts is None):
+            raise ScheduleError("split needs exactly one of factor= or nparts=")
+        n = factor if factor is not None else nparts
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise ScheduleError(f"split of {iv.name}: factor/nparts must be a positive integer, got {n!r}")
+        idx = self._index(iv)
+        if factor is not None:
+            inner_ext = min(factor, iv.extent)
+            outer_ext = -(-iv.extent // inner_ext)
+        else:
+            outer_ext = min(nparts, iv.extent)
+            inner_ext = -(-iv.extent // outer_ext)
+        outer = self._new_iv(f"{iv.name}_o", outer_ext, iv.kind)
+        inner = self._new_iv(f"{iv.name}_i", inner_ext, iv.kind)
+        self.relations.append(Split(iv, outer, inner, factor, nparts))
+        pos = self.leaf_iter_vars.index(iv)
+        self.leaf_iter_vars[pos:pos + 1] = [outer, inner]
+        self._record("split", axis=idx, factor=factor, nparts=nparts)
+        return outer, inner
+
+    def tile(self, x, y, x_factor, y_factor):
+        """Split two loops and order them (xo, yo, xi, yi)."""
+        xo, xi = self.split(x, factor=x_factor)
+        yo, yi = self.split(y, factor=y_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
+    def fuse(self, *axes):
+        """Fuse consecutive loops into one (outermost first)."""
+        self._check_not_inline("fuse")
+        if len(axes) < 2:
+            raise ScheduleError("fuse needs at least two axes")
+        ivs = [self._leaf(a, "fuse") for a in axes]
+        pos = [self.leaf_iter_vars.index(iv) for iv in ivs]
+        if pos != list(range(pos[0], pos[0] + len(ivs))):
+            raise ScheduleError(f"fuse: axes {[iv.name for iv in ivs]} are not consecutive loops, "
+                                "outermost first; reorder them first")
+        if len({iv.kind for iv in ivs}) != 1:
+            raise ScheduleError("fuse: cannot fuse a reduction axis with a spatial axis")
+        indices = [self._index(iv) for iv in ivs]
+        fused = ivs[0]
+        for nxt in ivs[1:]:
+            new = self._new_iv(f"{fused.name}_{nxt.name}_f", fused.extent * nxt.extent, fused.kind)
+            self.relations.append(Fuse(fused, nxt, new))
+            fused = new
+        self.leaf_iter_vars[pos[0]:pos[-1] + 1] = [fused]
+        self._record("fuse", axes=indices)
+        return fused
+
+    def reorder(self, *axes):
+        """Put the given loops in this order, in the positions they occupy together."""
+        self._check_not_inline("reorder")
+        ivs = [self._leaf(a, "reorder") for a in axes]
+        if len(set(map(id, ivs))) != len(ivs):
+            raise ScheduleError("reorder: an axis is listed twice")
+        pos = sorted(self.leaf_iter_vars.index(iv) for iv in ivs)
+        for p, iv in zip(pos, ivs):
+            self.leaf_iter_vars[p] = iv
+        self._record("reorder", axes=[self._index(iv) for iv in ivs])
+
+    def _annotate(self, axis, kind):
+        self._check_not_inline(kind)
+        iv = self._leaf(axis, kind)
+        if kind in ("vectorize", "parallel") and iv.kind == "reduce":
+            raise ScheduleError(f"{kind}: {iv.name} is a reduction axis of {self.name}; "
+                                f"{kind} a spatial axis (or rfactor the reduction first)")
+        if kind == "vectorize" and iv.extent > MAX_VECTOR_LANES:
+            raise ScheduleError(f"vectorize: {iv.name} has {iv.extent} iterations, more than "
+                                f"{MAX_VECTOR_LANES} lanes; split it first")
+        old = self.annotations.get(iv)
+        if old is not None and old != kind:
+            raise ScheduleError(f"{kind}: {iv.name} is already marked {old}")
+        self.annotations[iv] = kind
+        self._record(kind, axis=self._index(iv))
+
+    def vectorize(self, axis):
+        """Emit the (innermost) loop as vector instructions, one lane per iteration."""
+        self._annotate(axis, "vectorize")
+
+    def parallel(self, axis):
+        """Run the iterations of the loop on the thread pool."""
+        self._annotate(axis, "parallel")
+
+    def unroll(self, axis):
+        """Emit the loop body once per iteration."""
+        self._annotate(axis, "unroll")
+
+    def auto_unroll(self, max_step: int):
+        """Unroll every inner loop nest whose unrolled size is at most `max_step` statements."""
+        if not isinstance(max_step, int) or max_step < 0 or max_step > 4096:
+            raise ScheduleError(f"auto_unroll: max_step must be an integer in [0, 4096], got {max_step!r}")
+        self.auto_unroll_max_step = max_step
+        self._record("auto_unroll", max_step=max_step)
+
+    # ------------------------------------------------------------------ placement
+    def compute_at(self, parent: "Stage", axis):
+        """Compute this stage inside loop `axis` of `parent`, only the region that loop needs."""
+        if not isinstance(parent, Stage) or parent.schedule is not self.schedule:
+            raise ScheduleError("compute_at: the parent must be a stage of the same schedule")
+        if parent is self:
+            raise ScheduleError(f"compute_at: stage {self.name} cannot be computed at itself")
+        if self.is_output:
+            raise ScheduleError(f"compute_at: {self.name} is an output of the schedule; outputs stay at root")
+        parent._check_not_inline("compute_at")
+        iv = parent._leaf(axis, "compute_at")
+        if not self.schedule._reads_transitively(parent, self):
+            raise ScheduleError(f"compute_at: {parent.name} does not read {self.name}, so its loop "
+                                f"{iv.name} does not enclose a consumer of {self.name}")
+        p = parent
+        while p.attach[0] == "at":
+            p = p.attach[1]
+            if p is self:
+                raise ScheduleError(f"compute_at: {parent.name} is itself computed inside {self.name}")
+        self.attach = ("at", parent, iv)
+        self._record("compute_at", parent=self.schedule.stages.index(parent), axis=parent._index(iv))
+
+    def compute_inline(self):
+        """Substitute this elementwise stage into its readers; it gets no loops or buffer."""
+        if self.is_output:
+            raise ScheduleError(f"compute_inline: {self.name} is an output of the schedule")
+        if isinstance(self.op.body, Reduce):
+            raise ScheduleError(f"compute_inline: {self.name} is a reduction and cannot be inlined")
+        if self.relations or self.annotations:
+            raise ScheduleError(f"compute_inline: {self.name} already has loop transformations")
+        for st in self.schedule.stages:
+            if st.attach[0] == "at" and st.attach[1] is self:
+                raise ScheduleError(f"compute_inline: {st.name} is computed at {self.name}")
+        self.attach = ("inline",)
+        self._record("compute_inline")
+
+    def compute_root(self):
+        """Compute the whole stage at the top level (the default)."""
+        if self.is_inline:
+            raise ScheduleError(f"compute_root: {self.name} is inlined")
+        self.attach = ("root",)
+        self._record("compute_root")
+
+
+class Schedule:
+    """The stages of a compute DAG, producers first, and the steps applied to them."""
+
+    def __init__(self, outputs):
+        if isinstance(outputs, Tensor):
+            outputs = [outputs]
+        outputs = list(outputs)
+        if not outputs or not all(isinstance(t, Tensor) for t in outputs):
+            raise ScheduleError("create_schedule needs one or more output tensors")
+        for t in outputs:
+            if isinstance(t.op, PlaceholderOp):
+                raise ScheduleError(f"{t.name} is a placeholder; schedule the compute that produces the output")
+        self.outputs = outputs
+        self.steps: list = []
+        self.stages: list[Stage] = []
+        self.placeholders: list[Tensor] = []
+        self._stage_of: dict = {}
+        used = set()
+        for op in topo_order(outputs):
+            if isinstance(op, PlaceholderOp):
+                self.placeholders.append(op.output)
+                continue
+            stage = Stage(self, op.output, op)
+            name, n = stage.name, 1
+            while stage.name in used:
+                stage.name = f"{name}_{n}"
+                n += 1
+            used.add(stage.name)
+            self.stages.append(stage)
+            self._stage_of[op.output] = stage
+
+    def __getitem__(self, key) -> Stage:
+        if isinstance(key, str):
+            for st in self.stages:
+                if st.name == key:
+                    return st
+            raise ScheduleError(f"the schedule has no stage named {key!r}")
+        if isinstance(key, Stage) and key in self.stages:
+            return key
+        stage = self._stage_of.get(key)
+        if stage is None:
+            name = getattr(key, "name", key)
+            raise ScheduleError(f"{name!r} is not computed by this schedule (a placeholder, or another definition)")
+        return stage
+
+    def stage_of(self, tensor: Tensor):
+        """The stage computing `tensor`, or None for an input."""
+        return self._stage_of.get(tensor)
+
+    def _record(self, op, **fields):
+        step = {"op": op}
+        step.update({k: v for k, v in fields.items() if v is not None})
+        self.steps.append(step)
+
+    def _reads_transitively(self, consumer: Stage, producer: Stage) -> bool:
+        todo, seen = [consumer], set()
+        while todo:
+            st = todo.pop()
+            for t in st.op.input_tensors():
+                if t is producer.tensor:
+                    return True
+                nxt = self._stage_of.get(t)
+                if nxt is not None and id(nxt) not in seen:
+                    seen.add(id(nxt))
+                    todo.append(nxt)
+        return False
+
+    def readers_of(self, tensor: Tensor) -> list:
+        return [st for st in self.stages if any(t is tensor for t in st.op.input_tensors())]
+
+    # ------------------------------------------------------------------ caches
+    def cache_write(self, tensor: Tensor, scope: str = "local") -> Tensor:
+        """Compute `tensor` into a new cache stage; the old stage becomes a copy out of it.
+
+        Typical use: the cache is computed at a tile loop of the output, so the accumulators of
+        a register tile live in a small local buffer that LLVM keeps in registers.
+        """
+        stage = self[tensor]
+        if scope not in ("local", "global"):
+            raise ScheduleError(f"cache_write: scope must be 'local' or 'global', got {scope!r}")
+        if stage.relations or stage.annotations or stage.attach[0] != "root":
+            raise ScheduleError(f"cache_write: apply it to {stage.name} before any loop transformation")
+        op = stage.op
+        cache_op = ComputeOp(f"{stage.name}_{scope}", op.shape, op.axis, op.body, op.tag, op.attrs)
+        cache_tensor = Tensor(cache_op)
+        axis = [IterVar(ax.name, ax.extent) for ax in op.axis]
+        copy = Tensor(ComputeOp(stage.name, op.shape, axis, cache_tensor[tuple(a.var for a in axis)], op.tag))
+        stage_index = self.stages.index(stage)
+        new_stage = Stage(self, cache_tensor, cache_op, scope)
+        # the old stage keeps the user's tensor (readers still read it) and becomes the copy
+        stage.op = copy.op
+        stage.root_iter_vars = list(copy.op.axis)
+        stage.all_iter_vars = list(stage.root_iter_vars)
+        stage.leaf_iter_vars = list(stage.root_iter_vars)
+        self.stages.insert(stage_index, new_stage)
+        self._stage_of[cache_tensor] = new_stage
+        self._record("cache_write", tensor=stage_index, scope=scope)
+        return cache_tensor
+
+    def cache_read(self, tensor: Tensor, scope: str, readers, block: dict | None = None) -> Tensor:
+        """Copy `tensor` into a new stage that `readers` read instead.
+
+        `block` = {axis: factor} packs the copy into a blocked layout: each blocked axis is cut
+        into outer blocks (moved to the front) and an inner block of `factor` (moved to the back),
+        e.g. B[K, N] with {1: 16} becomes Bp[ceil(N/16), K, 16]; the tail block is zero-padded.
+        """
+        if scope not in ("local", "global"):
+            raise ScheduleError(f"cache_read: scope must be 'local' or 'global', got {scope!r}")
+        reader_stages = [self[r] for r in readers]
+        if not reader_stages:
+            raise ScheduleError("cache_read needs at least one reader stage")
+        for st in reader_stages:
+            if not any(t is tensor for t in st.op.input_tensors()):
+                raise ScheduleError(f"cache_read: stage {st.name} does not read {tensor.name}")
+        block = {int(k): v for k, v in (block or {}).items()}
+        for ax, f in block.items():
+            if not 0 <= ax < tensor.ndim:
+                raise ScheduleError(f"cache_read: block axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
+            if not isinstance(f, int) or f <= 0:
+                raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
+        layout = _BlockLayout(tensor.shape, block)
+        name = f"{tensor.name}_{'packed' if block else scope}"
+        taken = {st.name for st in self.stages}
+        base, n = name, 1
+        while name in taken:
+            name, n = f"{base}{n}", n + 1
+        cache = compute(layout.shape, lambda *i: layout.read_source(tensor, i), name=name)
+        step = dict(tensor=self._tensor_ref(tensor, self.stage_of(tensor)), scope=scope,
+                    readers=[self.stages.index(st) for st in reader_stages],
+                    block={str(k): v for k, v in sorted(block.items())} or None)
+        first = min(self.stages.index(st) for st in reader_stages)
+        new_stage = Stage(self, cache, cache.op, scope)
+        for st in reader_stages:
+            st.op = _replace_reads(st.op, tensor, cache, layout)
+        self.stages.insert(first, new_stage)
+        self._stage_of[cache] = new_stage
+        self._record("cache_read", **step)
+        return cache
+
+    def _tensor_ref(self, tensor, stage):
+        if stage is not None:
+            return self.stages.index(stage)
+        return f"input{self.placeholders.index(tensor)}"
+
+
+class _BlockLayout:
+    """Index mapping of a blocked copy (see Schedule.cache_read)."""
+
+    def __init__(self, shape, block: dict):
+        self.src_shape = tuple(shape)
+        self.block = dict(sorted(block.items()))
+        outer = [-(-shape[a] // f) for a, f in self.block.items()]
+        middle = [d for a, d in enumerate(shape) if a not in self.block]
+        inner = list(self.block.values())
+        self.shape = tuple(outer + middle + inner)
+
+    def read_source(self, tensor, idx):
+        nb = len(self.block)
+        outer, middle, inner = idx[:nb], idx[nb:len(idx) - nb], idx[len(idx) - nb:]
+        src, guard = [], None
+        mid = iter(middle)
+        blocked = {a: (o, i, f) for (a, f), o, i in zip(self.block.items(), outer, inner)}
+        for a, d in enumerate(self.src_shape):
+            if a in blocked:
+                o, i, f = blocked[a]
+                v = o * f + i
+                if d % f:
+                    cond = v < d
+                    guard = cond if guard is None else guard & cond
+                src.append(v)
+            else:
+                src.append(next(mid))
+        if guard is None:
+            return tensor[tuple(src)]
+        clamped = [E.minimum(v, d - 1) if a in blocked and d % blocked[a][2] else v
+                   for a, (v, d) in enumerate(zip(src, self.src_shape))]
+        return E.if_then_else(guard, tensor[tuple(clamped)], Const(0, tensor.dtype))
+
+    def map_read(self, idx):
+        outer = [idx[a] // f for a, f in self.block.items()]
+        middle = [v for a, v in enumerate(idx) if a not in self.block]
+        inner = [idx[a] % f for a, f in self.block.items()]
+        return tuple(outer + middle + inner)
+
+
+def _replace_reads(op: ComputeOp, old: Tensor, new: Tensor, layout: _BlockLayout) -> ComputeOp:
+    def fn(n):
+        if isinstance(n, TensorRead) and n.tensor is old:
+            return TensorRead(new, layout.map_read(n.indices))
+        return None
+    body = op.body
+    if isinstance(body, Reduce):
+        src = transform(body.source, fn)
+        where = transform(body.where, fn) if body.where is not None else None
+        body = Reduce(body.combiner, src, body.axes, where)
+    else:
+        body = transform(body, fn)
+    return ComputeOp(op.name, op.shape, op.axis, body, op.tag, op.attrs)
+
+
+def create_schedule(outputs) -> Schedule:
+    """A default schedule: every stage at root, loops in definition order."""
+    return Schedule(outputs)
+
