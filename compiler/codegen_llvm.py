@@ -247,8 +247,8 @@ class FunctionEmitter:
         if lin.coef_of(v) == 1 and not any(v in _free_vars(a) for a, _ in lin.terms.values() if a is not v):
             base = arith.substitute_var(index, v, Const(0, "int64"), self.ranges)
             return "contiguous", b.gep(base_ptr, [self._scalar_index(base)], source_etype=ety)
-        idx = self.emit_expr(index)
-        return "gather", b.gep(base_ptr, [idx], source_etype=ety)
+        idx = self._broadcast(self.emit_expr(index))
+        return "gather", _vector_gep(b, base_ptr, idx, ety)
 
     def _scalar_index(self, index: Expr):
         val = self.emit_expr(index)
@@ -298,11 +298,8 @@ class FunctionEmitter:
         if kind == "scalar":
             if isinstance(value.type, ir.VectorType):
                 # every lane writes the same element; the last active lane wins, as in the scalar loop
-                idx = ir.Constant(ir.VectorType(I64, self.lanes), [0] * self.lanes)
-                kind, ptr = "gather", b.gep(self.buffers[s.buffer], [b.add(idx, b.insert_element(
-                    ir.Constant(ir.VectorType(I64, self.lanes), None), self._scalar_index(s.index),
-                    ir.Constant(I32, 0)))], source_etype=ety)
-                ptr = b.shuffle_vector(ptr, ptr, ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
+                kind = "gather"
+                ptr = _vector_gep(b, self.buffers[s.buffer], self._broadcast(self._scalar_index(s.index)), ety)
             elif self.mask is not None:
                 any_fn = self.mb.intrinsic("llvm.vector.reduce.or", I1, [self.mask.type], [self.mask.type])
                 with b.if_then(b.call(any_fn, [self.mask])):
@@ -482,6 +479,13 @@ class FunctionEmitter:
         if sw == dw:
             return v
         return b.sext(v, t) if dw > sw else b.trunc(v, t)
+
+
+def _vector_gep(builder, base, idx_vec, ety):
+    """A vector of element pointers (llvmlite types a GEP by its base, so set the type here)."""
+    gep = builder.gep(base, [idx_vec], source_etype=ety)
+    gep.type = ir.VectorType(PTR, idx_vec.type.count)
+    return gep
 
 
 def _opaque_alloca(builder, ty, name):

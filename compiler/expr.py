@@ -123,7 +123,11 @@ class Not(Expr):
 
 
 class Select(Expr):
-    """`cond ? t : f`; both branches are evaluated (so both must be safe to evaluate)."""
+    """`cond ? t : f`.
+
+    A branch that reads memory is only evaluated where the condition selects it (control flow in
+    scalar code, masked loads in vector code), so `select(i < n, A[i], 0)` never reads past A.
+    """
 
     __slots__ = ("cond", "t", "f")
 

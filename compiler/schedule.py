@@ -16,7 +16,7 @@ from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorRea
 from .expr import Const, transform
 from . import expr as E
 
-MAX_VECTOR_LANES = 64
+MAX_VECTOR_LANES = 64  # checked at lowering, once bound inference has fixed the extents
 ANNOTATIONS = ("vectorize", "parallel", "unroll")
 
 
@@ -172,9 +172,6 @@ class Stage:
         if kind in ("vectorize", "parallel") and iv.kind == "reduce":
             raise ScheduleError(f"{kind}: {iv.name} is a reduction axis of {self.name}; "
                                 f"{kind} a spatial axis (or rfactor the reduction first)")
-        if kind == "vectorize" and iv.extent > MAX_VECTOR_LANES:
-            raise ScheduleError(f"vectorize: {iv.name} has {iv.extent} iterations, more than "
-                                f"{MAX_VECTOR_LANES} lanes; split it first")
         old = self.annotations.get(iv)
         if old is not None and old != kind:
             raise ScheduleError(f"{kind}: {iv.name} is already marked {old}")
@@ -418,9 +415,7 @@ class _BlockLayout:
                 src.append(next(mid))
         if guard is None:
             return tensor[tuple(src)]
-        clamped = [E.minimum(v, d - 1) if a in blocked and d % blocked[a][2] else v
-                   for a, (v, d) in enumerate(zip(src, self.src_shape))]
-        return E.if_then_else(guard, tensor[tuple(clamped)], Const(0, tensor.dtype))
+        return E.if_then_else(guard, tensor[tuple(src)], Const(0, tensor.dtype))
 
     def map_read(self, idx):
         outer = [idx[a] // f for a, f in self.block.items()]
