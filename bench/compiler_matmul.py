@@ -1,0 +1,89 @@
+"""fp32 matmul with the default (hand-written) schedule against numpy's `@`, in the same run.
+
+Reports GFLOPS of both (interleaved, median of repeats), the build time (lower + codegen +
+LLVM compile + load), and the speed-up of 2 threads over 1. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import compiler
+from compiler.ops import get_op
+from compiler.ops.schedule_gemm import schedule_gemm
+
+
+def median_seconds(fn, repeat: int, number: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of ours vs numpy")
+    ap.add_argument("--builds", type=int, default=7)
+    args = ap.parse_args()
+    n = args.n
+    op = get_op("matmul", M=n, N=n, K=n)
+    target = compiler.Target.host()
+
+    build_ms = []
+    for _ in range(args.builds):
+        t0 = time.perf_counter()
+        kernel = compiler.build(schedule_gemm(op, target), op.tensors, target)
+        kernel._load()
+        build_ms.append((time.perf_counter() - t0) * 1e3)
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.1, 1.0, (n, n)).astype(np.float32)
+    b = rng.uniform(0.1, 1.0, (n, n)).astype(np.float32)
+    c = np.full((n, n), np.nan, np.float32)
+    kernel(a, b, c)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    rel_err = float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
+    assert rel_err < 1e-5, rel_err
+
+    flops = 2.0 * n ** 3
+    number = max(1, int(2e9 / flops))
+    ours, ref_t, ours_1t = [], [], []
+    kernel(a, b, c)
+    a @ b
+    for _ in range(args.rounds):
+        ours.append(median_seconds(lambda: kernel(a, b, c), 3, number))
+        ref_t.append(median_seconds(lambda: a @ b, 3, number))
+        compiler.set_num_threads(1)
+        ours_1t.append(median_seconds(lambda: kernel(a, b, c), 3, number))
+        compiler.set_num_threads(target.num_cores)
+    t_ours, t_np, t_1 = statistics.median(ours), statistics.median(ref_t), statistics.median(ours_1t)
+    result = {
+        "n": n,
+        "gflops": round(flops / t_ours / 1e9, 1),
+        "numpy_gflops": round(flops / t_np / 1e9, 1),
+        "ratio": round(t_np / t_ours, 3),
+        "build_ms_median": round(statistics.median(build_ms), 1),
+        "threads_speedup": round(t_1 / t_ours, 2),
+        "gflops_1_thread": round(flops / t_1 / 1e9, 1),
+        "rel_err": rel_err,
+        "target": target.cpu,
+    }
+    print(f"{'kernel':<28}{'GFLOPS':>10}")
+    print(f"{'tunefarm (2 threads)':<28}{result['gflops']:>10}")
+    print(f"{'tunefarm (1 thread)':<28}{result['gflops_1_thread']:>10}")
+    print(f"{'numpy @ (OpenBLAS)':<28}{result['numpy_gflops']:>10}")
+    print(f"ratio {result['ratio']}  build {result['build_ms_median']} ms  threads speed-up {result['threads_speedup']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
