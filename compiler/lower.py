@@ -20,7 +20,7 @@ from .errors import LoweringError, ScheduleError
 from .expr import INDEX_DTYPE, Binary, Const, Select, Var, substitute, transform, walk
 from .loop_ir import (Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq,
                       walk_stmts)
-from .schedule import Fuse, Schedule, Split, Stage
+from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from .tensor import PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
 
 _KIND = {"vectorize": "vectorized", "parallel": "parallel", "unroll": "unrolled"}
@@ -259,11 +259,24 @@ class _Lowering:
             idx = term if idx is None else idx + term
         return arith.simplify(idx if idx is not None else Const(0, INDEX_DTYPE), self.var_range)
 
-    def _to_loads(self, e):
+    def _reads_only_global(self, st: Stage) -> bool:
+        for n in _body_nodes(self.body_of[st]):
+            if isinstance(n, TensorRead):
+                src = self.s.stage_of(n.tensor)
+                if src is not None and src.attach[0] == "at":
+                    return False
+        return True
+
+    def _to_loads(self, e, clamp: bool = False):
+        """TensorReads → flat Loads; with `clamp`, every index is clamped into its tensor."""
         def fn(n):
             if isinstance(n, TensorRead):
                 st = self.s.stage_of(n.tensor)
                 idx = list(n.indices)
+                if clamp:
+                    idx = [arith.simplify(Binary("min", Binary("max", i, Const(0, INDEX_DTYPE), INDEX_DTYPE),
+                                                 Const(d - 1, INDEX_DTYPE), INDEX_DTYPE), self.var_range)
+                           for i, d in zip(idx, n.tensor.shape)]
                 if st is not None and st.attach[0] == "at":
                     mins = self.root_min[st]
                     idx = [i - mins[ax] for i, ax in zip(idx, st.op.axis)]
@@ -280,25 +293,35 @@ class _Lowering:
         store_idx = self._flat_index(buf, [loops.value[ax] for ax in op.axis])
         body = self.body_of[st]
         conds = [arith.simplify(v < lim, self.var_range) for v, lim in loops.guards]
-        if st.attach[0] == "at":  # a region may stick out of the domain when the consumer's splits overhang
-            for ax, dim in zip(op.axis, op.shape):
-                v = subst[ax.var]
-                conds.append(arith.simplify((v >= 0) & (v < dim), self.var_range))
+        clamp = False
+        if st.attach[0] == "at":
+            # A region sticks out of the domain where the consumer's splits overhang. Computing
+            # those extra points into the local buffer is harmless (nobody reads them) as long as
+            # every read stays in bounds: clamp the reads instead of guarding the innermost loops,
+            # which would put a branch into the micro-kernel. Reads of other local buffers cannot
+            # be clamped that way, so those stages keep the guard.
+            domain = [arith.simplify((subst[ax.var] >= 0) & (subst[ax.var] < dim), self.var_range)
+                      for ax, dim in zip(op.axis, op.shape)]
+            domain = [c for c in domain if not (isinstance(c, Const) and c.value)]
+            if domain and self._reads_only_global(st):
+                clamp = True
+            else:
+                conds.extend(domain)
         conds = [c for c in conds if not (isinstance(c, Const) and c.value)]
         leaves = loops.leaves
         for iv in leaves:
-            if loops.ext[iv] > 64 and st.annotations.get(iv) == "vectorize":
-                raise ScheduleError(f"vectorize: {iv.name} of {st.name} has {loops.ext[iv]} iterations "
-                                    "after bound inference, more than 64 lanes")
+            if loops.ext[iv] > MAX_VECTOR_LANES and st.annotations.get(iv) == "vectorize":
+                raise ScheduleError(f"vectorize: {iv.name} of {st.name} has {loops.ext[iv]} iterations, "
+                                    f"more than {MAX_VECTOR_LANES} lanes; split it first")
         kinds = [_KIND.get(st.annotations.get(iv), "serial") for iv in leaves]
         self._check_vector_placement(st, kinds)
         lvars = [loops.loop_var[iv] for iv in leaves]
         if isinstance(body, Reduce):
             acc = Load(buf, store_idx)
-            src = self._to_loads(substitute(body.source, subst))
+            src = self._to_loads(substitute(body.source, subst), clamp)
             combined = arith.simplify(_combine(body.combiner, acc, src), self.var_range)
             if body.where is not None:
-                combined = Select(self._to_loads(substitute(body.where, subst)), combined, acc)
+                combined = Select(self._to_loads(substitute(body.where, subst), clamp), combined, acc)
             init = Store(buf, store_idx, Const(reduce_identity(body.combiner, op.dtype), op.dtype))
             update = Store(buf, store_idx, combined)
             first_red = next(i for i, iv in enumerate(leaves) if iv.kind == "reduce")
@@ -321,7 +344,7 @@ class _Lowering:
             nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in range(first_red)],
                               inner, outer_conds)
         else:
-            value = self._to_loads(substitute(body, subst))
+            value = self._to_loads(substitute(body, subst), clamp)
             nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in range(len(leaves))],
                               Store(buf, store_idx, value), conds)
         if st.auto_unroll_max_step:
