@@ -15,3 +15,6 @@ from .tensor import max, min, sum  # noqa: A004
 __version__ = "0.1.0"
 from .runtime import Kernel, TimingResult, build, load_kernel, set_num_threads  # noqa: E402
 from .target import Target  # noqa: E402
+from .export import export_library  # noqa: E402
+from .errors import ExportError  # noqa: E402
+from .schedule_steps import apply_steps, steps_from_json, steps_to_json  # noqa: E402

@@ -205,8 +205,9 @@ def simplify(e: Expr, ranges: dict | None = None) -> Expr:
     ranges = ranges if ranges is not None else {}
     if isinstance(e, (Var, Const)):
         return e
-    if e.dtype == INDEX_DTYPE and isinstance(e, (Binary, Cast)):
-        return from_lin(to_lin(e, ranges))
+    if e.dtype == INDEX_DTYPE and (isinstance(e, Binary) or
+                                   (isinstance(e, Cast) and e.value.dtype in ("int32", "int8"))):
+        return from_lin(to_lin(e, ranges))  # (a cast from float/bool is not linear: generic path below)
     if isinstance(e, Compare):
         return _simplify_compare(e, ranges)
     if isinstance(e, Logical):

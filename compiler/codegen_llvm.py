@@ -23,6 +23,8 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 LLTYPE = {"float32": F32, "float64": F64, "int8": I8, "int32": I32, "int64": I64, "bool": I1}
+# in memory a bool is one byte (numpy's layout): a <N x i1> vector load/store would be bit-packed
+MEMTYPE = dict(LLTYPE, bool=I8)
 STACK_LIMIT_BYTES = 32 * 1024
 FAST = ("contract",)
 
@@ -194,7 +196,7 @@ class FunctionEmitter:
 
     def emit_allocate(self, s: Allocate):
         buf = s.buffer
-        ety = LLTYPE[buf.dtype]
+        ety = MEMTYPE[buf.dtype]
         nbytes = buf.nbytes
         if nbytes <= STACK_LIMIT_BYTES:
             with self.builder.goto_block(self.entry):
@@ -238,7 +240,7 @@ class FunctionEmitter:
     def _access(self, buf: Buffer, index: Expr):
         """('scalar', ptr) | ('contiguous', ptr) | ('gather', <N x ptr>) for the current lanes."""
         b = self.builder
-        ety = LLTYPE[buf.dtype]
+        ety = MEMTYPE[buf.dtype]
         base_ptr = self.buffers[buf]
         v = self.vec_var
         if v is None or v not in _free_vars(index):
@@ -255,8 +257,14 @@ class FunctionEmitter:
         return val
 
     def emit_load(self, e: Load):
+        v = self._emit_load_mem(e)
+        if e.buffer.dtype == "bool":  # bytes -> i1
+            v = self.builder.icmp_unsigned("!=", v, ir.Constant(v.type, None))
+        return v
+
+    def _emit_load_mem(self, e: Load):
         b = self.builder
-        ety = LLTYPE[e.buffer.dtype]
+        ety = MEMTYPE[e.buffer.dtype]
         kind, ptr = self._access(e.buffer, e.index)
         align = ety.width // 8 if isinstance(ety, ir.IntType) else (4 if ety == F32 else 8)
         if e.buffer.dtype == "bool":
@@ -292,8 +300,10 @@ class FunctionEmitter:
 
     def emit_store(self, s: Store):
         b = self.builder
-        ety = LLTYPE[s.buffer.dtype]
+        ety = MEMTYPE[s.buffer.dtype]
         value = self.emit_expr(s.value)
+        if s.buffer.dtype == "bool":  # i1 -> one byte per element
+            value = b.zext(value, ir.VectorType(I8, value.type.count) if isinstance(value.type, ir.VectorType) else I8)
         kind, ptr = self._access(s.buffer, s.index)
         if kind == "scalar":
             if isinstance(value.type, ir.VectorType):
@@ -378,6 +388,8 @@ class FunctionEmitter:
             t, f = self._pair(self.emit_expr(e.t), self.emit_expr(e.f))
             if isinstance(t.type, ir.VectorType):
                 cond = self._broadcast(cond)
+            elif isinstance(cond.type, ir.VectorType):  # uniform branches, per-lane condition
+                t, f = self._broadcast(t), self._broadcast(f)
             return b.select(cond, t, f)
         if isinstance(cond.type, ir.VectorType):
             # loads in a branch may be out of bounds on the lanes that do not take it: mask them
@@ -388,7 +400,7 @@ class FunctionEmitter:
             self.mask = inv if saved is None else b.and_(saved, inv)
             f = self.emit_expr(e.f)
             self.mask = saved
-            t, f = self._pair(t, f)
+            t, f = self._broadcast(t), self._broadcast(f)
             return b.select(cond, t, f)
         # scalar condition: real control flow so the untaken branch's loads never happen
         with b.if_else(cond) as (then, otherwise):
@@ -440,8 +452,19 @@ class FunctionEmitter:
                 return self._floormod(x, y)
         raise TypeError(f"no code for {op} on {e.dtype}")
 
+    def _safe_divisor(self, y):
+        """Under a lane mask the switched-off lanes hold anything (masked loads give 0): divide
+        them by 1 instead of trapping."""
+        if self.mask is None:
+            return y
+        one = ir.Constant(y.type, [1] * y.type.count if isinstance(y.type, ir.VectorType) else 1)
+        if isinstance(y.type, ir.VectorType):
+            return self.builder.select(self.mask, y, one)
+        return self.builder.select(self.builder.icmp_signed("==", y, ir.Constant(y.type, 0)), one, y)
+
     def _floordiv(self, x, y):
         b = self.builder
+        y = self._safe_divisor(y)
         q = b.sdiv(x, y)
         r = b.srem(x, y)
         zero = ir.Constant(x.type, None)
@@ -451,6 +474,7 @@ class FunctionEmitter:
 
     def _floormod(self, x, y):
         b = self.builder
+        y = self._safe_divisor(y)
         r = b.srem(x, y)
         zero = ir.Constant(x.type, None)
         adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),

@@ -35,3 +35,7 @@ class LoweringError(CompilerError):
 
 class KernelLoadError(CompilerError):
     """A serialized kernel could not be loaded (corrupt bytes, other target, missing symbol)."""
+
+
+class ExportError(CompilerError):
+    """Kernels could not be exported as a shared library (no C compiler, link failure, bad names)."""

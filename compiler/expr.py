@@ -230,6 +230,9 @@ def not_equal(a, b) -> Expr:
 
 def if_then_else(cond, t, f) -> Expr:
     """Select `t` where `cond` holds, else `f` (alias: select)."""
+    if isinstance(cond, bool):
+        raise DTypeError("if_then_else condition is a Python bool, not an expression: "
+                        "== and != on expressions compare object identity; use equal(a, b) / not_equal(a, b)")
     cond = as_expr(cond)
     if cond.dtype != "bool":
         raise DTypeError(f"if_then_else condition must be bool, got {cond.dtype}")

@@ -37,11 +37,17 @@ def _poly(b, x, coefs):
 
 
 def exp_f32(em, x):
-    """e^x: x = n·ln2 + r, e^r by a degree-6 polynomial, 2^n by building the exponent bits."""
+    """e^x: x = n·ln2 + r, e^r by a degree-6 polynomial, 2^n by building the exponent bits.
+
+    2^n is applied as two factors 2^(n>>1)·2^(n-(n>>1)), each a normal float, so the result
+    overflows to inf above ln(FLT_MAX) and underflows gradually (denormals, then 0) below
+    -87.3 instead of saturating; NaN propagates (minnum/maxnum would drop it).
+    """
     b = em.builder
     ty = x.type
-    x = b.call(_intrinsic(em, "minnum", x, 2), [x, _c(ty, 88.3762626647949)])
-    x = b.call(_intrinsic(em, "maxnum", x, 2), [x, _c(ty, -87.3365447504)])
+    x_in = x
+    x = b.call(_intrinsic(em, "minnum", x, 2), [x, _c(ty, 89.0)])
+    x = b.call(_intrinsic(em, "maxnum", x, 2), [x, _c(ty, -104.0)])
     fx = b.fadd(b.fmul(x, _c(ty, 1.44269504088896341)), _c(ty, 0.5))
     fx = b.call(_intrinsic(em, "floor", fx), [fx])
     r = b.fsub(x, b.fmul(fx, _c(ty, 0.693359375)))
@@ -51,8 +57,12 @@ def exp_f32(em, x):
     y = b.fadd(b.fadd(b.fmul(b.fmul(p, r), r), r), _c(ty, 1.0))
     ity = _int_ty(ty)
     n = b.fptosi(fx, ity)
-    bits = b.shl(b.add(n, _c(ity, 127)), _c(ity, 23))
-    return b.fmul(y, b.bitcast(bits, ty))
+    n1 = b.ashr(n, _c(ity, 1))
+    n2 = b.sub(n, n1)
+    scale1 = b.bitcast(b.shl(b.add(n1, _c(ity, 127)), _c(ity, 23)), ty)
+    scale2 = b.bitcast(b.shl(b.add(n2, _c(ity, 127)), _c(ity, 23)), ty)
+    out = b.fmul(b.fmul(y, scale1), scale2)
+    return b.select(b.fcmp_unordered("uno", x_in, x_in), x_in, out)
 
 
 def tanh_f32(em, x):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import struct
 import time
@@ -92,6 +93,7 @@ class Kernel:
         if self._fn is not None:
             return self._fn
         _check_runnable(self.target)
+        _check_object(self.object_code, self.target)
         _runtime_libraries()
         llvm = _llvm()
         try:
@@ -167,7 +169,8 @@ class Kernel:
     # ------------------------------------------------------------------ serialization
     def to_bytes(self) -> bytes:
         header = json.dumps({"version": FORMAT_VERSION, "name": self.name, "target": str(self.target),
-                             "args": [a.to_json() for a in self.args], "source": self.source}).encode()
+                             "args": [a.to_json() for a in self.args], "source": self.source,
+                             "sha256": hashlib.sha256(self.object_code).hexdigest()}).encode()
         return MAGIC + struct.pack("<I", len(header)) + header + self.object_code
 
     def __repr__(self):
@@ -212,7 +215,50 @@ def load_kernel(data: bytes) -> Kernel:
     obj = bytes(data[8 + n:])
     if not obj:
         raise KernelLoadError("kernel has no object code")
+    digest = header.get("sha256")
+    if digest is not None and hashlib.sha256(obj).hexdigest() != digest:
+        raise KernelLoadError("kernel object code is corrupt (checksum mismatch; truncated or altered bytes)")
+    _check_object(obj, target)
     return Kernel(name, obj, args, target, header.get("source", ""))
+
+
+_ELF_MACHINE = {"x86_64": 62, "i386": 3, "i686": 3, "aarch64": 183, "arm64": 183, "arm": 40, "armv7": 40,
+                "riscv64": 243, "ppc64le": 21, "ppc64": 21}
+
+
+def _check_object(obj: bytes, target: Target):
+    """Structural check of an ELF object before MCJIT sees it: LLVM aborts or crashes the whole
+    process on a corrupt or truncated object instead of reporting an error."""
+    if any(os_name in target.triple for os_name in ("darwin", "apple", "macos", "ios", "windows", "win32")):
+        return  # only ELF objects are checked
+    bad = "kernel object code is not a valid ELF relocatable object (corrupt or truncated bytes?)"
+    if len(obj) < 52 or obj[:4] != b"\x7fELF" or obj[4] not in (1, 2) or obj[5] not in (1, 2):
+        raise KernelLoadError(bad)
+    end = "<" if obj[5] == 1 else ">"
+    try:
+        e_type, e_machine = struct.unpack_from(end + "HH", obj, 16)
+        if obj[4] == 2:
+            (e_shoff,) = struct.unpack_from(end + "Q", obj, 40)
+            e_shentsize, e_shnum, e_shstrndx = struct.unpack_from(end + "3H", obj, 58)
+            sh_fmt = end + "IIQQQQIIQQ"
+        else:
+            (e_shoff,) = struct.unpack_from(end + "I", obj, 32)
+            e_shentsize, e_shnum, e_shstrndx = struct.unpack_from(end + "3H", obj, 46)
+            sh_fmt = end + "10I"
+        if e_type != 1 or e_shentsize != struct.calcsize(sh_fmt) or not 0 < e_shnum or \
+                e_shstrndx >= e_shnum or e_shoff + e_shnum * e_shentsize > len(obj):
+            raise KernelLoadError(bad)
+        for i in range(e_shnum):
+            sh = struct.unpack_from(sh_fmt, obj, e_shoff + i * e_shentsize)
+            sh_type, offset, size = sh[1], sh[4], sh[5]
+            if sh_type not in (0, 8) and offset + size > len(obj):  # NULL and NOBITS have no bytes
+                raise KernelLoadError(bad)
+    except struct.error:
+        raise KernelLoadError(bad) from None
+    expected = _ELF_MACHINE.get(target.arch)
+    if expected is not None and e_machine != expected:
+        raise KernelLoadError(f"kernel object code is for ELF machine {e_machine}, "
+                              f"not {target.arch} as its target says")
 
 
 def _check_runnable(target: Target):

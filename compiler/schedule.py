@@ -128,6 +128,12 @@ class Stage:
 
     def tile(self, x, y, x_factor, y_factor):
         """Split two loops and order them (xo, yo, xi, yi)."""
+        self._check_not_inline("tile")
+        if self._leaf(x, "tile") is self._leaf(y, "tile"):  # check everything before the first split
+            raise ScheduleError("tile: x and y are the same axis")
+        for f in (x_factor, y_factor):
+            if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
+                raise ScheduleError(f"tile: factors must be positive integers, got {f!r}")
         xo, xi = self.split(x, factor=x_factor)
         yo, yi = self.split(y, factor=y_factor)
         self.reorder(xo, yo, xi, yi)
@@ -349,17 +355,22 @@ class Schedule:
         """
         if scope not in ("local", "global"):
             raise ScheduleError(f"cache_read: scope must be 'local' or 'global', got {scope!r}")
+        if isinstance(readers, (Tensor, Stage, str)):
+            readers = [readers]
         reader_stages = [self[r] for r in readers]
         if not reader_stages:
             raise ScheduleError("cache_read needs at least one reader stage")
         for st in reader_stages:
             if not any(t is tensor for t in st.op.input_tensors()):
                 raise ScheduleError(f"cache_read: stage {st.name} does not read {tensor.name}")
-        block = {int(k): v for k, v in (block or {}).items()}
+        try:
+            block = {int(k): v for k, v in (block or {}).items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ScheduleError(f"cache_read: block must map axis numbers to factors, got {block!r}") from None
         for ax, f in block.items():
             if not 0 <= ax < tensor.ndim:
                 raise ScheduleError(f"cache_read: block axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
-            if not isinstance(f, int) or f <= 0:
+            if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
                 raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
         layout = _BlockLayout(tensor.shape, block)
         name = f"{tensor.name}_{'packed' if block else scope}"

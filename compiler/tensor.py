@@ -185,7 +185,11 @@ def compute(shape, fcompute, name=None, tag="", attrs=None) -> Tensor:
         raise ExprError(f"compute {name}: fcompute takes {len(params)} indices but the shape has {len(shape)}")
     names = params if len(params) == len(shape) else [f"i{d}" for d in range(len(shape))]
     axis = [IterVar(n, ext) for n, ext in zip(names, shape)]
-    body = as_expr(fcompute(*[a.var for a in axis]))
+    body = fcompute(*[a.var for a in axis])
+    if isinstance(body, bool):
+        raise DTypeError(f"compute {name}: the body is a Python bool, not an expression: "
+                        "== and != on expressions compare object identity; use equal(a, b) / not_equal(a, b)")
+    body = as_expr(body)
     if isinstance(body, Reduce):
         body = _normalize_reduce(body, name)
     for n in walk(body.source if isinstance(body, Reduce) else body):
@@ -212,6 +216,9 @@ def _reduce(combiner, expr, axis, where):
     expr = as_expr(expr)
     if expr.dtype == "bool":
         raise DTypeError(f"{combiner} over bool values; cast them first")
+    if isinstance(where, bool):
+        raise DTypeError(f"{combiner} where= is a Python bool, not an expression: "
+                        "== and != on expressions compare object identity; use equal(a, b) / not_equal(a, b)")
     if where is not None:
         where = as_expr(where)
         if where.dtype != "bool":
