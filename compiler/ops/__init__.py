@@ -58,3 +58,7 @@ def get_op(name: str, **params) -> OpDef:
 
 
 __all__ = ["INVENTORY", "OpDef", "UnknownOpError", "get_op", "random_inputs", *INVENTORY]
+
+from .default_schedules import build_op, default_schedule  # noqa: E402
+
+__all__ += ["build_op", "default_schedule"]

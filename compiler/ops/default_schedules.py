@@ -1,0 +1,64 @@
+"""A good schedule for every inventory operator without tuning, and `build_op` to compile it.
+
+`default_schedule(opdef)` dispatches on the operator name to the family modules
+(schedule_conv, schedule_pool, schedule_nn, schedule_elementwise, schedule_gemm). They are the
+baseline a tuned schedule must beat, and what `build_op` uses when nothing better is known.
+"""
+
+from __future__ import annotations
+
+from ..runtime import Kernel, build
+from ..schedule import Schedule, create_schedule
+from ..target import resolve_target
+from . import schedule_conv, schedule_elementwise, schedule_nn, schedule_pool
+
+GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
+
+_FAMILY = {
+    "conv2d_nchw": schedule_conv.schedule_conv_nchw,
+    "depthwise_conv2d_nchw": schedule_conv.schedule_conv_nchw,
+    "conv2d_nhwc": schedule_conv.schedule_conv_nhwc,
+    "max_pool2d": schedule_pool.schedule_pool,
+    "avg_pool2d": schedule_pool.schedule_pool,
+    "softmax": schedule_nn.schedule_norm,
+    "layer_norm": schedule_nn.schedule_norm,
+    "add": schedule_elementwise.schedule_injective,
+    "mul": schedule_elementwise.schedule_injective,
+    "relu": schedule_elementwise.schedule_injective,
+    "gelu": schedule_elementwise.schedule_injective,
+    "bias_add": schedule_elementwise.schedule_injective,
+    "pad": schedule_elementwise.schedule_pad,
+    "transpose": schedule_elementwise.schedule_transpose,
+    "reduce_sum": schedule_elementwise.schedule_reduce,
+    "reduce_max": schedule_elementwise.schedule_reduce,
+    "reduce_min": schedule_elementwise.schedule_reduce,
+}
+
+
+def _schedule_gemm(opdef, target) -> Schedule:
+    """schedule_gemm lives in its own module (another family); without it, the naive schedule."""
+    try:
+        from .schedule_gemm import schedule_gemm
+    except ImportError:
+        return create_schedule(opdef.output)
+    return schedule_gemm(opdef, target)
+
+
+def default_schedule(opdef, target=None) -> Schedule:
+    """The default schedule of `opdef` for `target` (the host by default)."""
+    target = resolve_target(target)
+    if opdef.name in GEMM_OPS:
+        return _schedule_gemm(opdef, target)
+    fn = _FAMILY.get(opdef.name)
+    if fn is None:  # an operator added to the inventory without a default schedule yet
+        return create_schedule(opdef.output)
+    return fn(opdef, target)
+
+
+def build_op(opdef, target=None, name=None) -> Kernel:
+    """Compile `opdef` with its default schedule; the kernel takes opdef.tensors in order."""
+    target = resolve_target(target)
+    return build(default_schedule(opdef, target), opdef.tensors, target, name=name or "main")
+
+
+__all__ = ["default_schedule", "build_op"]

@@ -1,0 +1,117 @@
+"""Helpers shared by the default schedules: vector widths, tile factors, parallel outer loops.
+
+The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
+- a split that does not divide its loop costs a guard; in a reduction's micro-kernel the guard
+  (or the clamped, gathered reads an overhanging attached region gets) is several times slower
+  than the loop itself, so tile factors are divisors of the extent whenever one is close enough;
+- a vectorized loop may be any length up to 64 lanes: LLVM splits `<28 x float>` into vector
+  registers without masks, which beats a masked 8-lane tail;
+- starting a parallel region costs a few microseconds, so small stages stay serial.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import nbytes
+from ..target import resolve_target
+
+MAX_LANES = 64
+# below this many scalar operations per call a parallel region costs more than it saves
+PARALLEL_MIN_WORK = 1 << 15
+
+
+def lanes(target, dtype: str) -> int:
+    """Vector lanes of `dtype` on `target` (at least 4, so SSE-only targets still vectorize)."""
+    target = resolve_target(target)
+    return max(4, target.vector_bits() // (8 * nbytes(dtype)))
+
+
+def divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def largest_divisor(n: int, limit: int, multiple_of: int = 1) -> int:
+    """The largest divisor of n that is <= limit and a multiple of `multiple_of` (0 if none)."""
+    best = 0
+    for d in divisors(n):
+        if d <= limit and d % multiple_of == 0:
+            best = d
+    return best
+
+
+def vector_factor(extent: int, vl: int, max_vectors: int = 4) -> int:
+    """Lanes of the vectorized inner loop for a loop of `extent` iterations.
+
+    The whole loop if it fits in `max_vectors` registers; otherwise the largest multiple of the
+    vector width up to `max_vectors` registers that divides it; otherwise one register with a
+    masked tail.
+    """
+    if extent <= min(vl * max_vectors, MAX_LANES):
+        return extent
+    for k in range(max_vectors, 0, -1):
+        if extent % (k * vl) == 0:
+            return k * vl
+    return vl
+
+
+def accumulator_factor(extent: int, vl: int, max_vectors: int = 4) -> int:
+    """Lanes of a vector of accumulators carried around a reduction loop: at most one register,
+    or a power-of-two number of whole registers. LLVM keeps `<8 x float>` and `<32 x float>`
+    phis in registers but splits and reassembles a `<24 x float>` or `<28 x float>` one every
+    iteration (measured 5x slower)."""
+    if extent <= vl:
+        return extent
+    k = max_vectors
+    while k >= 1:
+        if extent % (k * vl) == 0:
+            return k * vl
+        k //= 2
+    return vl
+
+
+def vectorize_inner(stage, axis, vl: int, max_vectors: int = 4, carried: bool = False):
+    """Split `axis` for vectorization and vectorize the inner part; returns the outer (or None).
+
+    `carried`: the vector is a reduction's accumulator (see accumulator_factor)."""
+    f = (accumulator_factor if carried else vector_factor)(axis.extent, vl, max_vectors)
+    if f >= axis.extent:
+        stage.vectorize(axis)
+        return None
+    outer, inner = stage.split(axis, factor=f)
+    stage.vectorize(inner)
+    return outer
+
+
+def fuse_all(stage, axes):
+    """Fuse consecutive loops (one axis is returned as is; none gives None)."""
+    axes = list(axes)
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else stage.fuse(*axes)
+
+
+def want_parallel(target, work: int) -> bool:
+    return resolve_target(target).num_cores > 1 and work >= PARALLEL_MIN_WORK
+
+
+def parallel_loop(stage, outer_axes, next_axis, target, work: int):
+    """Fuse the outer loops and run them in parallel when the stage is big enough.
+
+    `outer_axes` are consecutive loops, outermost first; when they give fewer iterations than
+    there are cores, `next_axis` (the loop just inside them, if any) is fused in as well.
+    Returns the parallel (or fused serial) loop, or None.
+    """
+    target = resolve_target(target)
+    outer = list(outer_axes)
+    extent = 1
+    for a in outer:
+        extent *= _extent(a)
+    if next_axis is not None and extent < 2 * target.num_cores:
+        outer.append(next_axis)
+    loop = fuse_all(stage, outer)
+    if loop is not None and want_parallel(target, work) and _extent(loop) > 1:
+        stage.parallel(loop)
+    return loop
+
+
+def _extent(iv) -> int:
+    return iv.extent

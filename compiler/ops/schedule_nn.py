@@ -1,0 +1,74 @@
+"""Default schedules for softmax and layer_norm.
+
+Both are per-row statistics (max and sum, mean and variance: reductions over `axis`) and
+elementwise stages that read them. The output stage is split into
+  [axes before `axis`, fused, parallel] [axis] [axes after `axis`, the last one vectorized]
+and every other stage is computed at the fused outer loop, so a block of rows, its statistics
+and its exponentials stay in L1 and the input is read from memory once.
+
+- `axis` is the last axis: a statistic is a serial chain of scalar adds/maxes along a row (the
+  reduction cannot be reassociated into vector lanes), so the outer loop walks blocks of up to
+  8 rows and the statistics unroll the rows inside their reduction loop: 8 independent chains
+  in flight. Exponentials and the output are vectorized along the row.
+- `axis` is not last: the statistics are vectors over the trailing axes, which are unit-stride
+  in the input, with the reduction loop outside the vector: one vector load per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..schedule import Schedule, create_schedule
+from .schedule_common import fuse_all, largest_divisor, lanes, vectorize_inner, want_parallel
+
+ROW_BLOCK = 8  # rows per block: independent reduction chains (and 8 rows of exp = 32 KB at 1024)
+
+
+def schedule_norm(opdef, target=None) -> Schedule:
+    out = opdef.output
+    s = create_schedule(out)
+    st = s[out]
+    axis = opdef.params["axis"]
+    vl = lanes(target, out.dtype)
+    axes = list(st.op.axis)
+    before, red, after = axes[:axis], axes[axis], axes[axis + 1:]
+    work = int(np.prod(out.shape)) * 8
+    vectorize_inner(st, after[-1] if after else red, vl, max_vectors=2)
+    outer, rows = list(before), False
+    if before and not after:
+        rb = largest_divisor(before[-1].extent, ROW_BLOCK)
+        if rb > 1:
+            rows = True
+            if rb < before[-1].extent:
+                outer[-1], _ = st.split(before[-1], factor=rb)
+            else:
+                outer.pop()
+    loop = fuse_all(st, outer)
+    if loop is not None and want_parallel(target, work) and loop.extent > 1:
+        st.parallel(loop)
+    for other in s.stages:
+        if other is st:
+            continue
+        if loop is not None:
+            other.compute_at(st, loop)
+        _schedule_inner_stage(other, axis, vl, rows)
+    return s
+
+
+def _schedule_inner_stage(stage, axis, vl, rows: bool):
+    """A statistic or elementwise stage computed per row block."""
+    op = stage.op
+    rax = list(op.reduce_axis)
+    trailing = op.axis[axis + 1:]
+    if rax and not trailing:
+        if rows:  # rows of the block unrolled inside the reduction loop: independent chains
+            row = op.axis[axis - 1]
+            stage.reorder(*[a for a in op.axis if a is not row], *rax, row)
+            stage.unroll(row)
+        return
+    vec = trailing[-1] if trailing else op.axis[axis]
+    lo = vectorize_inner(stage, vec, vl, max_vectors=2, carried=bool(rax))
+    inner = stage.leaf_iter_vars[stage.leaf_iter_vars.index(lo) + 1] if lo is not None else vec
+    if rax:  # the reduction loop outside the vector of accumulators
+        rest = [a for a in op.axis if a is not vec]
+        stage.reorder(*rest, *([lo] if lo is not None else []), *rax, inner)
