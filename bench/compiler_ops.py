@@ -6,7 +6,7 @@ user would write it (float32; an im2col + matmul for convolutions) are timed int
 `--rounds` rounds of (ours, numpy), each the median of a few calls, and the median over rounds
 is reported. Each measurement starts after a short sleep: the worker threads of OpenBLAS and
 of libgomp busy-wait after a call, and would otherwise halve the other side's parallel speed. Prints a table, and as its last line one JSON object:
-{"speedup_vs_numpy": {op: numpy_time / our_time}, "gflops": {op: ...}, ...}.
+{"speedup_vs_numpy": {op: numpy_time / our_time}, "gflops": {op: ... or null}, ...}.
 
     .venv/bin/python bench/compiler_ops.py [--rounds 5] [--only conv2d_nchw,softmax]
 """
@@ -79,8 +79,8 @@ def np_max_pool(x, k=3, s=2, p=1):
 
 
 def np_avg_pool_2x2(x):
-    n, c, h, w = x.shape
-    return x.reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+    # four strided slices: several times faster than x.reshape(n, c, h/2, 2, w/2, 2).mean((3, 5))
+    return (x[:, :, 0::2, 0::2] + x[:, :, 1::2, 0::2] + x[:, :, 0::2, 1::2] + x[:, :, 1::2, 1::2]) * np.float32(0.25)
 
 
 def np_softmax(x):

@@ -41,6 +41,9 @@ CASES = [
     ("conv2d_nchw", dict(N=1, C=8, H=16, W=32, F=24, KH=3, KW=3, padding=1)),
     ("conv2d_nchw", dict(N=1, C=8, H=14, W=28, F=16, KH=5, KW=5, padding=2)),
     ("conv2d_nchw", dict(N=1, C=4, H=12, W=13, F=6, KH=3, KW=3, padding=1, dtype="int8")),
+    ("conv2d_nchw", dict(N=1, C=3, H=11, W=13, F=4, KH=1, KW=1, stride=2)),
+    ("conv2d_nchw", dict(N=1, C=2, H=15, W=16, F=3, KH=3, KW=3, stride=3, dilation=2, padding=1)),
+    ("conv2d_nchw", dict(N=1, C=64, H=14, W=14, F=32, KH=3, KW=3, stride=2, padding=1, groups=2)),
     ("conv2d_nchw", dict(N=1, C=3, H=7, W=6, F=4, KH=3, KW=3, stride=2, dilation=2, padding=2, groups=1,
                          dtype="float64")),
     # conv2d_nhwc
@@ -58,6 +61,7 @@ CASES = [
     ("depthwise_conv2d_nchw", dict(N=1, C=2, H=13, W=11, KH=3, KW=3, dilation=2, padding=(2, 1), multiplier=3)),
     ("depthwise_conv2d_nchw", dict(N=1, C=8, H=32, W=32, KH=5, KW=5, padding=2)),
     ("depthwise_conv2d_nchw", dict(N=1, C=3, H=9, W=10, KH=3, KW=3, padding=1, dtype="int8")),
+    ("depthwise_conv2d_nchw", dict(N=2, C=5, H=9, W=17, KH=3, KW=3, stride=(1, 2), padding=1, dtype="int8")),
     # pooling
     ("max_pool2d", dict(N=2, C=3, H=13, W=17, kernel=3, stride=2, padding=1)),
     ("max_pool2d", dict(N=1, C=2, H=17, W=31, kernel=3, stride=1, padding=1)),
@@ -198,3 +202,32 @@ def test_build_op_name_and_target():
     k = build_op(op, target=str(Target.host()), name="relu9")
     assert k.name == "relu9"
     check(op, k)
+
+
+def test_single_core_target_has_no_parallel_loop_and_runs():
+    host = Target.host()
+    one = Target(host.triple, host.cpu, host.features, num_cores=1)
+    for name, params in [("conv2d_nchw", dict(N=1, C=8, H=28, W=28, F=16, KH=3, KW=3, padding=1)),
+                         ("softmax", dict(shape=(256, 256)))]:
+        op = get_op(name, **params)
+        s = default_schedule(op, one)
+        assert "parallel for" not in str(lower(s, op.tensors))
+        check(op, build(s, op.tensors, one))
+
+
+def test_default_schedule_leaves_the_definition_reusable():
+    """Schedules never mutate the compute definition: a second schedule of it builds and runs."""
+    op = get_op("conv2d_nhwc", N=1, C=4, H=9, W=9, F=8, KH=3, KW=3, stride=2, padding=1)
+    first = str(lower(default_schedule(op), op.tensors))
+    check(op, build_op(op))
+    assert str(lower(default_schedule(op), op.tensors)) == first
+
+
+def test_default_schedules_replay_from_their_recorded_steps():
+    """The tuner stores schedules as step lists: every default schedule must replay exactly."""
+    from compiler.schedule_steps import apply_steps, steps_from_json, steps_to_json
+    for name, params in CASES:
+        op, fresh = get_op(name, **params), get_op(name, **params)
+        s = default_schedule(op)
+        replayed = apply_steps([fresh.output], steps_from_json(steps_to_json(s.steps)))
+        assert str(lower(replayed, fresh.tensors)) == str(lower(s, op.tensors)), (name, params)

@@ -4,8 +4,10 @@ The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
 - a split that does not divide its loop costs a guard; in a reduction's micro-kernel the guard
   (or the clamped, gathered reads an overhanging attached region gets) is several times slower
   than the loop itself, so tile factors are divisors of the extent whenever one is close enough;
-- a vectorized loop may be any length up to 64 lanes: LLVM splits `<28 x float>` into vector
-  registers without masks, which beats a masked 8-lane tail;
+- a vectorized loop may be any length up to 64 lanes: LLVM splits a `<13 x float>` load/store
+  into register-sized pieces without masks, which beats a masked 8-lane tail; but a vector of
+  accumulators carried around a loop must be ≤ 1 register or 1, 2, 4 whole ones (see
+  accumulator_factor);
 - starting a parallel region costs a few microseconds, so small stages stay serial.
 """
 

@@ -15,12 +15,14 @@ FB·YB·XB/lanes FMAs.
   stride vector loads. For a column stride s > 1 the padded input is first copied into
   [.., h, w % s, w // s] order (two blocked cache_reads) so those loads stay unit-stride.
 
-Tile choice (see _pick_tile): the vector length is 1 or 2 full registers dividing the axis (or
-7 of 8 lanes for 7/14/28-wide rows); at most 12 accumulators, leaving registers for operands.
-A vector axis that overhangs the output makes every micro-kernel load a clamped gather (3-5x
-slower), so it never does when avoidable; unrolled axes may (their clamps are scalar).
-Tiles are walked channel-block outermost when the weights outweigh the input (and always for
-depthwise, whose channels share no input), else spatially: the larger operand streams once. The padding stage is materialized at the root.
+Tile choice (_pick_tile): the vector length is 1 or 2 full registers dividing the axis (or 7
+of 8 lanes for 7/14/28-wide rows); up to 12 accumulators, as many as leave registers for the
+operands, scored by a small throughput model (FMAs and loads per step, FMA latency). A vector
+axis that overhangs the output makes every micro-kernel load a clamped gather (3-5x slower), so
+it never does when avoidable; unrolled channel (and NHWC row/column) axes may overhang, their
+clamps are scalar. Tiles are walked channel-block outermost when the weights outweigh the
+input (and always for depthwise, whose channels share no input), else spatially, so the larger
+operand streams from memory once. The padding stage is materialized at the root.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from .schedule_elementwise import schedule_pad_stage
 
 MAX_ACC = 12   # accumulator registers of a micro-kernel tile
 NUM_VREGS = 16  # AVX2 ymm registers: accumulators + the operands live during one step
-RED_UNROLL = 4
-MIN_USEFUL_ACC = 6  # below this, let unrolled tile axes overhang the output
+RED_UNROLL = 4  # a long innermost reduction loop is unrolled by this
+FMA_LATENCY = 4  # cycles
+MAX_UNROLLED_TAPS = 8  # a reduction loop this short is unrolled whole
 
 
 def _vector_tiles(extent: int, vl: int) -> list:
@@ -50,44 +53,44 @@ def _vector_tiles(extent: int, vl: int) -> list:
     return out or [vl]
 
 
-def _pick_tile(vec_tiles: list, vl: int, dims: list, cost, overhang: bool = True) -> tuple:
-    """(vector length, unroll factors of the non-vector tile axes `dims` = [(extent, cap)]).
+def _pick_tile(vec_tiles: list, vl: int, dims: list, cost) -> tuple:
+    """(vector length, unroll factors of the non-vector tile axes `dims`).
 
-    The most useful accumulators win (≤ MAX_ACC accumulators, accumulators + live operands
-    ≤ NUM_VREGS), then the fewest loads per FMA; `cost(vregs, factors)` = (loads, live vector
-    registers) per reduction step. With `overhang`, unrolled axes may overhang the output (their
-    reads are clamped scalars, not gathers) at the price of the wasted rows; without, they divide
-    it unless that leaves fewer than MIN_USEFUL_ACC accumulators.
+    `dims` = [(extent, cap, may_overhang)]: a factor ≤ cap, a divisor of the extent unless the
+    axis may overhang the output (its reads are clamped scalars, not gathers; the extra rows are
+    wasted work). Among tiles with ≤ MAX_ACC accumulators and accumulators + live operands
+    ≤ NUM_VREGS, the most useful FMAs per cycle win, then the most accumulators;
+    `cost(vregs, factors)` gives (loads, live vector registers) per reduction step.
     """
     best, best_key = (vec_tiles[0], [1] * len(dims)), None
     for vt in vec_tiles:
         vregs = -(-vt // vl)
-        for combo in _combos(dims, overhang):
+        for combo in _combos(dims):
             acc, useful = vregs, float(vregs)
-            for c, (ext, _) in zip(combo, dims):
+            for c, (ext, _, _) in zip(combo, dims):
                 acc *= c
                 useful *= ext / -(-ext // c)
             loads, live = cost(vregs, combo)
             if acc > MAX_ACC or acc + live + 1 > NUM_VREGS:
                 continue
-            key = (round(useful, 3), -loads / acc, vt, combo)
+            # a step issues acc FMAs and `loads` loads, 2 of each per cycle, and each accumulator
+            # waits FMA_LATENCY cycles for its previous update
+            cycles = max(acc / 2, loads / 2, FMA_LATENCY)
+            key = (round(useful / cycles, 3), acc, -loads, vt, combo)
             if best_key is None or key > best_key:
                 best, best_key = (vt, list(combo)), key
-    if not overhang and (best_key is None or best_key[0] < MIN_USEFUL_ACC):
-        return _pick_tile(vec_tiles, vl, dims, cost, overhang=True)
     return best
 
 
-def _combos(dims, overhang: bool):
+def _combos(dims):
     if not dims:
         yield ()
         return
-    (ext, cap), rest = dims[0], dims[1:]
+    (ext, cap, overhang), rest = dims[0], dims[1:]
     for d in range(1, min(cap, ext) + 1):
-        if ext % d and not overhang:
-            continue
-        for tail in _combos(rest, overhang):
-            yield (d,) + tail
+        if ext % d == 0 or overhang:
+            for tail in _combos(rest):
+                yield (d,) + tail
 
 
 def _unroll_inner_reduction(stage, rax):
@@ -100,7 +103,7 @@ def _unroll_inner_reduction(stage, rax):
     if not inner:
         return
     a = inner[-1]
-    if a.extent <= 8:
+    if a.extent <= MAX_UNROLLED_TAPS:
         stage.unroll(a)
     elif a.extent % RED_UNROLL == 0:
         _, ai = stage.split(a, factor=RED_UNROLL)
@@ -135,11 +138,15 @@ def schedule_conv_nchw(opdef, target=None) -> Schedule:
     s = create_schedule(out)
     vl = lanes(target, out.dtype)
     N, F, OH, OW = out.shape
+    KW = opdef.params["KW"]
     groups = opdef.params.get("groups", 1)
     fpg = F // groups if opdef.name == "conv2d_nchw" else opdef.params.get("multiplier", 1)
-    # per step: FB weight broadcasts and YB·xregs input vectors, all kept live when FB > 1
-    XB, (FB, YB) = _pick_tile(_vector_tiles(OW, vl), vl, [(F, min(fpg, 16)), (OH, 8)],
-                              lambda r, c: (c[0] + c[1] * r, c[1] * r if c[0] > 1 else 1), overhang=False)
+    # per step: FB weight broadcasts and YB·xregs input vectors, kept live across the FB channels
+    # for each of the KW unrolled taps; rows that overhang cost more than their waste (more row
+    # pointers live), channels do not
+    taps = KW if KW <= MAX_UNROLLED_TAPS else 1
+    XB, (FB, YB) = _pick_tile(_vector_tiles(OW, vl), vl, [(F, min(fpg, 16), True), (OH, 8, False)],
+                              lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1))
     order = [1, 2, 3] if opdef.name != "conv2d_nchw" or _weights_dominate(opdef) else [3, 2, 1]
     acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order)
     sw = opdef.params["stride"][1]
@@ -175,7 +182,8 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
     groups = opdef.params.get("groups", 1)
     fpg = F // groups
     # per step: YB·XB input broadcasts (one live at a time) and fregs weight vectors (all live)
-    FB, (XB, YB) = _pick_tile(_vector_tiles(fpg if groups > 1 else F, vl), vl, [(OW, 8), (OH, 4)],
+    FB, (XB, YB) = _pick_tile(_vector_tiles(fpg if groups > 1 else F, vl), vl,
+                              [(OW, 8, True), (OH, 4, True)],
                               lambda r, c: (c[0] * c[1] + r, r))
     order = [3, 1, 2] if _weights_dominate(opdef) else [1, 2, 3]
     acc = _register_tile(s, out, [(1, YB), (2, XB)], 3, FB, target, opdef.flops, outer_order=order,

@@ -38,7 +38,7 @@ def schedule_pool(opdef, target=None) -> Schedule:
     n, c, y, x = st.op.axis
     if red is st:  # max_pool2d: the output is the reduction
         ry, rx = st.op.reduce_axis
-        xo = vectorize_inner(st, x, vl, max_vectors=2) if unit_stride else None
+        xo = vectorize_inner(st, x, vl, max_vectors=2, carried=True) if unit_stride else None
         xi = x if xo is None else st.leaf_iter_vars[st.leaf_iter_vars.index(xo) + 1]
         st.reorder(n, c, y, *([xo] if xo is not None else []), ry, rx, xi)
         parallel_loop(st, [n, c, y], None, target, work)
@@ -50,7 +50,7 @@ def schedule_pool(opdef, target=None) -> Schedule:
         ry, rx = red.op.reduce_axis
         red.reorder(rn, rc, ry_, ry, rx, rx_)
         if unit_stride:
-            vectorize_inner(red, rx_, vl, max_vectors=2)
+            vectorize_inner(red, rx_, vl, max_vectors=2, carried=True)
     if kh * kw <= MAX_UNROLLED_TAPS:
         red.unroll(ry)
         red.unroll(rx)
