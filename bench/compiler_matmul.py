@@ -19,6 +19,9 @@ from compiler.ops.schedule_gemm import schedule_gemm
 
 
 def median_seconds(fn, repeat: int, number: int) -> float:
+    # OpenBLAS and libgomp worker threads spin for a while after a call; let the other side's
+    # threads go idle first so each measurement gets both cores.
+    time.sleep(0.2)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
