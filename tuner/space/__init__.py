@@ -1,0 +1,17 @@
+"""Search spaces: where candidates come from and how a candidate becomes a schedule.
+
+Two kinds, one interface (`SearchSpace`):
+- templates (AutoTVM-style): a schedule function declares knobs on a config; a candidate is a
+  `Candidate("config", {"template": name, "knobs": {...}})`;
+- sketches (Ansor-style): generated from the compute definition alone; a candidate is a
+  `Candidate("trace", {"sketch": name, "steps": [...]})` whose steps replay with
+  `compiler.apply_steps`.
+`instantiate(task_or_opdef, candidate)` turns any candidate back into (schedule, args); it is what
+builder processes call, so it must only need the candidate's JSON.
+"""
+
+from __future__ import annotations
+
+from .base import SearchSpace, SpaceError, instantiate, register_space_kind
+
+__all__ = ["SearchSpace", "SpaceError", "instantiate", "register_space_kind"]
