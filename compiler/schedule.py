@@ -12,7 +12,8 @@ schedule can be stored as JSON and replayed on a fresh, structurally equal defin
 from __future__ import annotations
 
 from .errors import ScheduleError
-from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, compute, topo_order
+from .tensor import (ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, compute, reduce_axis,
+                     reduce_identity, topo_order)
 from .expr import Const, transform
 from . import expr as E
 
@@ -346,6 +347,79 @@ class Schedule:
         self._record("cache_write", tensor=stage_index, scope=scope)
         return cache_tensor
 
+    def rfactor(self, tensor: Tensor, axis, factor_axis: int = 0) -> Tensor:
+        """Split a reduction in two: a new stage reduces all but `axis`, keeping `axis` as a
+        spatial dimension (at position `factor_axis`), and this stage reduces over that dimension.
+
+        With little spatial parallelism (a sum over a whole tensor), the new stage's spatial
+        `axis` can be parallelized or vectorized: partial sums per lane or per thread.
+        `axis` must be a reduction loop of the stage, which may only have had its reduction axes
+        split so far.
+        """
+        stage = self[tensor]
+        body = stage.op.body
+        if not isinstance(body, Reduce):
+            raise ScheduleError(f"rfactor: {stage.name} is not a reduction")
+        iv = stage._leaf(axis, "rfactor")
+        if iv.kind != "reduce":
+            raise ScheduleError(f"rfactor: {iv.name} is a spatial axis of {stage.name}; give a reduction axis")
+        if stage.annotations or stage.attach[0] != "root" or any(
+                not isinstance(r, Split) or r.parent.kind != "reduce" for r in stage.relations):
+            raise ScheduleError(f"rfactor: apply it to {stage.name} before anything but splits of its "
+                                "reduction axes")
+        if not 0 <= factor_axis <= len(stage.op.axis):
+            raise ScheduleError(f"rfactor: factor_axis must be in [0, {len(stage.op.axis)}]")
+        op = stage.op
+        # each root reduction axis as an expression of the leaf reduction loops, plus split guards
+        value = {r: r.var for r in stage.leaf_iter_vars if r.kind == "reduce"}
+        guards = []
+        for rel in reversed(stage.relations):
+            v = value[rel.outer] * rel.inner.extent + value[rel.inner]
+            value[rel.parent] = v
+            if rel.outer.extent * rel.inner.extent > rel.parent.extent:
+                guards.append(v < rel.parent.extent)
+        rf_axis = IterVar(iv.name, iv.extent)
+        spatial = [IterVar(a.name, a.extent) for a in op.axis]
+        rf_spatial = spatial[:factor_axis] + [rf_axis] + spatial[factor_axis:]
+        others = [r for r in stage.leaf_iter_vars if r.kind == "reduce" and r is not iv]
+        new_red = {r: reduce_axis(r.extent, r.name) for r in others}
+        mapping = {a.var: b.var for a, b in zip(op.axis, spatial)}
+        mapping.update({r.var: new_red[r].var for r in others})
+        mapping[iv.var] = rf_axis.var
+        root_vals = {r.var: E.substitute(value[r], mapping) for r in op.reduce_axis}
+        src = E.substitute(E.substitute(body.source, root_vals), mapping)
+        where = body.where
+        if where is not None:
+            where = E.substitute(E.substitute(where, root_vals), mapping)
+        for g in guards:
+            g = E.substitute(g, mapping)
+            where = g if where is None else where & g
+        if not others:  # nothing left to reduce: the factored stage is elementwise
+            rf_body = src if where is None else E.if_then_else(
+                where, src, Const(reduce_identity(body.combiner, body.dtype), body.dtype))
+        else:
+            rf_body = Reduce(body.combiner, src, [new_red[r] for r in others], where)
+        rf_op = ComputeOp(f"{stage.name}_rf", _shape(rf_spatial), rf_spatial, rf_body, op.tag, op.attrs)
+        rf_tensor = Tensor(rf_op)
+        final_axis = [IterVar(a.name, a.extent) for a in op.axis]
+        k = reduce_axis(iv.extent, f"{iv.name}_v")
+        idx = [a.var for a in final_axis]
+        idx.insert(factor_axis, k.var)
+        final_op = ComputeOp(stage.name, op.shape, final_axis,
+                             Reduce(body.combiner, rf_tensor[tuple(idx)], [k]), op.tag, op.attrs)
+        stage_index = self.stages.index(stage)
+        axis_index = stage._index(iv)
+        stage.op = final_op
+        stage.root_iter_vars = list(final_axis) + [k]
+        stage.all_iter_vars = list(stage.root_iter_vars)
+        stage.leaf_iter_vars = list(stage.root_iter_vars)
+        stage.relations = []
+        new_stage = Stage(self, rf_tensor, rf_op)
+        self.stages.insert(stage_index, new_stage)
+        self._stage_of[rf_tensor] = new_stage
+        self._record("rfactor", tensor=stage_index, axis=axis_index, factor_axis=factor_axis)
+        return rf_tensor
+
     def cache_read(self, tensor: Tensor, scope: str, readers, block: dict | None = None) -> Tensor:
         """Copy `tensor` into a new stage that `readers` read instead.
 
@@ -395,6 +469,10 @@ class Schedule:
         if stage is not None:
             return self.stages.index(stage)
         return f"input{self.placeholders.index(tensor)}"
+
+
+def _shape(axes) -> tuple:
+    return tuple(a.extent for a in axes)
 
 
 class _BlockLayout:

@@ -37,6 +37,7 @@ STEP_FIELDS = {
     "compute_inline": ({"stage"}, set()),
     "compute_root": ({"stage"}, set()),
     "cache_write": ({"tensor", "scope"}, set()),
+    "rfactor": ({"tensor", "axis"}, {"factor_axis"}),
     "cache_read": ({"tensor", "scope", "readers"}, {"block"}),
 }
 
@@ -101,6 +102,10 @@ def _dispatch(s: Schedule, n: int, op: str, step: dict):
     if op == "cache_write":
         tensor = _stage(s, n, step["tensor"], "tensor").tensor
         s.cache_write(tensor, step["scope"])
+        return
+    if op == "rfactor":
+        st = _stage(s, n, step["tensor"], "tensor")
+        s.rfactor(st.tensor, _axis(st, n, step["axis"]), step.get("factor_axis", 0))
         return
     if op == "cache_read":
         tensor = _tensor(s, n, step["tensor"])

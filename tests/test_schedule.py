@@ -656,7 +656,7 @@ def test_replay_each_primitive():
     ([{"op": "split", "stage": 0, "axis": -1, "factor": 4}], "out of range"),
     ([{"op": "split", "stage": "0", "axis": 0, "factor": 4}], "must be an integer index"),
     ([{"op": "split", "stage": True, "axis": 0, "factor": 4}], "must be an integer index"),
-    ([{"op": "rfactor", "stage": 0, "axis": 0}], r"unknown op 'rfactor'"),
+    ([{"op": "bogus", "stage": 0, "axis": 0}], r"unknown op 'bogus'"),
     ([{"stage": 0, "axis": 0}], "unknown op None"),
     (["split"], "expected a dict"),
     ([{"op": "split", "stage": 0}], "missing field"),
@@ -720,3 +720,41 @@ def test_lowering_errors_are_typed():
     s = C.create_schedule(out)
     with pytest.raises(LoweringError, match="not in the argument list"):
         lower(s, [A, out])
+
+
+@pytest.mark.parametrize("extent,factor,combiner", [(1001, 8, "sum"), (64, 16, "max"), (37, 37, "min")])
+def test_rfactor_vectorized_partial_reductions(extent, factor, combiner):
+    """rfactor turns a reduction with little spatial parallelism into lanes of partial results."""
+    A = C.placeholder((3, extent), "float32", "A")
+    k = C.reduce_axis(extent, "k")
+    red = {"sum": C.sum, "max": C.max, "min": C.min}[combiner]
+    S = C.compute((3,), lambda i: red(A[i, k], axis=k), name="S")
+    s = C.create_schedule(S)
+    _, ki = s[S].split(s[S].op.reduce_axis[0], factor=factor)
+    rf = s.rfactor(S, ki)
+    lane, i = s[rf].op.axis
+    s[rf].reorder(i, s[rf].op.reduce_axis[0], lane)
+    s[rf].vectorize(lane)
+    kernel = C.build(s, [A, S])
+    a = np.random.default_rng(0).uniform(0.1, 1.0, (3, extent)).astype("float32")
+    out = np.full(3, np.nan, "float32")
+    kernel(a, out)
+    ref = {"sum": np.sum, "max": np.max, "min": np.min}[combiner](a.astype(np.float64), axis=1)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    replayed = apply_steps([S], s.steps)
+    assert str(C.lower(replayed, [A, S])) == str(C.lower(s, [A, S]))
+
+
+def test_rfactor_rejects_spatial_axes_and_transformed_stages():
+    A = C.placeholder((4, 8), "float32", "A")
+    k = C.reduce_axis(8, "k")
+    S = C.compute((4,), lambda i: C.sum(A[i, k], axis=k), name="S")
+    s = C.create_schedule(S)
+    with pytest.raises(ScheduleError, match="spatial"):
+        s.rfactor(S, s[S].op.axis[0])
+    s[S].split(s[S].op.axis[0], factor=2)
+    with pytest.raises(ScheduleError, match="before anything"):
+        s.rfactor(S, s[S].op.reduce_axis[0])
+    E = C.compute((4,), lambda i: A[i, 0] * 2.0, name="E")
+    with pytest.raises(ScheduleError, match="not a reduction"):
+        C.create_schedule(E).rfactor(E, "i")
