@@ -7,10 +7,12 @@ baseline a tuned schedule must beat, and what `build_op` uses when nothing bette
 
 from __future__ import annotations
 
+from .. import dispatch
 from ..runtime import Kernel, build
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from . import schedule_conv, schedule_elementwise, schedule_nn, schedule_pool
+from .schedule_gemm import schedule_gemm
 
 GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
 
@@ -35,30 +37,32 @@ _FAMILY = {
 }
 
 
-def _schedule_gemm(opdef, target) -> Schedule:
-    """schedule_gemm lives in its own module (another family); without it, the naive schedule."""
-    try:
-        from .schedule_gemm import schedule_gemm
-    except ImportError:
-        return create_schedule(opdef.output)
-    return schedule_gemm(opdef, target)
-
-
 def default_schedule(opdef, target=None) -> Schedule:
     """The default schedule of `opdef` for `target` (the host by default)."""
     target = resolve_target(target)
     if opdef.name in GEMM_OPS:
-        return _schedule_gemm(opdef, target)
+        return schedule_gemm(opdef, target)
     fn = _FAMILY.get(opdef.name)
     if fn is None:  # an operator added to the inventory without a default schedule yet
         return create_schedule(opdef.output)
     return fn(opdef, target)
 
 
-def build_op(opdef, target=None, name=None) -> Kernel:
-    """Compile `opdef` with its default schedule; the kernel takes opdef.tensors in order."""
+def build_op(opdef, target=None, name=None, records=None) -> Kernel:
+    """Compile `opdef`; the kernel takes opdef.tensors in order.
+
+    The schedule comes from `records` (a schedule provider such as the tuner's
+    ApplyHistoryBest) or else the innermost active provider (`with provider:`); when neither
+    knows the workload on this target, the default schedule is used and a warning says so once.
+    """
     target = resolve_target(target)
-    return build(default_schedule(opdef, target), opdef.tensors, target, name=name or "main")
+    provider = records if records is not None else dispatch.current()
+    schedule = provider.lookup(opdef, target) if provider is not None else None
+    if schedule is None:
+        if provider is not None:
+            dispatch.warn_default_once(opdef, target, "no tuned schedule in the records for this target")
+        schedule = default_schedule(opdef, target)
+    return build(schedule, opdef.tensors, target, name=name or "main")
 
 
 __all__ = ["default_schedule", "build_op"]
