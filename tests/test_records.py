@@ -1,0 +1,432 @@
+"""The records store, on both back-ends it supports.
+
+Every behaviour runs against a SQLite file and against PostgreSQL (127.0.0.1:5432, user postgres):
+the module creates its own uniquely named PostgreSQL database and drops it at the end, and each test
+gets a fresh schema in it (via search_path), so tests start from an empty database. PostgreSQL tests
+are skipped, with the reason, only when the server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from tuner.candidate import Candidate, ErrorCode, MeasureResult
+from tuner.records import JobState, SQLRecordsStore, StoreError, open_store
+from tuner.records import engine as engine_mod
+from tuner.records.models import VERSION_TABLE, Base
+from tuner.workload import Task, Workload
+
+psycopg = pytest.importorskip("psycopg")
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+TABLES = {"workloads", "tasks", "jobs", "records", "agents", VERSION_TABLE}
+TARGET = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -num-cores=2"
+MATMUL = Workload("matmul", {"M": 16, "N": 16, "K": 16})
+TASK = Task(MATMUL, TARGET, "local")
+
+
+def cand(i: int, kind: str = "config") -> Candidate:
+    return Candidate(kind, {"template": "matmul", "knobs": {"tile": i}})
+
+
+def ok(cost: float, by: str = "agent-1") -> MeasureResult:
+    return MeasureResult(costs=[cost, cost * 1.1], build_seconds=0.5, run_seconds=0.25, measured_by=by)
+
+
+def err(code=ErrorCode.WRONG_ANSWER, costs=()) -> MeasureResult:
+    return MeasureResult(costs=list(costs), error_code=code, error_msg=f"{code.name} here", measured_by="agent-2")
+
+
+# ---------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def pg_database():
+    """A fresh PostgreSQL database for this module, dropped at the end."""
+    try:
+        admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as e:
+        pytest.skip(f"PostgreSQL not reachable at 127.0.0.1:5432 as postgres (database test): {e}")
+    name = f"tunefarm_records_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def pg_schema_url(pg_database: str) -> str:
+    """A URL to an empty schema of the module's database (search_path set through libpq options)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_database, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    return f"{pg_database.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'records.db'}"
+    return pg_schema_url(request.getfixturevalue("pg_database"))
+
+
+@pytest.fixture
+def store(db_url):
+    with SQLRecordsStore(db_url) as s:
+        yield s
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------------------- schema
+
+def test_migration_creates_schema_and_is_idempotent(db_url):
+    assert table_names(db_url) == set()
+    with SQLRecordsStore(db_url) as s:
+        s.add_records(TASK, [(cand(1), ok(1e-3))])
+    assert TABLES <= table_names(db_url)
+    with SQLRecordsStore(db_url) as s:          # reopen: upgrade to head is a no-op
+        assert s.count() == 1
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0001"]
+    engine.dispose()
+
+
+def test_hand_written_migration_matches_models(db_url):
+    SQLRecordsStore(db_url).close()
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        diffs = [d for d in compare_metadata(ctx, Base.metadata)
+                 if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)]
+    engine.dispose()
+    assert diffs == []
+
+
+# ---------------------------------------------------------------------------------- records
+
+def test_records_round_trip_every_field(store):
+    ids = store.add_records(TASK, [(cand(1), ok(2e-3)), (cand(2, "trace"), err(ErrorCode.RUNTIME_ERROR))])
+    assert len(ids) == 2
+    rec_ok, rec_err = store.history()
+    assert rec_ok.id == ids[0] and rec_ok.workload_key == MATMUL.key and rec_ok.workload == MATMUL
+    assert (rec_ok.target, rec_ok.device_key, rec_ok.task) == (TARGET, "local", TASK)
+    assert rec_ok.candidate == cand(1)
+    r = rec_ok.result
+    assert (r.costs, r.error_code, r.build_seconds, r.run_seconds, r.measured_by) == ([2e-3, 2.2e-3], 0, 0.5, 0.25, "agent-1")
+    assert rec_ok.created_at.tzinfo is not None and abs(time.time() - rec_ok.created_at.timestamp()) < 60
+    assert rec_ok.gflops(2e6) == pytest.approx(2e6 / r.mean_cost / 1e9)
+    assert rec_err.candidate.kind == "trace"
+    assert (rec_err.result.error_code, rec_err.result.error_msg, rec_err.result.costs) == (
+        ErrorCode.RUNTIME_ERROR, "RUNTIME_ERROR here", [])
+    assert rec_err.gflops(2e6) == 0.0
+
+
+def test_no_candidate_stored_twice(store):
+    first = store.add_records(TASK, [(cand(1), ok(1e-3)), (cand(2), ok(2e-3))])
+    again = store.add_records(TASK, [(cand(2), ok(9e-3)), (cand(3), ok(3e-3)), (cand(3), ok(4e-3))])
+    assert len(first) == 2 and len(again) == 1 and set(first).isdisjoint(again)
+    assert store.count() == 3 and store.count(TASK) == 3
+    assert [r.result.costs[0] for r in store.history()] == [1e-3, 2e-3, 3e-3]   # first measurement kept
+    other = Task(MATMUL, TARGET, "arm-board")    # same candidate, other task: a new record
+    assert len(store.add_records(other, [(cand(1), ok(5e-3))])) == 1
+    assert store.count(other) == 1 and store.count(Task(MATMUL, "llvm -mcpu=none")) == 0
+
+
+def test_ensure_task_is_idempotent(store):
+    a = store.ensure_task(TASK)
+    assert store.ensure_task(TASK) == a
+    assert store.ensure_task(Task(MATMUL, TARGET, "other")) != a
+    assert store.count(TASK) == 0
+
+
+def test_resume_reloads_measured_fingerprints(db_url):
+    with SQLRecordsStore(db_url) as s:
+        s.add_records(TASK, [(cand(i), ok(1e-3 * (i + 1)) if i % 3 else err()) for i in range(6)])
+    with SQLRecordsStore(db_url) as s:              # a restarted tuning run
+        measured = s.measured_fingerprints(TASK)
+        assert measured == {cand(i).fingerprint for i in range(6)}
+        proposals = [cand(i) for i in range(10)]
+        fresh = [c for c in proposals if c.fingerprint not in measured]
+        assert fresh == proposals[6:]
+        s.add_records(TASK, [(c, ok(1e-3)) for c in fresh])
+        assert s.count(TASK) == 10
+        assert s.measured_fingerprints(Task(MATMUL, TARGET, "elsewhere")) == set()
+
+
+def test_add_records_is_one_transaction(store):
+    store.add_records(TASK, [(cand(0), ok(1e-3))])
+    with pytest.raises(StoreError):                 # job 999 does not exist: the batch must not half-land
+        store.add_records(TASK, [(cand(1), ok(1e-3)), (cand(2), ok(1e-3))], job_id=999)
+    assert store.count() == 1
+
+
+def test_best_k_ignores_error_records(store):
+    other_target = Task(MATMUL, "llvm -mcpu=cortex-a72", "pi")
+    store.add_records(TASK, [(cand(1), ok(3e-3)), (cand(2), err(costs=[1e-9])), (cand(3), ok(1e-3)),
+                             (cand(4), err(ErrorCode.RUN_TIMEOUT)), (cand(5), ok(2e-3))])
+    store.add_records(Task(MATMUL, TARGET, "second-box"), [(cand(6), ok(1.5e-3))])
+    store.add_records(other_target, [(cand(7), ok(1e-6))])
+    best = store.best(MATMUL.key, TARGET, k=3)
+    assert [r.candidate for r in best] == [cand(3), cand(6), cand(5)]
+    assert all(r.result.ok for r in best)
+    assert store.best(MATMUL.key, TARGET)[0].candidate == cand(3)
+    assert len(store.best(MATMUL.key, TARGET, k=100)) == 4
+    assert store.best(MATMUL.key, "llvm -mcpu=unknown") == [] and store.best("0" * 32, TARGET) == []
+
+
+def test_history_for_the_cost_model(store):
+    relu = Task(Workload("relu", {"shape": (64,)}), TARGET)
+    store.add_records(TASK, [(cand(i), ok(1e-3) if i % 2 else err()) for i in range(6)])
+    store.add_records(relu, [(cand(100), ok(1e-4))])
+    store.add_records(Task(MATMUL, "llvm -mcpu=x"), [(cand(200), ok(1e-4))])
+    everything = store.history()
+    assert len(everything) == 8 and [r.id for r in everything] == sorted(r.id for r in everything)
+    assert sum(not r.result.ok for r in everything) == 3
+    assert len(store.history(target=TARGET)) == 7
+    assert len(store.history(workload_key=MATMUL.key)) == 7
+    assert len(store.history(target=TARGET, workload_key=MATMUL.key)) == 6
+    last = store.history(target=TARGET, limit=2)
+    assert [r.candidate for r in last] == [cand(5), cand(100)]
+
+
+# ---------------------------------------------------------------------------------- JSON lines
+
+def fill(store):
+    store.add_records(TASK, [(cand(1), ok(3e-3)), (cand(2), err()), (cand(3), ok(1e-3))])
+    store.add_records(Task(Workload("relu", {"shape": [64]}), "llvm -mcpu=cortex-a72", "pi"),
+                      [(cand(4, "trace"), ok(1e-5, by="pi-7"))])
+
+
+def export(store, **filters) -> list[str]:
+    f = io.StringIO()
+    n = store.export_jsonl(f, **filters)
+    lines = f.getvalue().splitlines()
+    assert n == len(lines)
+    return lines
+
+
+def test_jsonl_round_trip_between_sqlite_and_postgresql(tmp_path, pg_database):
+    with SQLRecordsStore(f"sqlite:///{tmp_path / 'a.db'}") as lite, SQLRecordsStore(pg_schema_url(pg_database)) as pg:
+        fill(lite)
+        lines = export(lite)
+        assert len(lines) == 4 and all(json.loads(line)["v"] == 1 for line in lines)
+        assert pg.import_jsonl(io.StringIO("\n".join(lines) + "\n")) == 4
+        assert export(pg) == lines
+        assert pg.import_jsonl(io.StringIO("\n".join(lines))) == 0      # idempotent
+        assert pg.count() == 4
+        assert [r.candidate for r in pg.best(MATMUL.key, TARGET, k=5)] == [cand(3), cand(1)]
+        assert pg.measured_fingerprints(TASK) == lite.measured_fingerprints(TASK)
+        with SQLRecordsStore(f"sqlite:///{tmp_path / 'b.db'}") as back:
+            assert back.import_jsonl(io.StringIO("\n".join(export(pg)))) == 4
+            assert export(back) == lines
+
+
+def test_export_filters(store):
+    fill(store)
+    assert len(export(store, workload_key=MATMUL.key)) == 3
+    assert len(export(store, target="llvm -mcpu=cortex-a72")) == 1
+    assert export(store, workload_key=MATMUL.key, target="llvm -mcpu=cortex-a72") == []
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("{not json", "not JSON"),
+    ('["a", "list"]', "must be dict"),
+    ('{"workload_key": "k"}', "missing field"),
+    ("GOOD|target=5", "target must be str"),
+    ("GOOD|error_code=99", "99"),
+    ("GOOD|costs=oops", "result.costs must be list"),
+    ("GOOD|v=2", "unsupported format version"),
+])
+def test_malformed_import_changes_nothing(store, bad, why):
+    fill(store)
+    lines = export(store)
+    before = store.count()
+    if bad.startswith("GOOD|"):
+        field, value = bad[5:].split("=")
+        d = json.loads(lines[0])
+        d["workload_key"] = "f" * 32                 # would be new records if it got in
+        if field in ("error_code", "costs"):
+            d["result"][field] = int(value) if value.isdigit() else value
+        else:
+            d[field] = int(value)
+        bad = json.dumps(d)
+    other = [line.replace(MATMUL.key, "e" * 32) for line in lines]   # valid and new
+    text = "\n".join([other[0], "", other[1], bad, other[2]])
+    with pytest.raises(StoreError, match=rf"line 4: .*{why}"):
+        store.import_jsonl(io.StringIO(text))
+    assert store.count() == before and export(store) == lines
+
+
+# ---------------------------------------------------------------------------------- opening
+
+@pytest.mark.parametrize("url, why", [
+    ("notadb://x", "driver"),
+    ("this is not a url", "malformed"),
+    ("postgresql://postgres:s3cret@127.0.0.1:1/none", "cannot open"),
+    ("sqlite:////proc/tunefarm-no-such-dir/records.db", "does not exist"),
+    ("sqlite:////proc/records.db", "cannot open"),          # folder exists but nobody can write there
+])
+def test_bad_urls_fail_fast_and_clearly(url, why):
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=why) as e:
+        open_store(url)
+    assert time.monotonic() - t0 < 5
+    assert "s3cret" not in str(e.value)
+
+
+def test_silent_server_times_out():
+    """A port that accepts connections but never answers: the 3 s connect timeout ends the wait."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match="cannot open"):
+            open_store(f"postgresql://postgres@127.0.0.1:{port}/x")
+        assert time.monotonic() - t0 < 8
+
+
+def test_missing_postgresql_database_is_a_store_error(pg_database):
+    with pytest.raises(StoreError, match="cannot open"):
+        open_store(pg_database.rsplit("/", 1)[0] + "/tunefarm_no_such_db")
+
+
+def test_not_a_database_file_is_left_alone(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database\n" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        open_store(f"sqlite:///{path}")
+    assert path.read_bytes() == b"these are my notes, not a database\n" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+def test_failed_open_writes_nothing(db_url, tmp_path, monkeypatch):
+    real_upgrade = engine_mod.command.upgrade
+
+    def upgrade_then_fail(cfg, rev):
+        real_upgrade(cfg, rev)                      # the tables exist inside the transaction…
+        raise sa.exc.OperationalError("upgrade", {}, RuntimeError("disk on fire"))
+
+    monkeypatch.setattr(engine_mod.command, "upgrade", upgrade_then_fail)
+    with pytest.raises(StoreError, match="disk on fire"):
+        SQLRecordsStore(db_url)
+    monkeypatch.undo()
+    if db_url.startswith("sqlite"):
+        assert list(tmp_path.iterdir()) == []        # the file this open created is gone
+    else:
+        assert table_names(db_url) == set()          # …and were rolled back
+
+
+def test_open_store_url_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TUNEFARM_DB_URL", raising=False)
+    with open_store() as s:
+        assert s.url == f"sqlite:///{tmp_path / 'home' / '.tunefarm' / 'records.db'}"
+    assert (tmp_path / "home" / ".tunefarm" / "records.db").is_file()
+    monkeypatch.setenv("TUNEFARM_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    with open_store() as s:
+        assert s.url.endswith("env.db")
+    with open_store(f"sqlite:///{tmp_path / 'flag.db'}") as s:    # --db wins over the environment
+        assert s.url.endswith("flag.db")
+
+
+def test_in_memory_sqlite(monkeypatch):
+    with open_store("sqlite://") as s:
+        s.add_records(TASK, [(cand(1), ok(1e-3))])
+        assert s.count() == 1
+
+
+# ---------------------------------------------------------------------------------- jobs and agents
+
+def test_job_state_machine(store):
+    job = store.create_job(TASK, "template:matmul", "xgb", 200)
+    j = store.get_job(job)
+    assert (j.state, j.task, j.space, j.strategy, j.trials, j.heartbeat_at) == (
+        JobState.QUEUED, TASK, "template:matmul", "xgb", 200, None)
+    with pytest.raises(StoreError, match="cannot go from queued to done"):
+        store.set_job_state(job, "done")
+    assert store.set_job_state(job, JobState.RUNNING).state == "running"
+    assert store.heartbeat(job) == JobState.RUNNING
+    assert store.get_job(job).heartbeat_at is not None
+    store.add_records(TASK, [(cand(1), ok(1e-3))], job_id=job)
+    assert store.history()[0].job_id == job
+    with pytest.raises(StoreError, match="cannot go from running to queued"):
+        store.set_job_state(job, "queued")
+    assert store.set_job_state(job, "failed", error="tracker lost").error == "tracker lost"
+    for state in JobState:
+        with pytest.raises(StoreError, match="final state"):
+            store.set_job_state(job, state)
+    assert store.get_job(job).state == JobState.FAILED
+
+    queued = store.create_job(TASK, "sketch", "random", 10)
+    assert store.set_job_state(queued, "cancelled").state == JobState.CANCELLED
+    done = store.create_job(TASK, "sketch", "random", 10)
+    store.set_job_state(done, "running")
+    store.set_job_state(done, "done")
+    assert [j.id for j in store.list_jobs()] == [job, queued, done]
+    assert [j.id for j in store.list_jobs("done")] == [done]
+    with pytest.raises(StoreError, match="unknown job state"):
+        store.set_job_state(done, "paused")
+    with pytest.raises(StoreError, match="no job 12345"):
+        store.set_job_state(12345, "running")
+    with pytest.raises(StoreError, match="no job"):
+        store.get_job(12345)
+    with pytest.raises(StoreError, match="no job"):
+        store.heartbeat(12345)
+
+
+def test_agents_upsert(store):
+    store.upsert_agent("pi-1", "rpi4", {"cores": 4})
+    seen = store.list_agents()[0].last_seen
+    store.upsert_agent("pi-1", "rpi4b")
+    store.upsert_agent("x86-1", "local", {"cores": 2})
+    a, b = store.list_agents()
+    assert (a.name, a.device_key, a.info) == ("pi-1", "rpi4b", {"cores": 4})
+    assert a.last_seen >= seen and b.name == "x86-1"
+
+
+# ---------------------------------------------------------------------------------- concurrency
+
+def test_concurrent_writers_on_one_database(db_url):
+    """Two store objects (as two tuner processes would) adding overlapping batches at once."""
+    with SQLRecordsStore(db_url) as a, SQLRecordsStore(db_url) as b:
+        added: list[int] = []
+        errors: list[BaseException] = []
+
+        def writer(store, order):
+            try:
+                for start in order:
+                    added.extend(store.add_records(TASK, [(cand(i), ok(1e-3)) for i in range(start, start + 5)]))
+                    store.measured_fingerprints(TASK)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        starts = list(range(0, 100, 3))
+        threads = [threading.Thread(target=writer, args=(a, starts)),
+                   threading.Thread(target=writer, args=(b, starts[::-1]))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert a.count() == b.count() == 104
+        assert len(added) == len(set(added)) == 104

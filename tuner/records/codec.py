@@ -1,0 +1,129 @@
+"""Conversions between rows, values and JSON lines.
+
+The JSON-lines form is self-contained (workload key, name and parameters, target, device key,
+candidate, result, time), so records move between databases and machines without the importing
+side needing to rebuild the operator: custom workloads need not be registered there. Job ids are
+left out: they only mean something inside the database that made them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from numbers import Real
+
+from ..candidate import Candidate, ErrorCode, MeasureResult
+from ..workload import Workload
+from .models import RecordRow, TaskRow, WorkloadRow
+from .values import Record, StoreError, utcnow
+
+FORMAT_VERSION = 1
+
+
+def mean_cost_column(result: MeasureResult) -> float | None:
+    """The value stored in `records.mean_cost`: NULL for anything that is not a valid timing."""
+    if not result.ok or not result.costs:
+        return None
+    cost = result.mean_cost
+    return cost if math.isfinite(cost) else None
+
+
+def record_values(task_id: int, job_id: int | None, candidate: Candidate, result: MeasureResult,
+                  created_at: datetime) -> dict:
+    """Column values of one records row."""
+    return {
+        "task_id": task_id,
+        "job_id": job_id,
+        "candidate_kind": candidate.kind,
+        "candidate": candidate.to_json(),
+        "fingerprint": candidate.fingerprint,
+        "costs": [float(c) for c in result.costs],
+        "mean_cost": mean_cost_column(result),
+        "error_code": int(result.error_code),
+        "error_msg": result.error_msg or "",
+        "build_seconds": float(result.build_seconds),
+        "run_seconds": float(result.run_seconds),
+        "measured_by": result.measured_by,
+        "created_at": created_at,
+    }
+
+
+def _error_code(value: int):
+    try:
+        return ErrorCode(value)
+    except ValueError:          # a code added by a newer tunefarm: keep the number
+        return value
+
+
+def to_record(row: RecordRow, task: TaskRow, workload: WorkloadRow) -> Record:
+    result = MeasureResult(costs=list(row.costs), error_code=_error_code(row.error_code),
+                           error_msg=row.error_msg, build_seconds=row.build_seconds,
+                           run_seconds=row.run_seconds, measured_by=row.measured_by)
+    return Record(workload_key=workload.key, workload=Workload(workload.name, dict(workload.params)),
+                  target=task.target, device_key=task.device_key,
+                  candidate=Candidate.from_json(row.candidate), result=result,
+                  job_id=row.job_id, created_at=row.created_at, id=row.id)
+
+
+def to_line(record: Record) -> str:
+    r = record.result
+    return json.dumps({
+        "v": FORMAT_VERSION,
+        "workload_key": record.workload_key,
+        "workload": record.workload.to_json(),
+        "target": record.target,
+        "device_key": record.device_key,
+        "candidate": record.candidate.to_json(),
+        "result": {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
+                   "build_seconds": r.build_seconds, "run_seconds": r.run_seconds,
+                   "measured_by": r.measured_by},
+        "created_at": record.created_at.isoformat(),
+    }, sort_keys=True)
+
+
+def from_line(line: str, lineno: int) -> Record:
+    """Parse and check one JSON line; any problem is a StoreError naming the line."""
+    try:
+        return _from_obj(json.loads(line))
+    except json.JSONDecodeError as e:
+        raise StoreError(f"line {lineno}: not JSON: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise StoreError(f"line {lineno}: not a tunefarm record: {what}") from None
+
+
+def _check(value, kind, name):
+    if kind is Real:
+        ok = isinstance(value, Real) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise TypeError(f"{name} must be {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+    return value
+
+
+def _from_obj(d) -> Record:
+    _check(d, dict, "the line")
+    if d.get("v", FORMAT_VERSION) != FORMAT_VERSION:
+        raise ValueError(f"unsupported format version {d['v']!r} (this tunefarm reads {FORMAT_VERSION})")
+    key = _check(d["workload_key"], str, "workload_key")
+    if not key or len(key) > 64:
+        raise ValueError("workload_key must be 1 to 64 characters")
+    wl, cand, res = (_check(d[k], dict, k) for k in ("workload", "candidate", "result"))
+    workload = Workload(_check(wl["name"], str, "workload.name"), _check(wl.get("params", {}), dict, "workload.params"))
+    candidate = Candidate(_check(cand["kind"], str, "candidate.kind"), _check(cand["payload"], dict, "candidate.payload"))
+    costs = [float(_check(c, Real, "result.costs[]")) for c in _check(res["costs"], list, "result.costs")]
+    code = _check(res["error_code"], int, "result.error_code")
+    result = MeasureResult(costs=costs, error_code=ErrorCode(code),
+                           error_msg=_check(res.get("error_msg", ""), str, "result.error_msg"),
+                           build_seconds=float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
+                           run_seconds=float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
+                           measured_by=_check(res.get("measured_by", "unknown"), str, "result.measured_by"))
+    created = d.get("created_at")
+    created_at = datetime.fromisoformat(_check(created, str, "created_at")) if created is not None else utcnow()
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=timezone.utc)
+    return Record(workload_key=key, workload=workload, target=_check(d["target"], str, "target"),
+                  device_key=_check(d.get("device_key", "local"), str, "device_key"),
+                  candidate=candidate, result=result, created_at=created_at)

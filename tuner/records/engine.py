@@ -1,0 +1,149 @@
+"""Opening a records database: URL choice, engine set-up per back-end, and the Alembic upgrade.
+
+Opening is all-or-nothing. A URL is checked before anything touches disk or network; the schema
+upgrade runs in one transaction on one connection (PostgreSQL and SQLite both have transactional
+DDL), so a database that fails half-way is rolled back, and a SQLite file this open created is
+removed again. Every failure becomes a `StoreError` that names the URL (password hidden).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.util import CommandError
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from .values import StoreError
+
+ENV_VAR = "TUNEFARM_DB_URL"
+CONNECT_TIMEOUT_S = 3
+SQLITE_BUSY_TIMEOUT_S = 30      # how long a SQLite writer waits for another writer's lock
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_PG_MIGRATION_LOCK = 0x7475_6E65  # "tune": serializes concurrent first opens of one PostgreSQL db
+
+
+def default_url() -> str:
+    """`sqlite:///~/.tunefarm/records.db`, creating the folder: the zero-set-up default."""
+    folder = Path.home() / ".tunefarm"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'records.db'}"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """An explicit URL (e.g. from --db), else $TUNEFARM_DB_URL, else the default SQLite file."""
+    return url or os.environ.get(ENV_VAR) or default_url()
+
+
+def shown(url: str | URL) -> str:
+    try:
+        return (url if isinstance(url, URL) else make_url(url)).render_as_string(hide_password=True)
+    except ArgumentError:
+        return repr(url)
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for `url`, connected once and migrated to the newest schema; or StoreError."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"malformed database URL {url!r}; expected e.g. sqlite:///path/to/records.db "
+                         "or postgresql://user@host:5432/dbname") from None
+    created_file = _sqlite_file_to_create(parsed)
+    try:
+        engine = _create(parsed)
+    except (NoSuchModuleError, ImportError) as e:
+        raise StoreError(f"unknown or uninstalled database driver in {shown(parsed)}: {e}; "
+                         "supported: sqlite:///… and postgresql://… (psycopg)") from None
+    except (ArgumentError, TypeError, ValueError) as e:
+        raise StoreError(f"bad database URL {shown(parsed)}: {e}") from None
+    try:
+        migrate(engine)
+    except BaseException as e:
+        engine.dispose()
+        if created_file is not None:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(str(created_file) + suffix).unlink(missing_ok=True)
+        if isinstance(e, StoreError):
+            raise
+        if isinstance(e, (SQLAlchemyError, CommandError, OSError)):
+            raise StoreError(f"cannot open records database {shown(parsed)}: {first_line(e)}") from None
+        raise
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the schema to head in one transaction (a no-op on an up-to-date database)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    with engine.connect() as conn:
+        conn = conn.execution_options(tunefarm_write=True)
+        with conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+            cfg.attributes["connection"] = conn
+            try:
+                command.upgrade(cfg, "head")
+            except CommandError as e:
+                raise StoreError(f"cannot migrate records database {shown(engine.url)}: {e} "
+                                 "(was it written by a newer tunefarm?)") from None
+
+
+def _sqlite_file_to_create(url: URL) -> Path | None:
+    """For a SQLite file URL: check its folder exists (we never create folders for an explicit
+    URL) and return the path if the file does not exist yet, so a failed open can remove it."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    if url.database.startswith("file:"):
+        return None
+    path = Path(url.database).expanduser()
+    if not path.parent.is_dir():
+        raise StoreError(f"cannot open records database {shown(url)}: folder {path.parent} does not exist")
+    return None if path.exists() else path
+
+
+def _create(url: URL) -> Engine:
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url)
+    kwargs = {"pool_pre_ping": True}
+    if backend == "postgresql" and url.get_driver_name() in ("psycopg", "psycopg2"):
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    """SQLite with foreign keys on, WAL (readers do not block the writer), a busy timeout, and
+    BEGIN IMMEDIATE for write transactions: two store objects on one file then queue for the
+    write lock instead of failing with 'database is locked' when a reader upgrades to a writer."""
+    memory = url.database in (None, "", ":memory:")
+    kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+    if memory:
+        kwargs["poolclass"] = StaticPool   # one shared connection, or each would see its own empty db
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None   # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        if not memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        write = conn.get_execution_options().get("tunefarm_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def first_line(e: BaseException) -> str:
+    msg = str(getattr(e, "orig", None) or e).strip()
+    return msg.splitlines()[0] if msg else type(e).__name__

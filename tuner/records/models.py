@@ -1,0 +1,132 @@
+"""SQLAlchemy models of the records store: workloads, tasks, jobs, records, agents.
+
+Only portable column types (JSON, Text, Float, Integer, timestamps) so one schema serves the
+embedded SQLite file and a shared PostgreSQL server. The schema itself is created by Alembic
+(`migrations/versions`), never by `create_all`: the hand-written migration and these classes must
+agree, and a test compares them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData,
+                        String, Text, TypeDecorator, UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Alembic's own bookkeeping table; named for us so a database shared with another Alembic-managed
+# application does not mix version numbers.
+VERSION_TABLE = "tunefarm_alembic_version"
+
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp that always comes back timezone-aware in UTC.
+
+    PostgreSQL keeps the zone (timestamptz); SQLite keeps text without one. Storing UTC and
+    re-attaching the zone on the way out makes both back-ends return the same values.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class WorkloadRow(Base):
+    """An operator at concrete shapes, keyed by its workload key (hash of the canonical text)."""
+
+    __tablename__ = "workloads"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    params: Mapped[dict] = mapped_column(JSON)
+    canonical: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class TaskRow(Base):
+    """A workload on a target, measured on devices of one device key."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (UniqueConstraint("workload_key", "target", "device_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_key: Mapped[str] = mapped_column(ForeignKey("workloads.key"))
+    target: Mapped[str] = mapped_column(Text)
+    device_key: Mapped[str] = mapped_column(String(255))
+
+
+class JobRow(Base):
+    """A tuning job; `state` moves along the state machine in values.JOB_TRANSITIONS."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (CheckConstraint("state IN ('queued', 'running', 'done', 'failed', 'cancelled')",
+                                      name="state"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    space: Mapped[str] = mapped_column(Text)
+    strategy: Mapped[str] = mapped_column(String(64))
+    trials: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class RecordRow(Base):
+    """One measured candidate. `mean_cost` is NULL for an error record, so ordering by it and
+    filtering `IS NOT NULL` is how the best valid records are found on any back-end."""
+
+    __tablename__ = "records"
+    __table_args__ = (
+        UniqueConstraint("task_id", "fingerprint"),
+        Index("ix_records_task_id_mean_cost", "task_id", "mean_cost"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True)
+    candidate_kind: Mapped[str] = mapped_column(String(16))
+    candidate: Mapped[dict] = mapped_column(JSON)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    costs: Mapped[list] = mapped_column(JSON)
+    mean_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error_code: Mapped[int] = mapped_column(Integer)
+    error_msg: Mapped[str] = mapped_column(Text)
+    build_seconds: Mapped[float] = mapped_column(Float)
+    run_seconds: Mapped[float] = mapped_column(Float)
+    measured_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AgentRow(Base):
+    """A measuring device as last seen."""
+
+    __tablename__ = "agents"
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(255), index=True)
+    info: Mapped[dict] = mapped_column(JSON)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime)
