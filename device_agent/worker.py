@@ -1,0 +1,481 @@
+"""The measuring worker: check a built kernel against a reference and time it, in a child process.
+
+This module is the code that measures every candidate, whether the tuner measures on its own
+machine (tuner.measure.LocalRunner) or a device agent of the farm does. It imports only numpy and
+the compiler's runtime loader, so it runs on a small board that has nothing of the tuner.
+
+- `MeasureRequest`: a candidate kernel's bytes (`Kernel.to_bytes`), the bytes of the reference
+  kernel (the naive schedule of the same workload), how many leading arguments are inputs, and
+  the measure options.
+- `measure_one(request) -> dict`: load both kernels, make random non-zero inputs, run the reference
+  and the candidate on poisoned outputs, compare every output within tolerance, then time the
+  candidate. Runs in the calling process: a crashing kernel takes the process with it.
+- `WorkerProcess`: a child process (`python -m device_agent.worker`) serving requests one at a
+  time over pipes. `run(request, timeout)` returns measure_one's dict; a child that dies
+  (RUNTIME_ERROR, naming the signal) or hangs past the timeout (killed, RUN_TIMEOUT) is replaced
+  for the next request.
+
+The result dict: `{"costs": [seconds, ...], "error_code": int, "error_msg": str, "run_seconds": float}`.
+Error codes are the integers of tuner.candidate.ErrorCode (this module cannot import the tuner).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+# Same values as tuner.candidate.ErrorCode (checked by the tests).
+NO_ERROR = 0
+RUNTIME_ERROR = 4
+WRONG_ANSWER = 5
+RUN_TIMEOUT = 6
+RUNNER_ERROR = 7
+
+
+@dataclass
+class MeasureRequest:
+    """Everything a worker needs to check and time one kernel; plain data (crosses processes)."""
+
+    kernel_bytes: bytes
+    reference_bytes: bytes | None
+    num_inputs: int                    # the kernel's arguments are num_inputs inputs, then outputs
+    number: int = 3
+    repeat: int = 3
+    min_repeat_ms: float = 50.0
+    cooldown_ms: float = 0.0
+    rtol: float = 1e-4                 # relative to the largest |reference| value of each output
+    atol: float = 0.0
+    seed: int = 0
+    num_threads: int | None = None     # threads for parallel loops; None: the kernel target's cores
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "MeasureRequest":
+        names = {f.name for f in fields(MeasureRequest)}
+        return MeasureRequest(**{k: v for k, v in d.items() if k in names})
+
+
+def _result(code: int = NO_ERROR, msg: str = "", costs=None, run_seconds: float = 0.0) -> dict:
+    return {"costs": list(costs or []), "error_code": int(code), "error_msg": msg,
+            "run_seconds": float(run_seconds)}
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def random_arrays(specs, seed: int) -> list:
+    """Random non-zero arrays for the given ArgSpecs: floats ±[0.1, 1], ints ±[1, 4], bools 0/1."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        dt = np.dtype(spec.dtype)
+        shape = tuple(spec.shape)
+        if dt.kind == "f":
+            sign = rng.choice(np.array([-1.0, 1.0]), size=shape)
+            arr = sign * rng.uniform(0.1, 1.0, size=shape)
+        elif dt.kind in "iu":
+            sign = rng.choice(np.array([-1, 1]), size=shape)
+            arr = sign * rng.integers(1, 5, size=shape)
+        elif dt.kind == "b":
+            arr = rng.integers(0, 2, size=shape)
+        else:
+            raise ValueError(f"argument {spec.name}: no random inputs for dtype {spec.dtype}")
+        out.append(np.ascontiguousarray(arr.astype(dt)))
+    return out
+
+
+def _poisoned(spec, variant: int) -> np.ndarray:
+    """An output buffer filled with a value a correct kernel overwrites: NaN or a sentinel.
+
+    Two variants, so an element a kernel never writes cannot match the reference by chance
+    (the reference cannot equal both sentinels at one position).
+    """
+    dt = np.dtype(spec.dtype)
+    shape = tuple(spec.shape)
+    if dt.kind == "f":
+        return np.full(shape, np.nan if variant == 0 else -1.2345678e-7, dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return np.full(shape, info.min + 3 if variant == 0 else info.max - 5, dt)
+    arr = np.empty(shape, dt)  # bool: bytes that are neither 0 nor 1 (compared as raw bytes)
+    arr.view(np.uint8).fill(0xAB if variant == 0 else 0x5C)
+    return arr
+
+
+def _as_comparable(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint8) if a.dtype.kind == "b" else a
+
+
+def _same_as_poison(ref: np.ndarray, spec, variant: int) -> bool:
+    """Does the reference hold the poison value somewhere (so an unwritten element could pass)?"""
+    p = _as_comparable(_poisoned(spec, variant)).reshape(-1)[:1]
+    r = _as_comparable(ref)
+    if r.dtype.kind == "f" and np.isnan(p[0]):
+        return bool(np.isnan(r).any())
+    return bool((r == p[0]).any())
+
+
+def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> str:
+    """'' when `got` matches `ref`, otherwise a message saying where and by how much it differs.
+
+    Integers and bools must match exactly. Floats may differ by atol + rtol * max|ref| (the
+    largest finite reference magnitude of this output: kernels reorder sums, and an element near
+    zero has no meaningful relative error); NaN and ±inf must match exactly.
+    """
+    g, r = _as_comparable(got), _as_comparable(ref)
+    if g.dtype.kind != "f":
+        bad = g != r
+        if not bad.any():
+            return ""
+        idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        return (f"output {name}: {int(bad.sum())} of {bad.size} elements differ (exact match required "
+                f"for {ref.dtype}); first at {tuple(int(i) for i in idx)}: expected {r[idx].item()!r}, "
+                f"got {g[idx].item()!r}")
+    g64, r64 = g.astype(np.float64), r.astype(np.float64)
+    same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
+    finite = np.isfinite(r64)
+    scale = float(np.max(np.abs(r64[finite]))) if finite.any() else 0.0
+    tol = atol + rtol * scale
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(g64 - r64)
+    diff[same] = 0.0
+    bad = ~same & ~(diff <= tol)  # NaN / inf differences are never within tolerance
+    if not bad.any():
+        return ""
+    worst = np.where(bad, np.nan_to_num(diff, nan=np.inf), -1.0)
+    idx = np.unravel_index(int(np.argmax(worst)), bad.shape)
+    return (f"output {name}: {int(bad.sum())} of {bad.size} elements differ beyond tolerance "
+            f"{tol:.3g} (atol {atol:g} + rtol {rtol:g} × max|ref| {scale:.3g}); worst at "
+            f"{tuple(int(i) for i in idx)}: expected {float(r64[idx]):.7g}, got {float(g64[idx]):.7g}")
+
+
+def _run_kernel(kernel, inputs, out_specs, variant: int) -> list:
+    outs = [_poisoned(s, variant) for s in out_specs]
+    kernel(*[a.copy() for a in inputs], *outs)
+    return outs
+
+
+def _check(cand, ref_kernel, inputs, out_specs, rtol, atol) -> str:
+    """'' when the candidate computes what the reference computes, else why not."""
+    refs = _run_kernel(ref_kernel, inputs, out_specs, 0)
+    for variant in (0, 1):
+        if variant == 1 and not any(_same_as_poison(r, s, 0) for r, s in zip(refs, out_specs)):
+            break  # no reference value equals the first poison: a missed element cannot hide
+        ins = [a.copy() for a in inputs]
+        outs = [_poisoned(s, variant) for s in out_specs]
+        cand(*ins, *outs)
+        for spec, a, b in zip(cand.args, ins, inputs):
+            if not np.array_equal(_as_comparable(a), _as_comparable(b), equal_nan=a.dtype.kind == "f"):
+                return f"the kernel wrote to its input {spec.name}"
+        for spec, got, ref in zip(out_specs, outs, refs):
+            msg = compare_output(spec.name, got, ref, rtol, atol)
+            if msg:
+                return msg
+    return ""
+
+
+def measure_one(request: MeasureRequest | dict) -> dict:
+    """Check one kernel against its reference, then time it; in this process (see WorkerProcess)."""
+    from compiler.errors import CompilerError
+    from compiler.runtime import load_kernel, set_num_threads
+
+    if isinstance(request, dict):
+        request = MeasureRequest.from_dict(request)
+    t0 = time.perf_counter()
+
+    def done(code, msg="", costs=None):
+        return _result(code, msg, costs, time.perf_counter() - t0)
+
+    try:
+        try:
+            cand = load_kernel(request.kernel_bytes)
+        except CompilerError as e:
+            return done(RUNNER_ERROR, f"cannot load the candidate kernel: {e}")
+        if request.reference_bytes is None:
+            return done(RUNNER_ERROR, "no reference kernel to check the candidate against")
+        try:
+            ref = load_kernel(request.reference_bytes)
+        except CompilerError as e:
+            return done(RUNNER_ERROR, f"cannot load the reference kernel: {e}")
+        sig = [(tuple(a.shape), a.dtype) for a in cand.args]
+        if sig != [(tuple(a.shape), a.dtype) for a in ref.args]:
+            return done(RUNNER_ERROR, f"candidate and reference kernels take different arguments: "
+                                      f"{cand!r} vs {ref!r}")
+        n_in = request.num_inputs
+        if not 0 <= n_in < len(cand.args):
+            return done(RUNNER_ERROR, f"num_inputs={n_in} but the kernel has {len(cand.args)} arguments "
+                                      f"(at least one must be an output)")
+        threads = request.num_threads or cand.target.num_cores
+        set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
+        inputs = random_arrays(cand.args[:n_in], request.seed)
+        out_specs = cand.args[n_in:]
+        try:
+            cand._load()
+            ref._load()
+        except CompilerError as e:
+            return done(RUNNER_ERROR, f"cannot load kernel: {e}")
+        msg = _check(cand, ref, inputs, out_specs, request.rtol, request.atol)
+        if msg:
+            return done(WRONG_ANSWER, msg)
+        arrays = [a.copy() for a in inputs] + [_poisoned(s, 0) for s in out_specs]
+        timer = cand.time_evaluator(number=request.number, repeat=request.repeat,
+                                    min_repeat_ms=request.min_repeat_ms, cooldown_ms=request.cooldown_ms)
+        costs = timer(*arrays).results
+        return done(NO_ERROR, "", [float(c) for c in costs])
+    except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
+        tb = traceback.format_exc(limit=4)
+        return done(RUNNER_ERROR, f"measuring failed: {type(e).__name__}: {e}\n{tb}")
+
+
+# ----------------------------------------------------------------------------- child process
+
+_HEADER = struct.Struct("<Q")
+_READY = {"ready": True}
+
+
+def _write_frame(fd: int, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    """n bytes from fd; None at EOF; raises TimeoutError past the deadline (monotonic)."""
+    chunks, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise TimeoutError
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(fd: int, deadline: float | None = None):
+    head = _read_exact(fd, _HEADER.size, deadline)
+    if head is None:
+        return None
+    (n,) = _HEADER.unpack(head)
+    body = _read_exact(fd, n, deadline)
+    if body is None:
+        return None
+    return pickle.loads(body)
+
+
+def _watch_parent(period: float = 1.0) -> None:
+    """Exit when the parent dies, even while a kernel spins forever (ctypes calls release the GIL)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(period)
+            if os.getppid() != parent:
+                os._exit(3)
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def serve(in_fd: int = 0, out_fd: int = 1) -> None:
+    """Child main loop: read request dicts, answer measure_one dicts, until EOF on in_fd.
+
+    The protocol's output fd is moved away from 1 first, so anything a kernel or library prints
+    to stdout goes to stderr instead of corrupting the frames.
+    """
+    proto_out = os.dup(out_fd)
+    os.dup2(2, out_fd)
+    sys.stdout = sys.stderr
+    _watch_parent()
+    from compiler.runtime import _runtime_libraries  # pay imports and LLVM set-up before "ready"
+    from compiler.target import _llvm
+    _llvm()
+    _runtime_libraries()
+    _write_frame(proto_out, _READY)
+    while True:
+        req = _read_frame(in_fd)
+        if req is None:
+            return
+        _write_frame(proto_out, measure_one(req))
+
+
+def _signal_name(returncode: int) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class WorkerProcess:
+    """One measuring child process, replaced transparently when a kernel kills or hangs it.
+
+    `run(request, timeout)` sends one request and waits at most `timeout` seconds for the answer
+    (the child's start-up is not counted). Requests are served one at a time.
+    """
+
+    def __init__(self, startup_timeout: float = 60.0, python: str | None = None):
+        self.startup_timeout = startup_timeout
+        self.python = python or sys.executable
+        self._proc: subprocess.Popen | None = None
+        self._stderr_tail: deque = deque(maxlen=40)
+        self._stderr_thread = None
+        self._ready = False
+        self._lock = threading.Lock()
+        self.restarts = 0  # how many children were replaced (crash or timeout)
+
+    # -------------------------------------------------------------- child lifecycle
+    def _start(self):
+        root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        tail = deque(maxlen=40)
+        self._stderr_tail = tail
+        self._proc = subprocess.Popen([self.python, "-m", "device_agent.worker"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root,
+                                      close_fds=True, start_new_session=True)
+        self._ready = False
+        stream = self._proc.stderr
+
+        def drain():  # keep the child's last stderr lines (LLVM errors, Python tracebacks)
+            for line in iter(stream.readline, b""):
+                tail.append(line.decode(errors="replace").rstrip())
+        self._stderr_thread = threading.Thread(target=drain, daemon=True, name="measure-worker-stderr")
+        self._stderr_thread.start()
+
+    def _stderr_text(self, lines: int = 5) -> str:
+        if self._stderr_thread is not None:
+            self._stderr_thread.join(timeout=0.5)
+        tail = [t for t in list(self._stderr_tail) if t.strip()]
+        return " | ".join(tail[-lines:])
+
+    def _kill(self):
+        proc, self._proc = self._proc, None
+        self._ready = False
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the child and any process it started
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+    def _ensure_ready(self):
+        if self._proc is None:
+            self._start()
+        if self._ready:
+            return
+        try:
+            msg = _read_frame(self._proc.stdout.fileno(), time.monotonic() + self.startup_timeout)
+        except TimeoutError:
+            msg = None
+        if msg != _READY:
+            proc = self._proc
+            rc = proc.poll()
+            err = self._stderr_text()
+            self._kill()
+            raise RuntimeError(f"the measuring worker did not start ({_signal_name(rc) if rc is not None else 'no answer'})"
+                               + (f": {err}" if err else ""))
+        self._ready = True
+
+    def start(self) -> "WorkerProcess":
+        """Start the child now (otherwise the first run does)."""
+        with self._lock:
+            self._ensure_ready()
+        return self
+
+    # -------------------------------------------------------------- requests
+    def run(self, request: MeasureRequest | dict, timeout: float) -> dict:
+        """Measure one request in the child; never raises for a kernel's misbehaviour."""
+        payload = request.to_dict() if isinstance(request, MeasureRequest) else dict(request)
+        with self._lock:
+            try:
+                self._ensure_ready()
+            except RuntimeError as e:
+                return _result(RUNNER_ERROR, str(e))
+            proc = self._proc
+            t0 = time.monotonic()
+            try:
+                _write_frame(proc.stdin.fileno(), payload)
+                answer = _read_frame(proc.stdout.fileno(), t0 + timeout)
+            except TimeoutError:
+                self._kill()
+                self.restarts += 1
+                self._start()  # the replacement warms up while the caller does other work
+                return _result(RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s "
+                                            f"(worker killed)", run_seconds=time.monotonic() - t0)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                answer = None
+            if answer is None:  # the child died: a crashing kernel
+                try:
+                    rc = proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                err = self._stderr_text()
+                self._kill()
+                self.restarts += 1
+                self._start()
+                what = _signal_name(rc) if rc is not None else "unknown cause"
+                return _result(RUNTIME_ERROR, f"the kernel crashed the worker ({what})"
+                                              + (f": {err}" if err else ""),
+                               run_seconds=time.monotonic() - t0)
+            return answer
+
+    def close(self):
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                try:
+                    proc.stdin.close()  # EOF: the child exits its loop
+                    proc.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self._proc is not None:
+                self._kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+if __name__ == "__main__":
+    from device_agent.worker import serve as _serve  # the package module, not this __main__ copy
+    _serve()

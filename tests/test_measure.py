@@ -1,0 +1,264 @@
+"""Build measurement: the builder pool, the measuring worker, the local runner.
+
+Misbehaving kernels are real kernels: tiny LLVM IR modules compiled here (a null-page load, an
+endless loop, a kernel that writes nothing) and a kernel of another computation with the same
+arguments (wrong answer).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from compiler.ops import default_schedule
+from compiler.runtime import ArgSpec, Kernel
+from compiler.target import Target, _llvm
+from device_agent import worker as W
+from device_agent.worker import MeasureRequest, WorkerProcess, compare_output, measure_one
+from tuner.candidate import Candidate, ErrorCode
+from tuner.measure import BuilderPool, BuildResult, LocalRunner
+from tuner.workload import Task, Workload, register_workload
+
+MM = Workload("matmul", dict(M=32, N=32, K=32))
+MM_T = Workload("matmul", dict(M=32, N=32, K=32, transpose_b=True))  # same arguments, other result
+ADD = Workload("add", dict(shape_a=(16, 33)))
+I8 = Workload("matmul_int8", dict(M=8, N=24, K=16))
+
+
+def trace(workload) -> Candidate:
+    return Candidate("trace", {"sketch": "default", "steps": default_schedule(workload.opdef()).steps})
+
+
+NAIVE = Candidate("trace", {"sketch": "naive", "steps": []})
+
+
+# ----------------------------------------------------------------------------- build-process hooks
+# run in the builder's spawned processes through `initializer` (importable: pytest puts tests/ on
+# sys.path, and spawned children inherit sys.path)
+
+def _register_test_kinds():
+    from compiler.schedule import create_schedule
+    from tuner.space import register_space_kind
+
+    def sleepy(opdef, cand):
+        time.sleep(cand.payload["seconds"])
+        return create_schedule(opdef.output), opdef.tensors
+
+    def crashing(opdef, cand):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    register_space_kind("sleepy", sleepy)
+    register_space_kind("crashing", crashing)
+
+
+@register_workload("test_measure_scaled_sum")
+def scaled_sum(n=24):
+    """A user's own workload: spawned build processes get its (importable) constructor."""
+    import compiler as C
+    from compiler.ops import OpDef
+    A = C.placeholder((n, n), "float32", "A")
+    k = C.reduce_axis(n, "k")
+    out = C.compute((n,), lambda i: C.sum(A[i, k] * 2.0, axis=k), name="out")
+    return OpDef("test_measure_scaled_sum", [A], out, {"n": n}, 2 * n * n, lambda a: 2 * a.sum(axis=1))
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def pool():
+    with BuilderPool(n_workers=2, timeout=20.0, initializer=_register_test_kinds) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def mm_built(pool):
+    """[default schedule, naive] of MM."""
+    return pool.build(Task.create(MM), [trace(MM), NAIVE])
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with LocalRunner(number=2, repeat=3, min_repeat_ms=5, timeout=3.0) as r:
+        yield r
+
+
+def ir_kernel(body: str, like: BuildResult) -> bytes:
+    """A kernel `main` with `like`'s arguments whose body is the given LLVM IR."""
+    llvm = _llvm()
+    host = Target.host()
+    params = ", ".join(f"ptr %a{i}" for i in range(len(like.args)))
+    mod = llvm.parse_assembly(f"define i32 @main({params}) {{\n{body}\n}}\n")
+    mod.triple = host.triple
+    mod.data_layout = str(host.target_machine().target_data)
+    mod.verify()
+    obj = host.target_machine().emit_object(mod)
+    return Kernel("main", obj, [ArgSpec(a["name"], tuple(a["shape"]), a["dtype"]) for a in like.args], host).to_bytes()
+
+
+SEGFAULT = """
+  %p = inttoptr i64 16 to ptr
+  %v = load volatile i32, ptr %p
+  ret i32 %v"""
+ENDLESS = """
+  br label %loop
+loop:
+  store volatile i32 1, ptr %a0
+  br label %loop"""
+NOTHING = "  ret i32 0"
+
+
+def replace_kernel(br: BuildResult, kernel_bytes: bytes) -> BuildResult:
+    return BuildResult(kernel_bytes=kernel_bytes, reference_bytes=br.reference_bytes, args=br.args,
+                       num_inputs=br.num_inputs)
+
+
+# ----------------------------------------------------------------------------- builder
+
+def test_builder_builds_a_batch_in_parallel(pool, mm_built):
+    task = Task.create(ADD)
+    results = pool.build(task, [trace(ADD), NAIVE, trace(ADD)])
+    assert all(r.ok for r in results + mm_built), [r.error_msg for r in results + mm_built]
+    for r in results:
+        assert r.kernel_bytes[:4] == b"TFK1" and r.reference_bytes[:4] == b"TFK1"
+        assert [a["shape"] for a in r.args] == [[16, 33], [16, 33], [16, 33]] and r.num_inputs == 2
+        assert r.build_seconds > 0
+    # the reference kernel is built once per task and shared
+    assert results[0].reference_bytes is results[2].reference_bytes
+    assert pool.build(task, [NAIVE])[0].reference_bytes is results[0].reference_bytes
+    assert mm_built[0].kernel_bytes != mm_built[1].kernel_bytes
+
+
+def test_candidate_that_does_not_apply_is_an_instantiation_error(pool):
+    bad = [Candidate("trace", {"steps": [{"op": "split", "stage": 7, "axis": 0, "factor": 4}]}),
+           Candidate("trace", {"steps": [{"op": "vectorize", "stage": 0, "axis": 99}]}),
+           Candidate("trace", {"no_steps": True}),
+           Candidate("nonsense", {})]
+    results = pool.build(Task.create(MM), bad + [NAIVE])
+    assert [r.error_code for r in results[:4]] == [ErrorCode.INSTANTIATION_ERROR] * 4
+    assert all(r.kernel_bytes is None and r.error_msg for r in results[:4])
+    assert "stage" in results[0].error_msg
+    assert results[4].ok  # the rest of the batch is unaffected
+
+
+def test_hung_build_times_out_and_the_pool_is_replaced():
+    task = Task.create(ADD)
+    with BuilderPool(n_workers=2, timeout=1.5, initializer=_register_test_kinds) as p:
+        p.build(task, [NAIVE])  # processes started and the reference built
+        t0 = time.monotonic()
+        results = p.build(task, [Candidate("sleepy", {"seconds": 60}), trace(ADD), NAIVE, trace(ADD)])
+        elapsed = time.monotonic() - t0
+        assert results[0].error_code == ErrorCode.BUILD_TIMEOUT and "1.5" in results[0].error_msg
+        assert all(r.ok for r in results[1:]), [r.error_msg for r in results[1:]]
+        assert elapsed < 15, elapsed
+        assert p.pools_replaced == 1
+        assert p.build(task, [trace(ADD)])[0].ok  # the fresh pool builds
+
+
+def test_user_workloads_build_in_spawned_processes(pool, runner):
+    task = Task.create(Workload("test_measure_scaled_sum", {"n": 24}))
+    (br,) = pool.build(task, [NAIVE])
+    assert br.ok, br.error_msg
+    assert runner.run(task, [br])[0].ok
+
+
+def test_build_process_crash_is_blamed_on_its_candidate(pool):
+    task = Task.create(ADD)
+    results = pool.build(task, [trace(ADD), Candidate("crashing", {}), NAIVE])
+    assert results[1].error_code == ErrorCode.COMPILE_ERROR and "died" in results[1].error_msg
+    assert results[0].ok and results[2].ok
+
+
+# ----------------------------------------------------------------------------- measuring code
+
+def test_worker_error_codes_match_the_tuner():
+    assert (W.NO_ERROR, W.RUNTIME_ERROR, W.WRONG_ANSWER, W.RUN_TIMEOUT, W.RUNNER_ERROR) == (
+        ErrorCode.NO_ERROR, ErrorCode.RUNTIME_ERROR, ErrorCode.WRONG_ANSWER, ErrorCode.RUN_TIMEOUT,
+        ErrorCode.RUNNER_ERROR)
+
+
+def test_compare_output_tolerance():
+    ref = np.array([100.0, 1.0, -3.0, np.nan], np.float32)
+    assert compare_output("y", ref + np.float32(0.005), ref, 1e-4, 0.0) == ""   # 0.005 < 1e-4 * 100
+    assert "1 of 4" in compare_output("y", ref + np.array([0, 0.02, 0, 0], np.float32), ref, 1e-4, 0.0)
+    assert compare_output("y", np.array([100.0, 1.0, -3.0, 0.0], np.float32), ref, 1e-4, 0.0)  # NaN expected
+    assert compare_output("y", np.where(np.isnan(ref), 1, ref), np.where(np.isnan(ref), np.inf, ref), 1, 0)
+    ints = np.array([1, 2, 3], np.int32)
+    assert compare_output("i", ints, ints.copy(), 1e-4, 0.0) == ""
+    assert "exact" in compare_output("i", ints + np.array([0, 0, 1], np.int32), ints, 0.5, 10.0)
+
+
+def test_measure_one_in_process(mm_built):
+    br = mm_built[0]
+    res = measure_one(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs,
+                                     number=1, repeat=2, min_repeat_ms=1))
+    assert res["error_code"] == 0 and len(res["costs"]) == 2 and all(c > 0 for c in res["costs"])
+    res = measure_one(MeasureRequest(br.kernel_bytes, None, br.num_inputs))
+    assert res["error_code"] == W.RUNNER_ERROR and "reference" in res["error_msg"]
+    res = measure_one({"kernel_bytes": b"junk", "reference_bytes": br.reference_bytes, "num_inputs": 2})
+    assert res["error_code"] == W.RUNNER_ERROR and "load" in res["error_msg"]
+
+
+# ----------------------------------------------------------------------------- local runner
+
+def test_correct_kernels_get_sane_costs(runner, mm_built, pool):
+    task = Task.create(MM)
+    results = runner.run(task, mm_built)
+    for r in results:
+        assert r.ok, r.error_msg
+        assert len(r.costs) == 3 and all(1e-8 < c < 0.5 for c in r.costs)
+        assert r.run_seconds > 0 and r.build_seconds > 0 and r.measured_by == "local"
+    # integer outputs are checked exactly, and pass
+    i8 = pool.build(Task.create(I8), [trace(I8)])
+    assert runner.run(Task.create(I8), i8)[0].ok
+
+
+def test_build_errors_pass_through(runner):
+    br = BuildResult(None, None, error_code=ErrorCode.INSTANTIATION_ERROR, error_msg="nope", build_seconds=0.5)
+    (res,) = runner.run(Task.create(MM), [br])
+    assert res.error_code == ErrorCode.INSTANTIATION_ERROR and res.error_msg == "nope" and res.build_seconds == 0.5
+
+
+def test_segfault_is_a_runtime_error_and_the_next_request_succeeds(runner, mm_built):
+    task = Task.create(MM)
+    crash = replace_kernel(mm_built[0], ir_kernel(SEGFAULT, mm_built[0]))
+    bad, good = runner.run(task, [crash, mm_built[0]])
+    assert bad.error_code == ErrorCode.RUNTIME_ERROR and "SIGSEGV" in bad.error_msg, bad.error_msg
+    assert good.ok, good.error_msg
+
+
+def test_endless_loop_is_a_run_timeout_and_the_next_request_succeeds(runner, mm_built):
+    task = Task.create(MM)
+    hang = replace_kernel(mm_built[0], ir_kernel(ENDLESS, mm_built[0]))
+    runner.run(task, [mm_built[1]])  # a warm worker: the timeout is the kernel's alone
+    t0 = time.monotonic()
+    (bad,) = runner.run(task, [hang])
+    elapsed = time.monotonic() - t0
+    assert bad.error_code == ErrorCode.RUN_TIMEOUT, bad.error_msg
+    assert runner.timeout <= elapsed < runner.timeout + 2.0
+    (good,) = runner.run(task, [mm_built[0]])
+    assert good.ok, good.error_msg
+
+
+def test_wrong_answers_are_caught(runner, mm_built, pool):
+    task = Task.create(MM)
+    other = pool.build(Task.create(MM_T), [trace(MM_T)])[0]  # B transposed: same arguments
+    assert other.ok and other.args == mm_built[0].args
+    wrong = replace_kernel(mm_built[0], other.kernel_bytes)
+    silent = replace_kernel(mm_built[0], ir_kernel(NOTHING, mm_built[0]))  # leaves outputs unwritten
+    r_wrong, r_silent, r_good = runner.run(task, [wrong, silent, mm_built[1]])
+    assert r_wrong.error_code == ErrorCode.WRONG_ANSWER and "matmul" in r_wrong.error_msg, r_wrong.error_msg
+    assert r_silent.error_code == ErrorCode.WRONG_ANSWER and "1024 of 1024" in r_silent.error_msg
+    assert r_good.ok
+
+
+def test_worker_process_survives_and_closes():
+    w = WorkerProcess().start()
+    res = w.run({"kernel_bytes": b"junk", "reference_bytes": None, "num_inputs": 1}, timeout=10)
+    assert res["error_code"] == W.RUNNER_ERROR
+    proc = w._proc
+    w.close()
+    assert proc.poll() is not None and w._proc is None

@@ -1,0 +1,101 @@
+"""Runners: measure built candidates and turn the answers into MeasureResults.
+
+`Runner` is the seam between the tuner loop and wherever kernels run: `LocalRunner` measures on
+this machine in one isolated worker process; the farm's runner (next) sends the same requests to
+device agents through the tracker. Both run `device_agent.worker.measure_one`, so a candidate is
+checked and timed the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from device_agent.worker import MeasureRequest, WorkerProcess
+
+from ..candidate import ErrorCode, MeasureResult
+from ..workload import Task
+from .builder import BuildResult
+
+
+class Runner(ABC):
+    """Measures build results of one task; one MeasureResult per BuildResult, in order."""
+
+    @abstractmethod
+    def run(self, task: Task, build_results: list) -> list:
+        """Measure `build_results`; build errors pass through with the build's error code."""
+
+    def close(self) -> None:
+        """Release processes or connections."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def passthrough(br: BuildResult, measured_by: str) -> MeasureResult | None:
+    """The result of a build that has nothing to measure, or None when there is a kernel."""
+    if br.error_code != ErrorCode.NO_ERROR:
+        return MeasureResult(error_code=br.error_code, error_msg=br.error_msg,
+                             build_seconds=br.build_seconds, measured_by=measured_by)
+    if br.kernel_bytes is None:
+        return MeasureResult(error_code=ErrorCode.RUNNER_ERROR, error_msg="build produced no kernel",
+                             build_seconds=br.build_seconds, measured_by=measured_by)
+    if br.reference_bytes is None:
+        return MeasureResult(error_code=ErrorCode.RUNNER_ERROR,
+                             error_msg="no reference kernel to check against"
+                                       + (f" ({br.reference_error})" if br.reference_error else ""),
+                             build_seconds=br.build_seconds, measured_by=measured_by)
+    return None
+
+
+def to_measure_result(answer: dict, br: BuildResult, measured_by: str) -> MeasureResult:
+    """A worker's answer dict (measure_one's format) → MeasureResult."""
+    try:
+        code = ErrorCode(int(answer.get("error_code", ErrorCode.RUNNER_ERROR)))
+    except ValueError:
+        code = ErrorCode.RUNNER_ERROR
+    costs = [float(c) for c in answer.get("costs", [])] if code == ErrorCode.NO_ERROR else []
+    if code == ErrorCode.NO_ERROR and not costs:
+        code = ErrorCode.RUNNER_ERROR
+    return MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
+                         build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
+                         measured_by=measured_by)
+
+
+class LocalRunner(Runner):
+    """Measures on this machine, one candidate at a time (so timings do not disturb each other),
+    in one worker process that is replaced when a kernel crashes or hangs."""
+
+    def __init__(self, number: int = 3, repeat: int = 3, min_repeat_ms: float = 50.0,
+                 cooldown_ms: float = 0.0, timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0,
+                 seed: int = 0, num_threads: int | None = None):
+        if number < 1 or repeat < 1:
+            raise ValueError("number and repeat must be at least 1")
+        if timeout <= 0:
+            raise ValueError(f"run timeout must be positive, got {timeout!r}")
+        self.number, self.repeat = int(number), int(repeat)
+        self.min_repeat_ms, self.cooldown_ms = float(min_repeat_ms), float(cooldown_ms)
+        self.timeout = float(timeout)
+        self.rtol, self.atol, self.seed = float(rtol), float(atol), int(seed)
+        self.num_threads = num_threads
+        self.worker = WorkerProcess()
+
+    def request(self, br: BuildResult) -> MeasureRequest:
+        return MeasureRequest(kernel_bytes=br.kernel_bytes, reference_bytes=br.reference_bytes,
+                              num_inputs=br.num_inputs, number=self.number, repeat=self.repeat,
+                              min_repeat_ms=self.min_repeat_ms, cooldown_ms=self.cooldown_ms,
+                              rtol=self.rtol, atol=self.atol, seed=self.seed, num_threads=self.num_threads)
+
+    def run(self, task: Task, build_results: list) -> list:
+        out = []
+        for br in build_results:
+            res = passthrough(br, "local")
+            if res is None:
+                res = to_measure_result(self.worker.run(self.request(br), self.timeout), br, "local")
+            out.append(res)
+        return out
+
+    def close(self) -> None:
+        self.worker.close()
