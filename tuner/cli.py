@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operator parameter, a Python literal: M=64, shape=64,128, dtype=float64")
     p.add_argument("--target", default=None, help="target string (default: host)")
     p.set_defaults(func=cmd_lower)
+
+    from . import cli_tune
+    cli_tune.register(sub)
     return parser
 
 

@@ -1,0 +1,271 @@
+"""The cost model: gradient-boosted trees (XGBoost) ranking candidates by predicted speed.
+
+Labels are *normalized throughputs*: flops / cost (or 1 / cost — the flops of a workload are a
+constant factor), divided by the best of the same workload, so the best measured candidate of every
+workload has label 1 and failed candidates 0. With a ranking objective (`rank:pairwise`, the
+default) every workload is its own query group: the model only learns which of two candidates of
+the same workload is faster, which is what the search needs and what transfers across workloads.
+`reg:squarederror` is available too (it fits the normalized throughput directly).
+
+The model keeps its training rows and retrains from scratch on all of them (`update` appends and
+retrains; a few thousand rows take a fraction of a second with the defaults). `warm_start` adds
+the records of other workloads of the same target, each in its own group.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+RANK_OBJECTIVES = ("rank:pairwise", "rank:ndcg", "rank:map")
+_MODEL_FORMAT = 1
+
+
+def _xgb():
+    import xgboost as xgb
+    return xgb
+
+
+def throughputs_from_results(results, flops: float = 1.0) -> np.ndarray:
+    """flops / mean cost per MeasureResult; 0 for failed or non-positive costs."""
+    out = np.zeros(len(results))
+    for i, r in enumerate(results):
+        if getattr(r, "ok", False):
+            c = r.mean_cost
+            if c > 0 and math.isfinite(c):
+                out[i] = flops / c
+    return out
+
+
+def normalize_by_group(throughputs, groups) -> np.ndarray:
+    """Throughput / best throughput of its group; NaN, inf, negatives and all-failed groups → 0."""
+    y = np.asarray(throughputs, dtype=np.float64).copy()
+    y[~np.isfinite(y) | (y < 0)] = 0.0
+    g = np.asarray(groups)
+    out = np.zeros_like(y)
+    for key in np.unique(g):
+        m = g == key
+        best = y[m].max() if m.any() else 0.0
+        if best > 0:
+            out[m] = y[m] / best
+    return out
+
+
+class XGBCostModel:
+    """XGBoost ranker over candidate features; `predict` gives scores, higher = faster.
+
+    Parameters: `objective` (rank:pairwise | rank:ndcg | reg:squarederror ...), `max_depth`,
+    `eta`, `num_rounds` (boosting rounds of every retrain), `nthread`, `min_samples` (fewer
+    valid rows than this: the model stays untrained and predicts zeros), `max_history_rows`
+    (rows kept from warm-start data, the best and a spread of the rest per workload), `seed`.
+    Extra keyword arguments go to XGBoost as booster parameters.
+    """
+
+    def __init__(self, objective: str = "rank:pairwise", max_depth: int = 6, eta: float = 0.2,
+                 num_rounds: int = 30, nthread: int = 2, min_samples: int = 8,
+                 max_history_rows: int = 4000, seed: int = 0, **params):
+        self.objective = objective
+        self.num_rounds = int(num_rounds)
+        self.min_samples = int(min_samples)
+        self.max_history_rows = int(max_history_rows)
+        self.params = {
+            "objective": objective, "max_depth": max_depth, "eta": eta, "nthread": nthread,
+            "seed": seed, "min_child_weight": 1, "subsample": 1.0, "colsample_bytree": 1.0,
+            "tree_method": "hist", "max_bin": 64, "verbosity": 0,
+        }
+        if objective in RANK_OBJECTIVES:
+            # every pair within a query, sampled evenly ("topk" would only care about the top few)
+            self.params.update({"lambdarank_pair_method": "mean", "lambdarank_num_pair_per_sample": 32})
+        self.params.update(params)
+        self.booster = None
+        self.num_features = None
+        # own rows (this workload) and warm-start rows (other workloads), kept for retraining
+        self._X = self._t = self._g = None
+        self._hX = self._hy = self._hg = None
+
+    # ------------------------------------------------------------------ training
+    @property
+    def trained(self) -> bool:
+        return self.booster is not None
+
+    def fit(self, features, throughputs, groups=None):
+        """Replace the own training rows by these and retrain.
+
+        `throughputs`: higher = faster (flops / cost or 1 / cost); 0, NaN or inf for failures.
+        `groups`: a workload id per row (any hashable; default: all one workload).
+        """
+        X, t, g = self._check(features, throughputs, groups)
+        self._X, self._t, self._g = X, t, g
+        self._retrain()
+        return self
+
+    def fit_costs(self, features, costs, groups=None):
+        """`fit` from costs in seconds (lower = faster; inf / NaN for failures)."""
+        c = np.asarray(costs, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(np.isfinite(c) & (c > 0), 1.0 / c, 0.0)
+        return self.fit(features, t, groups)
+
+    def update(self, features, results, group="current", flops: float = 1.0):
+        """Append measured rows (MeasureResult list, errors → 0) and retrain on everything."""
+        X, t, g = self._check(features, throughputs_from_results(results, flops), [group] * len(results))
+        if self._X is None:
+            self._X, self._t, self._g = X, t, g
+        else:
+            self._X = np.concatenate([self._X, X])
+            self._t = np.concatenate([self._t, t])
+            self._g = np.concatenate([self._g, g])
+        self._retrain()
+        return self
+
+    def warm_start(self, features, throughputs, groups):
+        """Add the records of other workloads (same target); each group ranks on its own.
+
+        At most `max_history_rows` rows are kept: per workload its best rows and an even spread
+        of the rest, so the retrain time stays bounded however large the history is.
+        """
+        X, t, g = self._check(features, throughputs, groups)
+        X, t, g = self._subsample(X, t, g, self.max_history_rows)
+        if self._hX is None:
+            self._hX, self._hy, self._hg = X, normalize_by_group(t, g), g
+        else:
+            self._hX = np.concatenate([self._hX, X])
+            self._hy = np.concatenate([self._hy, normalize_by_group(t, g)])
+            self._hg = np.concatenate([self._hg, g])
+        self._retrain()
+        return self
+
+    def _check(self, features, throughputs, groups):
+        X = np.asarray(features, dtype=np.float32)
+        if X.ndim != 2:
+            raise ValueError(f"features must be a 2-d array, got shape {X.shape}")
+        t = np.asarray(throughputs, dtype=np.float64).reshape(-1)
+        if len(t) != len(X):
+            raise ValueError(f"{len(X)} feature rows but {len(t)} labels")
+        if self.num_features is None:
+            self.num_features = X.shape[1]
+        elif X.shape[1] != self.num_features:
+            raise ValueError(f"features have {X.shape[1]} columns, the model {self.num_features}")
+        g = np.array(["current"] * len(X) if groups is None else [str(x) for x in groups], dtype=object)
+        if len(g) != len(X):
+            raise ValueError(f"{len(X)} feature rows but {len(g)} group ids")
+        bad = np.isnan(X).any(axis=1)  # candidates whose features could not be extracted
+        return X[~bad], t[~bad], g[~bad]
+
+    @staticmethod
+    def _subsample(X, t, g, limit):
+        if len(X) <= limit:
+            return X, t, g
+        keys = np.unique(g)
+        per = max(limit // len(keys), 2)
+        keep = []
+        for key in keys:
+            idx = np.flatnonzero(g == key)
+            if len(idx) <= per:
+                keep.append(idx)
+                continue
+            order = idx[np.argsort(-t[idx], kind="stable")]
+            best = order[: per // 2]
+            rest = order[per // 2:]
+            keep.append(np.concatenate([best, rest[np.linspace(0, len(rest) - 1, per - len(best)).astype(int)]]))
+        keep = np.sort(np.concatenate(keep))
+        return X[keep], t[keep], g[keep]
+
+    def _training_set(self):
+        parts = []
+        if self._X is not None and len(self._X):
+            parts.append((self._X, normalize_by_group(self._t, self._g), self._g))
+        if self._hX is not None and len(self._hX):
+            parts.append((self._hX, self._hy, self._hg))
+        if not parts:
+            return None
+        X = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        g = np.concatenate([p[2] for p in parts])
+        return X, y, g
+
+    def _retrain(self):
+        data = self._training_set()
+        if data is None:
+            return
+        X, y, g = data
+        if len(X) < self.min_samples or (y > 0).sum() < 2 or np.ptp(y) == 0:
+            return  # too little signal: keep the previous booster (or none)
+        xgb = _xgb()
+        _, qid = np.unique(g, return_inverse=True)
+        order = np.argsort(qid, kind="stable")  # XGBoost wants the rows of a query together
+        label = y[order]
+        if self.objective == "rank:ndcg":
+            label = np.rint(label * 15.0)  # integer relevance grades (exponential gain)
+        elif self.objective == "rank:map":
+            label = (label >= 0.8).astype(np.float64)  # relevant = within 20% of the best
+        dtrain = xgb.DMatrix(X[order], label=label, nthread=self.params["nthread"])
+        if self.objective in RANK_OBJECTIVES:
+            dtrain.set_info(qid=qid[order])
+        self.booster = xgb.train(self.params, dtrain, num_boost_round=self.num_rounds)
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, features) -> np.ndarray:
+        """Scores (higher = predicted faster); NaN feature rows get -inf; zeros if untrained."""
+        X = np.asarray(features, dtype=np.float32)
+        if X.ndim == 1:
+            X = X[None, :]
+        out = np.zeros(len(X))
+        bad = np.isnan(X).any(axis=1)
+        out[bad] = -np.inf
+        if self.booster is None or not (~bad).any():
+            return out
+        xgb = _xgb()
+        d = xgb.DMatrix(X[~bad], nthread=self.params["nthread"])
+        out[~bad] = self.booster.predict(d, output_margin=True)
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path, include_data: bool = True):
+        """One .npz file: parameters, the booster, and (by default) the training rows."""
+        meta = {"format": _MODEL_FORMAT, "objective": self.objective, "num_rounds": self.num_rounds,
+                "min_samples": self.min_samples, "max_history_rows": self.max_history_rows,
+                "params": self.params, "num_features": self.num_features}
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+        if self.booster is not None:
+            arrays["booster"] = np.frombuffer(bytes(self.booster.save_raw("ubj")), dtype=np.uint8)
+        if include_data:
+            for name in ("_X", "_t", "_g", "_hX", "_hy", "_hg"):
+                v = getattr(self, name)
+                if v is not None:
+                    arrays[name] = v.astype(str) if v.dtype == object else v
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        Path(path).write_bytes(buf.getvalue())
+
+    @classmethod
+    def load(cls, path) -> "XGBCostModel":
+        with np.load(Path(path), allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("format") != _MODEL_FORMAT:
+                raise ValueError(f"{path}: cost model format {meta.get('format')} is not {_MODEL_FORMAT}")
+            m = cls(objective=meta["objective"], num_rounds=meta["num_rounds"],
+                    min_samples=meta["min_samples"], max_history_rows=meta["max_history_rows"])
+            m.params = dict(meta["params"])
+            m.num_features = meta["num_features"]
+            if "booster" in z:
+                xgb = _xgb()
+                m.booster = xgb.Booster(params={"nthread": m.params["nthread"]})
+                m.booster.load_model(bytearray(z["booster"].tobytes()))
+            for name in ("_X", "_t", "_g", "_hX", "_hy", "_hg"):
+                if name in z:
+                    v = z[name]
+                    setattr(m, name, v.astype(object) if v.dtype.kind == "U" else v)
+        return m
+
+    def __repr__(self):
+        n = 0 if self._X is None else len(self._X)
+        h = 0 if self._hX is None else len(self._hX)
+        return f"XGBCostModel({self.objective}, rows={n}, history={h}, trained={self.trained})"
+
+
+__all__ = ["XGBCostModel", "normalize_by_group", "throughputs_from_results"]

@@ -1,0 +1,24 @@
+"""Search strategies behind one ask/tell seam: `next_batch(n)` then `update(candidates, results)`.
+
+- `RandomSearch`, `GridSearch` (enumerable spaces), `GeneticSearch`: model-free;
+- `ModelBasedSearch` (cost model + simulated annealing, for templates) and `EvolutionarySearch`
+  (cost model + evolution, Ansor-like, for sketches): rank many candidates, measure few, with
+  ε-greedy exploration, retraining the model after every batch;
+- `EarlyStopping`, `Budget` (trials and seconds) and `run_search`, a minimal local loop.
+"""
+
+from .base import Budget, EarlyStopping, Strategy, as_generator, run_search, throughput
+from .basic import GeneticSearch, GridSearch, RandomSearch
+from .model_guided import EvolutionarySearch, ModelBasedSearch
+
+STRATEGIES = {
+    "random": RandomSearch,
+    "grid": GridSearch,
+    "genetic": GeneticSearch,
+    "model": ModelBasedSearch,
+    "evolutionary": EvolutionarySearch,
+}
+
+__all__ = ["Strategy", "RandomSearch", "GridSearch", "GeneticSearch", "ModelBasedSearch",
+           "EvolutionarySearch", "EarlyStopping", "Budget", "run_search", "as_generator", "throughput",
+           "STRATEGIES"]

@@ -1,0 +1,232 @@
+"""Strategies guided by the cost model: many candidates ranked, few measured.
+
+- `ModelBasedSearch` (AutoTVM's model-based tuner, for templates): simulated annealing over the
+  space with `space.mutate` as the neighbour move and the cost model's score as the energy; the
+  batch is the best-predicted unvisited candidates the chains met.
+- `EvolutionarySearch` (Ansor's evolutionary search, for sketches): a population of random
+  samples plus the best measured candidates evolves for a few generations by mutation and
+  crossover, parents drawn by predicted score; the batch is the best-predicted unvisited ones.
+
+Both pick a fraction `eps` of every batch at random (ε-greedy exploration), retrain the model
+after every batch, and propose random candidates until the model has something to learn from.
+Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(opdef, ·, target)`,
+lowering each candidate), cached per fingerprint because annealing and evolution revisit points.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost_model import XGBCostModel
+from .base import Strategy
+
+
+class _ModelGuided(Strategy):
+    def __init__(self, space, opdef=None, target=None, cost_model: XGBCostModel | None = None,
+                 featurizer=None, rng=None, visited=(), eps: float = 0.05, group: str = "current",
+                 feature_cache_size: int = 200_000):
+        super().__init__(space, rng, visited)
+        if featurizer is None:
+            if opdef is None:
+                raise ValueError(f"{type(self).__name__} needs an opdef (for features) or a featurizer")
+            from ..features import features_for
+            from compiler.target import resolve_target
+            tgt = resolve_target(target)
+            featurizer = lambda cands: features_for(opdef, cands, tgt)  # noqa: E731
+        self.featurizer = featurizer
+        self.model = cost_model if cost_model is not None else XGBCostModel()
+        self.eps = float(eps)
+        self.group = group
+        self._cache: dict = {}
+        self._cache_size = int(feature_cache_size)
+        self.predictions = 0  # candidates scored by the model so far (for reports)
+
+    # ------------------------------------------------------------------ features and scores
+    def features(self, cands) -> np.ndarray:
+        fps = [c.fingerprint for c in cands]
+        missing, seen = [], set()
+        for c, fp in zip(cands, fps):
+            if fp not in self._cache and fp not in seen:
+                seen.add(fp)
+                missing.append(c)
+        if missing:
+            X = np.asarray(self.featurizer(missing), dtype=np.float64)
+            if len(self._cache) + len(missing) > self._cache_size:
+                self._cache.clear()
+            for c, row in zip(missing, X):
+                self._cache[c.fingerprint] = row
+        return np.stack([self._cache[fp] for fp in fps]) if fps else np.zeros((0, 0))
+
+    def scores(self, cands) -> np.ndarray:
+        """Predicted scores, higher = faster; -inf for candidates without features."""
+        if not cands:
+            return np.zeros(0)
+        self.predictions += len(cands)
+        return self.model.predict(self.features(cands))
+
+    def _learn(self, candidates, results) -> None:
+        self.model.update(self.features(candidates), results, group=self.group)
+
+    # ------------------------------------------------------------------ batches
+    def _propose(self, n: int) -> list:
+        if not self.model.trained:
+            return self._random_unvisited(n)
+        ranked = self._ranked(n)
+        out, taken, k = [], set(), 0
+        for _ in range(n):
+            if self.rng.random() < self.eps:
+                out += self._random_unvisited(1, taken)
+                continue
+            while k < len(ranked) and not self._fresh(ranked[k], taken):
+                k += 1
+            if k < len(ranked):
+                out.append(ranked[k])
+                k += 1
+            else:
+                out += self._random_unvisited(1, taken)
+        return out
+
+    def _ranked(self, n: int) -> list:
+        """Unvisited candidates, best predicted first (at least n when the space allows)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _keep_best(best: dict, cands, scores, visited):
+        for c, s in zip(cands, scores):
+            if not np.isfinite(s):
+                continue
+            fp = c.fingerprint
+            if fp in visited:
+                continue
+            old = best.get(fp)
+            if old is None or s > old[0]:
+                best[fp] = (float(s), c)
+
+
+class ModelBasedSearch(_ModelGuided):
+    """Cost model + simulated annealing (AutoTVM's model-based tuner), for template spaces.
+
+    `n_parallel` chains walk `sa_iters` steps per batch (temperature `temp[0]` → `temp[1]`, in
+    units of the current score spread); the chains persist across batches. A step moves every
+    chain to `space.mutate(point)`, accepted if better or with probability exp(Δ/T). The
+    `plan_size` (default 2·n) best-predicted unvisited points met become the plan; the annealing
+    stops early when the plan has not changed for `early_stop` steps.
+    """
+
+    def __init__(self, space, opdef=None, target=None, cost_model=None, featurizer=None, rng=None,
+                 visited=(), eps: float = 0.05, group: str = "current", n_parallel: int = 64,
+                 sa_iters: int = 40, temp=(1.0, 0.0), early_stop: int = 10, plan_size: int | None = None,
+                 **kw):
+        super().__init__(space, opdef, target, cost_model, featurizer, rng, visited, eps, group, **kw)
+        self.n_parallel, self.sa_iters = int(n_parallel), int(sa_iters)
+        self.temp, self.early_stop, self.plan_size = temp, int(early_stop), plan_size
+        self._points: list = []
+
+    def _ranked(self, n: int) -> list:
+        k = max(self.plan_size or 2 * n, n)
+        rng = self.rng
+        if len(self._points) < self.n_parallel:
+            self._points += [self.space.sample(rng) for _ in range(self.n_parallel - len(self._points))]
+        points = list(self._points)
+        cur = self.scores(points)
+        best: dict = {}
+        self._keep_best(best, points, cur, self.visited)
+        t0, t1 = self.temp
+        unchanged, last = 0, None
+        for it in range(self.sa_iters):
+            t = t0 + (t1 - t0) * it / max(self.sa_iters - 1, 1)
+            new = [self.space.mutate(p, rng) for p in points]
+            ns = self.scores(new)
+            self._keep_best(best, new, ns, self.visited)
+            finite = np.isfinite(cur) & np.isfinite(ns)
+            spread = np.ptp(ns[np.isfinite(ns)]) if np.isfinite(ns).any() else 1.0
+            scale = max(spread, 1e-9) * max(t, 1e-9)
+            delta = np.where(finite, ns - cur, np.where(np.isfinite(ns), np.inf, -np.inf))
+            with np.errstate(over="ignore", invalid="ignore"):
+                accept = (delta >= 0) | (rng.random(len(points)) < np.exp(np.minimum(delta / scale, 0.0)))
+            for i in np.flatnonzero(accept):
+                points[i], cur[i] = new[i], ns[i]
+            top = frozenset(sorted(best, key=lambda fp: -best[fp][0])[:k])
+            unchanged = unchanged + 1 if top == last else 0
+            last = top
+            if unchanged >= self.early_stop:
+                break
+        self._points = points
+        ranked = sorted(best.values(), key=lambda sc: -sc[0])
+        return [c for _, c in ranked[:k]]
+
+
+class EvolutionarySearch(_ModelGuided):
+    """Ansor-like evolutionary search with the cost model, for sketch spaces.
+
+    Population: `population_size` candidates, the `n_best_measured` best measured ones plus
+    random samples. Each of `num_generations` generations breeds `population_size` children
+    (mutation with probability `mutation_prob`, else crossover of two parents; parents drawn with
+    probability softmax(standardized predicted score)) and keeps the best-predicted
+    `population_size` of parents + children. The batch: the best-predicted unvisited candidates
+    met, with ε-greedy random picks.
+    """
+
+    def __init__(self, space, opdef=None, target=None, cost_model=None, featurizer=None, rng=None,
+                 visited=(), eps: float = 0.05, group: str = "current", population_size: int = 128,
+                 num_generations: int = 4, n_best_measured: int = 16, mutation_prob: float = 0.85, **kw):
+        super().__init__(space, opdef, target, cost_model, featurizer, rng, visited, eps, group, **kw)
+        self.population_size, self.num_generations = int(population_size), int(num_generations)
+        self.n_best_measured, self.mutation_prob = int(n_best_measured), float(mutation_prob)
+
+    def _initial_population(self) -> list:
+        cands, fit = self._fitness()
+        pop = []
+        if cands:
+            for i in np.argsort(-fit, kind="stable")[: self.n_best_measured]:
+                if fit[i] > 0:
+                    pop.append(cands[i])
+        pop += [self.space.sample(self.rng) for _ in range(self.population_size - len(pop))]
+        return pop
+
+    def _ranked(self, n: int) -> list:
+        rng = self.rng
+        pop = self._initial_population()
+        sc = self.scores(pop)
+        best: dict = {}
+        self._keep_best(best, pop, sc, self.visited)
+        for _ in range(self.num_generations):
+            p = _selection_probs(sc)
+            if p is None:
+                break
+            children = []
+            for _ in range(self.population_size):
+                a = pop[int(rng.choice(len(pop), p=p))]
+                if rng.random() < self.mutation_prob:
+                    children.append(self.space.mutate(a, rng))
+                else:
+                    b = pop[int(rng.choice(len(pop), p=p))]
+                    children.append(self.space.crossover(a, b, rng))
+            cs = self.scores(children)
+            self._keep_best(best, children, cs, self.visited)
+            # survivors: the best-predicted distinct members of parents + children
+            allc, alls = pop + children, np.concatenate([sc, cs])
+            pop, keep, seen = [], [], set()
+            for i in np.argsort(-alls, kind="stable"):
+                fp = allc[i].fingerprint
+                if fp in seen:
+                    continue
+                seen.add(fp)
+                pop.append(allc[i])
+                keep.append(alls[i])
+                if len(pop) == self.population_size:
+                    break
+            sc = np.array(keep)
+        ranked = sorted(best.values(), key=lambda x: -x[0])
+        return [c for _, c in ranked[: max(2 * n, n)]]
+
+
+def _selection_probs(scores: np.ndarray):
+    ok = np.isfinite(scores)
+    if not ok.any():
+        return None
+    s = np.where(ok, scores, np.nan)
+    std = np.nanstd(s)
+    z = (s - np.nanmax(s)) / (std if std > 0 else 1.0)
+    w = np.where(ok, np.exp(z), 0.0)
+    return w / w.sum()

@@ -1,0 +1,333 @@
+"""Convolution templates: conv2d_nchw, depthwise_conv2d_nchw, conv2d_nhwc.
+
+The register-tile recipe of the default schedules (compiler/ops/schedule_conv.py) with its
+choices as knobs; the first value of each knob follows the default schedule's choice, so config 0
+is (close to) the default schedule:
+
+NCHW / depthwise (vector over output columns x):
+- tile_x: the vector length (whole 256-bit registers up to 64 lanes, OW itself, or a divisor of
+  OW of at least half a register); tile_f, tile_y: unrolled output channels / rows of the tile;
+- tile_rc (input channel loops longer than 8): the channel loop split, its inner part unrolled;
+- order_red: the order of the reduction loops; unroll_red: unroll each short reduction loop;
+- tile_order: channel blocks outermost ("fyx") or spatial tiles outermost ("yxf");
+- pad: the padding stage materialized at the root ("root"), inlined into the convolution
+  ("inline"), or, for a column stride > 1, the input copied into column phases so the
+  micro-kernel's loads stay unit-stride ("deinterleave");
+- parallel: the fused tile loop in parallel, or not.
+
+NHWC (vector over output channels f): tile_f (vector), tile_y / tile_x (unrolled), tile_rc,
+order_red, unroll_red, f_outer (channel blocks outermost), pack_w (HWIO weights packed into
+[F/FB][KH][KW][C][FB] panels), pad ("root" / "inline"), parallel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.dtypes import nbytes
+from compiler.ops.schedule_common import want_parallel
+from compiler.schedule import create_schedule
+
+from ..base import SpaceError
+from ..template import template
+
+MAX_LANES = 64
+REG_BYTES = 32
+MAX_UNROLLED_TAPS = 8
+MAX_UNROLLED_BODY = 512  # statements of an unrolled micro-kernel step (vector registers × loops)
+REG_LANES_MIN = 8  # lanes counted as one statement when sizing the unrolled body
+
+
+def _first(default, values):
+    return [default] + [v for v in values if v != default]
+
+
+def _base(dtype) -> int:
+    return max(4, REG_BYTES // nbytes(dtype))
+
+
+def _vector_choices(extent: int, base: int) -> list:
+    """Vector lengths along an output axis: whole registers up to 64 lanes (not past the axis),
+    the axis itself if it fits, divisors of at least half a register."""
+    out = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < extent]
+    if extent <= MAX_LANES:
+        out.append(extent)
+    out += [d for d in range(max(1, base // 2), base) if extent % d == 0]
+    return sorted(set(out))
+
+
+def _defaults():
+    """The default schedule's tile heuristics, when the compiler has them (optional)."""
+    try:
+        from compiler.ops import schedule_conv as sc
+        return sc
+    except ImportError:  # pragma: no cover - the heuristics only order the knob values
+        return None
+
+
+def _pad_stage(s):
+    return next((st for st in s.stages if st.op.name == "pad"), None)
+
+
+def _parallel_knob(cfg, target, work):
+    dflt = want_parallel(target, work)
+    cfg.define_knob("parallel", [dflt, not dflt])
+
+
+def _root_rows(stage, parallel: bool, target):
+    """A root elementwise stage: outer axes fused (parallel when big enough), the row loop left
+    to LLVM's vectorizer (explicit vectors of a padded read would be gathers)."""
+    parallel = parallel and want_parallel(target, math.prod(stage.op.shape))
+    *outer, _ = stage.op.axis
+    if len(outer) > 1:
+        loop = stage.fuse(*outer)
+    elif outer:
+        loop = outer[0]
+    else:
+        return
+    if parallel and loop.extent > 1:
+        stage.parallel(loop)
+
+
+def _reduction_knobs(cfg, natural):
+    """Knobs of the reduction loops `natural` = [(name, extent)] in definition order:
+    tile_rc (a long channel loop split, its inner part unrolled), order_red (the order of the
+    reduction loops), unroll_red (unroll each loop of at most MAX_UNROLLED_TAPS iterations).
+    The first values are the default schedule's: extent-1 loops unrolled, the innermost
+    non-trivial loop unrolled when short, else split by 4 (a channel loop)."""
+    ext = dict(natural)
+    inner = [n for n, e in natural if e > 1]
+    last = inner[-1] if inner else None
+    dflt_ann = ["unroll" if e == 1 or (n == last and e <= MAX_UNROLLED_TAPS) else "none" for n, e in natural]
+    if "rc" in ext and ext["rc"] > MAX_UNROLLED_TAPS:
+        kus = [f for f in (1, 2, 4, 8)]
+        dflt_ku = 4 if last == "rc" and ext["rc"] % 4 == 0 else 1
+        cfg.define_split("tile_rc", ext["rc"], policy="candidate", candidate=[[v] for v in _first(dflt_ku, kus)])
+    cfg.define_reorder("order_red", len(natural))
+    anns = [[]]
+    for n, e in natural:
+        choices = ("none", "unroll") if e <= MAX_UNROLLED_TAPS else ("none",)
+        anns = [a + [c] for a in anns for c in choices]
+    cfg.define_annotate("unroll_red", len(natural), policy="candidate", candidate=_first(dflt_ann, anns))
+
+
+def _tile_reduction(cfg, cst, rest, tile_axes):
+    """Order [rest] [reduction loops] [tile axes], unroll the chosen reduction loops, split a long
+    channel loop and unroll its inner part."""
+    rax = list(cst.op.reduce_axis)
+    ordered = [rax[p] for p in cfg["order_red"].perm]
+    cst.reorder(*rest, *ordered, *tile_axes)
+    return rax
+
+
+def _annotate_reduction(cfg, cst, rax, tile_body: int):
+    """Unroll the chosen reduction loops (extent-1 loops first, then innermost first) while the
+    unrolled micro-kernel stays under MAX_UNROLLED_BODY statements (`tile_body` per reduction
+    step): a config asking for more gets the loops that fit, so every config compiles in
+    reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time)."""
+    anns = cfg["unroll_red"].anns
+    names = [ax.name for ax in rax]
+    split_rc = None
+    if "rc" in names and "tile_rc" in cfg.knobs:
+        ku = cfg["tile_rc"].size[-1]
+        if 1 < ku < rax[names.index("rc")].extent:
+            split_rc = ku
+    body = tile_body * (split_rc or 1)
+    order = cst.leaf_iter_vars
+    flagged = [ax for ax, a in zip(rax, anns) if a == "unroll"]
+    flagged.sort(key=lambda ax: (ax.extent != 1, -order.index(ax)))
+    chosen = set()
+    for ax in flagged:
+        if body * ax.extent <= MAX_UNROLLED_BODY:
+            body *= ax.extent
+            chosen.add(ax)
+    for ax, a in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
+        if ax in chosen:
+            cst.unroll(ax)
+    if split_rc:
+        _, rci = cst.split(rax[names.index("rc")], factor=split_rc)
+        cst.unroll(rci)
+
+
+def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, outer_order, parallel, vec_group=0):
+    """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
+    computed at the fused tile loop into a local buffer: [reduction loops] [tile axes]."""
+    acc = s.cache_write(out, "local")
+    st, cst = s[out], s[acc]
+    axes = list(st.op.axis)
+    outer, inner, pre = {}, {}, []
+    for dim, factor in unrolled + [(vec_dim, vec_factor)]:
+        ax = axes[dim]
+        if dim == vec_dim and vec_factor < vec_group < ax.extent and vec_group % vec_factor == 0:
+            group, ax = st.split(ax, factor=vec_group)
+            pre.append(group)
+        if factor < ax.extent:
+            outer[dim], inner[dim] = st.split(ax, factor=factor)
+        else:
+            outer[dim], inner[dim] = None, ax
+    tile_dims = [d for d, _ in unrolled] + [vec_dim]
+    outer_loops = [axes[d] for d in range(len(axes)) if d not in tile_dims] + pre
+    outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
+    inner_loops = [inner[d] for d in tile_dims]
+    st.reorder(*outer_loops, *inner_loops)
+    for d, _ in unrolled:
+        st.unroll(inner[d])
+    st.vectorize(inner[vec_dim])
+    cax = list(cst.op.axis)
+    rest = [cax[d] for d in range(len(cax)) if d not in tile_dims]
+    rax = _tile_reduction(cfg, cst, rest, [cax[d] for d in tile_dims])
+    for d, _ in unrolled:
+        cst.unroll(cax[d])
+    cst.vectorize(cax[vec_dim])
+    vregs = -(-min(vec_factor, axes[vec_dim].extent) // REG_LANES_MIN)
+    _annotate_reduction(cfg, cst, rax, vregs * math.prod(min(f, axes[d].extent) for d, f in unrolled))
+    loop = outer_loops[0] if len(outer_loops) == 1 else st.fuse(*outer_loops)
+    cst.compute_at(st, loop)
+    if parallel and loop.extent > 1:
+        st.parallel(loop)
+    return cst
+
+
+# ----------------------------------------------------------------------------- NCHW
+
+def _conv_nchw(cfg, opdef, target):
+    depthwise = opdef.name == "depthwise_conv2d_nchw"
+    out = opdef.output
+    s = create_schedule(out)
+    N, F, OH, OW = out.shape
+    p = opdef.params
+    KH, KW = p["KH"], p["KW"]
+    sw = p["stride"][1]
+    base = _base(out.dtype)
+    lanes = target.vector_lanes(out.dtype)
+    fpg = p.get("multiplier", 1) if depthwise else F // p.get("groups", 1)
+    cpg = None if depthwise else opdef.inputs[1].shape[1]
+    pad = _pad_stage(s)
+    # defaults from the compiler's own heuristics
+    sc = _defaults()
+    XB, FB, YB, f_first = base, 1, 1, True
+    if sc is not None:
+        taps = KW if KW <= MAX_UNROLLED_TAPS else 1
+        XB, (FB, YB) = sc._pick_tile(sc._vector_tiles(OW, lanes), lanes,
+                                     [(F, min(fpg, 16), True), (OH, 8, False)],
+                                     lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1))
+        f_first = depthwise or sc._weights_dominate(opdef)
+    xs = _vector_choices(OW, base)
+    if XB not in xs and XB <= MAX_LANES:
+        xs.append(XB)
+    cfg.define_split("tile_x", OW, policy="candidate", candidate=[[v] for v in _first(XB, xs)])
+    fs = [v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v <= F]
+    cfg.define_split("tile_f", F, policy="candidate", candidate=[[v] for v in _first(FB, fs)])
+    ys = list(range(1, min(OH, 8) + 1))
+    cfg.define_split("tile_y", OH, policy="candidate", candidate=[[v] for v in _first(YB, ys)])
+    _reduction_knobs(cfg, ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)])
+    cfg.define_knob("tile_order", ["fyx", "yxf"] if f_first else ["yxf", "fyx"])
+    if pad is not None or sw > 1:
+        modes = ["deinterleave", "root", "inline"] if sw > 1 else ["root", "inline"]
+        if pad is None:
+            modes = [m for m in modes if m != "inline" and m != "root"] + ["none"]
+    else:
+        modes = ["none"]
+    cfg.define_knob("pad", modes)
+    _parallel_knob(cfg, target, opdef.flops)
+
+    XB, FB, YB = cfg["tile_x"].size[-1], cfg["tile_f"].size[-1], cfg["tile_y"].size[-1]
+    order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
+    par = cfg["parallel"].val
+    acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, order, par)
+    mode = cfg["pad"].val
+    if mode == "deinterleave":
+        _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par, target)
+    elif mode == "root":
+        _root_rows(pad, par, target)
+    elif mode == "inline":
+        pad.compute_inline()
+    return s, opdef.tensors
+
+
+def _deinterleave_columns(s, acc, data, sw, pad, parallel, target):
+    """Copy the (padded) input into [..., h, w % sw, w // sw] order so stride-sw column reads of
+    the micro-kernel are unit-stride (see compiler/ops/schedule_conv.py)."""
+    src = pad.tensor if pad is not None else data
+    phases = s.cache_read(src, "global", [acc], block={src.ndim - 1: sw})
+    packed = s.cache_read(phases, "global", [acc], block={0: phases.shape[0]})
+    if pad is not None:
+        pad.compute_inline()
+    s[phases].compute_inline()
+    _root_rows(s[packed], parallel, target)
+
+
+@template("conv2d_nchw")
+def conv2d_nchw(cfg, opdef, target):
+    if getattr(opdef, "name", None) != "conv2d_nchw":
+        raise SpaceError(f"template 'conv2d_nchw' does not apply to {getattr(opdef, 'name', opdef)!r}")
+    return _conv_nchw(cfg, opdef, target)
+
+
+@template("depthwise_conv2d_nchw")
+def depthwise_conv2d_nchw(cfg, opdef, target):
+    if getattr(opdef, "name", None) != "depthwise_conv2d_nchw":
+        raise SpaceError(f"template 'depthwise_conv2d_nchw' does not apply to "
+                         f"{getattr(opdef, 'name', opdef)!r}")
+    return _conv_nchw(cfg, opdef, target)
+
+
+# ----------------------------------------------------------------------------- NHWC
+
+@template("conv2d_nhwc")
+def conv2d_nhwc(cfg, opdef, target):
+    if getattr(opdef, "name", None) != "conv2d_nhwc":
+        raise SpaceError(f"template 'conv2d_nhwc' does not apply to {getattr(opdef, 'name', opdef)!r}")
+    out = opdef.output
+    s = create_schedule(out)
+    N, OH, OW, F = out.shape
+    p = opdef.params
+    KH, KW = p["KH"], p["KW"]
+    groups = p.get("groups", 1)
+    fpg = F // groups
+    cpg = opdef.inputs[1].shape[2]
+    base = _base(out.dtype)
+    lanes = target.vector_lanes(out.dtype)
+    pad = _pad_stage(s)
+    vec_extent = fpg if groups > 1 else F
+    sc = _defaults()
+    FB, XB, YB, f_outer = base, 1, 1, False
+    if sc is not None:
+        FB, (XB, YB) = sc._pick_tile(sc._vector_tiles(vec_extent, lanes), lanes,
+                                     [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r))
+        f_outer = sc._weights_dominate(opdef)
+    fs = _vector_choices(vec_extent, base)
+    if FB not in fs and FB <= MAX_LANES:
+        fs.append(FB)
+    cfg.define_split("tile_f", F, policy="candidate", candidate=[[v] for v in _first(FB, fs)])
+    cfg.define_split("tile_x", OW, policy="candidate",
+                     candidate=[[v] for v in _first(XB, range(1, min(OW, 8) + 1))])
+    cfg.define_split("tile_y", OH, policy="candidate",
+                     candidate=[[v] for v in _first(YB, range(1, min(OH, 4) + 1))])
+    _reduction_knobs(cfg, [("ry", KH), ("rx", KW), ("rc", cpg)])
+    cfg.define_knob("f_outer", [f_outer, not f_outer])
+    cfg.define_knob("pack_w", [True, False])
+    cfg.define_knob("pad", ["root", "inline"] if pad is not None else ["none"])
+    _parallel_knob(cfg, target, opdef.flops)
+
+    FB, XB, YB = cfg["tile_f"].size[-1], cfg["tile_x"].size[-1], cfg["tile_y"].size[-1]
+    par = cfg["parallel"].val
+    mode = cfg["pad"].val
+    if mode == "root":
+        _root_rows(pad, par, target)
+    elif mode == "inline":
+        pad.compute_inline()
+    order = [3, 1, 2] if cfg["f_outer"].val else [1, 2, 3]
+    acc = _register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, order, par,
+                         vec_group=fpg if groups > 1 else 0)
+    if cfg["pack_w"].val:
+        packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={3: FB})]
+        *rows, lane = packed.op.axis
+        packed.vectorize(lane)
+        loop = packed.fuse(*rows) if len(rows) > 1 else rows[0]
+        if par and loop.extent > 1 and want_parallel(target, math.prod(packed.op.shape)):
+            packed.parallel(loop)
+    return s, opdef.tensors
+
+
+__all__ = ["conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw"]
