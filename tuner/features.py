@@ -73,6 +73,7 @@ GLOBAL_FEATURES = [
     ("target_lanes", False), ("target_cores", False),
 ]
 
+_COL = {n: i for i, (n, _) in enumerate(STORE_FEATURES)}
 _NB = len(BUFFER_FEATURES)
 _NS = len(STORE_FEATURES)
 PER_STORE = _NS + TOP_BUFFERS * _NB
@@ -294,7 +295,7 @@ def _log(x):
     return np.log2(1.0 + np.maximum(x, 0.0))
 
 
-def _access_features(stores, target_lanes_fn):
+def _access_features(stores):
     """Per access row: the BUFFER_FEATURES (linear scale) and the store each row belongs to."""
     rows = [(si, a) for si, st in enumerate(stores) for a in st.accesses]
     R = len(rows)
@@ -400,7 +401,7 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
     if not stores:
         return out
     S = len(stores)
-    afeat, store_of, abytes, auniq = _access_features(stores, lanes_fn)
+    afeat, store_of, abytes, auniq = _access_features(stores)
 
     # per store, non-buffer features (linear scale)
     sf = np.zeros((S, _NS))
@@ -410,7 +411,6 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
         iters = float(math.prod(exts)) if exts else 1.0
         iters_all[si] = iters
         lanes, vec_inner, unroll_p, unroll_n, par_ext, par_outer = 1, 0, 1, 0, 0, 0
-        par_depth = -1
         for d, (_, e, kind) in enumerate(st.loops):
             if kind == "vectorized":
                 lanes = e
@@ -420,11 +420,10 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
                 unroll_n += 1
             elif kind == "parallel":
                 par_ext = e if par_ext == 0 else par_ext * e
-                par_depth = d if par_depth < 0 else par_depth
                 par_outer = par_outer or int(d == 0)
         balance = par_ext / (math.ceil(par_ext / cores) * cores) if par_ext else 0.0
         work = iters / par_ext if par_ext else iters
-        flops = sum(st.ops[:6]) * iters
+        flops = sum(st.ops[:6]) * iters  # the f_* kinds come first in _OP_KINDS
         dt = st.buffer.dtype
         tl = max(lanes_fn(dt if dt != "bool" else "int8"), 1)
         row = [o * iters for o in st.ops]
@@ -434,12 +433,12 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
                 int(st.buffer.scope == "local"), int(st.buffer.scope == "arg"),
                 st.local_alloc_bytes, st.local_allocs]
         sf[si, :len(row)] = row
-        sf[si, _NS - 1] = flops
+        sf[si, _COL["flops"]] = flops
     tot_bytes = np.bincount(store_of, weights=abytes, minlength=S)
     tot_uniq = np.bincount(store_of, weights=auniq, minlength=S)
-    sf[:, _NS - 4] = tot_bytes
-    sf[:, _NS - 3] = tot_uniq
-    sf[:, _NS - 2] = sf[:, _NS - 1] / np.maximum(tot_uniq, 1.0)
+    sf[:, _COL["bytes_total"]] = tot_bytes
+    sf[:, _COL["unique_bytes_total"]] = tot_uniq
+    sf[:, _COL["arith_intensity"]] = sf[:, _COL["flops"]] / np.maximum(tot_uniq, 1.0)
 
     # top buffers of each store, by bytes touched
     order = np.lexsort((-abytes, store_of))
@@ -453,7 +452,7 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
     per = np.where(_STORE_LOG, _log(per), per)
 
     # aggregate: top stores by cost, cost-weighted mean, max
-    cost = sf[:, :len(_OP_KINDS)].sum(axis=1) + sf[:, _NS - 4] / 4.0 + iters_all
+    cost = sf[:, :len(_OP_KINDS)].sum(axis=1) + tot_bytes / 4.0 + iters_all
     top = np.argsort(-cost, kind="stable")[:TOP_STORES]
     wgt = cost / cost.sum()
     g = len(GLOBAL_FEATURES)
@@ -465,15 +464,12 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
 
     # global
     total_iters = iters_all.sum()
-    vec_col = [n for n, _ in STORE_FEATURES].index("vec_lanes")
-    unr_col = vec_col + 3
-    par_col = vec_col + 5
     glob = np.array([
-        S, w.n_loops, w.root_parallel, sf[:, _NS - 1].sum(), tot_bytes.sum(), total_iters,
+        S, w.n_loops, w.root_parallel, sf[:, _COL["flops"]].sum(), tot_bytes.sum(), total_iters,
         w.global_alloc, w.local_alloc_max,
-        iters_all[sf[:, vec_col] > 1].sum() / total_iters,
-        iters_all[sf[:, par_col] > 0].sum() / total_iters,
-        iters_all[sf[:, unr_col] > 1].sum() / total_iters,
+        iters_all[sf[:, _COL["vec_lanes"]] > 1].sum() / total_iters,
+        iters_all[sf[:, _COL["parallel_extent"]] > 0].sum() / total_iters,
+        iters_all[sf[:, _COL["unroll_product"]] > 1].sum() / total_iters,
         lanes_fn("float32"), cores,
     ], dtype=np.float64)
     out[:g] = np.where(_GLOBAL_LOG, _log(glob), glob)

@@ -65,6 +65,8 @@ class _ModelGuided(Strategy):
         return self.model.predict(self.features(cands))
 
     def _learn(self, candidates, results) -> None:
+        if not candidates:
+            return
         self.model.update(self.features(candidates), results, group=self.group)
 
     # ------------------------------------------------------------------ batches
