@@ -17,6 +17,8 @@ import time
 import uuid
 
 import pytest
+
+from conftest import pg_schema_url
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -29,7 +31,6 @@ from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
 
-PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 TABLES = {"workloads", "tasks", "jobs", "records", "agents", VERSION_TABLE}
 TARGET = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -num-cores=2"
 MATMUL = Workload("matmul", {"M": 16, "N": 16, "K": 16})
@@ -49,37 +50,6 @@ def err(code=ErrorCode.WRONG_ANSWER, costs=()) -> MeasureResult:
 
 
 # ---------------------------------------------------------------------------------- fixtures
-
-@pytest.fixture(scope="module")
-def pg_database():
-    """A fresh PostgreSQL database for this module, dropped at the end."""
-    try:
-        admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as e:
-        pytest.skip(f"PostgreSQL not reachable at 127.0.0.1:5432 as postgres (database test): {e}")
-    name = f"tunefarm_records_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{PG_SERVER}/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
-def pg_schema_url(pg_database: str) -> str:
-    """A URL to an empty schema of the module's database (search_path set through libpq options)."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_database, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {schema}")
-    return f"{pg_database.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{schema}"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'records.db'}"
-    return pg_schema_url(request.getfixturevalue("pg_database"))
-
 
 @pytest.fixture
 def store(db_url):

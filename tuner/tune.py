@@ -35,7 +35,12 @@ def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_mode
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
     cls = STRATEGIES[name]
     if name in MODEL_GUIDED:
-        return cls(space, opdef=opdef, target=target, cost_model=cost_model, rng=seed, visited=visited)
+        # Search effort per batch sized so ranking costs a fraction of measuring the batch
+        # (a few hundred feature extractions, ~1 ms each) rather than dominating the run.
+        effort = {"model": dict(n_parallel=16, sa_iters=12),
+                  "evolutionary": dict(population_size=64, num_generations=2)}[name]
+        return cls(space, opdef=opdef, target=target, cost_model=cost_model, rng=seed, visited=visited,
+                   **effort)
     return cls(space, rng=seed, visited=visited)
 
 
@@ -75,19 +80,20 @@ def tune(task: Task, store, space: str = "sketch", strategy: str | None = None, 
     strategy_name = strategy or DEFAULT_STRATEGY[space]
     the_space = make_space(space, opdef, target)
     prior = [r for r in store.history(workload_key=opdef.workload_key(), target=task.target)]
+    # earlier runs in this kind of space count against the budget; another space's do not
+    relevant = [r for r in prior if r.candidate.kind == the_space.kind]
+    t0 = time.perf_counter()
     cost_model = _warm_cost_model(store, task, target) if strategy_name in MODEL_GUIDED else None
     strat = make_strategy(strategy_name, the_space, opdef, target, seed,
                           visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model)
-    result = TuneResult(task, resumed_trials=len(prior), flops=opdef.flops)
-    relevant = [r for r in prior if r.candidate.kind == the_space.kind]
+    result = TuneResult(task, resumed_trials=len(relevant), flops=opdef.flops)
     if relevant:
-        t0 = time.perf_counter()
         strat.update([r.candidate for r in relevant], [r.result for r in relevant])
-        result.tuner_seconds += time.perf_counter() - t0
+    result.tuner_seconds += time.perf_counter() - t0
     for r in prior:
         if r.result.ok and r.result.mean_cost < result.best_cost:
             result.best_cost, result.best_candidate = r.result.mean_cost, r.candidate
-    budget = Budget(trials, seconds, used_trials=len(prior)).start()
+    budget = Budget(trials, seconds, used_trials=len(relevant)).start()
     stopper = EarlyStopping(early_stopping) if early_stopping else None
     own_builder, own_runner = builder is None, runner is None
     builder = builder or BuilderPool()

@@ -1,0 +1,43 @@
+"""Shared fixtures: real databases for the store and the tuner (SQLite files and PostgreSQL)."""
+
+import os
+import uuid
+
+import pytest
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as e:
+        pytest.skip(f"PostgreSQL not reachable at 127.0.0.1:5432 as postgres (database test): {e}")
+    name = f"tunefarm_records_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def pg_schema_url(pg_database: str) -> str:
+    """A URL to an empty schema of the module's database (search_path set through libpq options)."""
+    import psycopg
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_database, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    return f"{pg_database.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'records.db'}"
+    return pg_schema_url(request.getfixturevalue("pg_database"))
+
+
