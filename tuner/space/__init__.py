@@ -4,8 +4,8 @@ Two kinds, one interface (`SearchSpace`):
 - templates (AutoTVM-style): a schedule function declares knobs on a config; a candidate is a
   `Candidate("config", {"template": name, "knobs": {...}})`;
 - sketches (Ansor-style): generated from the compute definition alone; a candidate is a
-  `Candidate("trace", {"sketch": name, "steps": [...]})` whose steps replay with
-  `compiler.apply_steps`.
+  `Candidate("trace", {"sketch": name, "params": {...}, "steps": [...], "workload_key": key})`
+  whose steps replay with `compiler.apply_steps` (params let the space mutate and cross it).
 `instantiate(task_or_opdef, candidate)` turns any candidate back into (schedule, args); it is what
 builder processes call, so it must only need the candidate's JSON.
 """
@@ -13,5 +13,10 @@ builder processes call, so it must only need the candidate's JSON.
 from __future__ import annotations
 
 from .base import SearchSpace, SpaceError, instantiate, register_space_kind
+from .template import (Config, ConfigSpace, TemplateSpace, default_template_for, get_template, list_templates,
+                       template)
+from .sketch import Sketch, SketchSpace, generate_sketches  # also registers the checked "trace" replay
 
-__all__ = ["SearchSpace", "SpaceError", "instantiate", "register_space_kind"]
+__all__ = ["SearchSpace", "SpaceError", "instantiate", "register_space_kind",
+           "template", "get_template", "list_templates", "default_template_for", "ConfigSpace", "Config",
+           "TemplateSpace", "SketchSpace", "Sketch", "generate_sketches"]

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.errors import CompilerError
-from compiler.expr import free_vars, substitute, transform
+from compiler.expr import free_vars, substitute, transform, walk
 from compiler.lower import lower
 from compiler.schedule import MAX_VECTOR_LANES, Schedule, create_schedule
 from compiler.target import resolve_target
@@ -61,8 +61,10 @@ AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 MAX_INNER = 16            # innermost tile of a non-vector spatial axis, inner reduction tile
 MAX_MIDDLE = 8            # the S2 level (register tiles per attached region)
 MAX_TILE_ELEMS = 4096     # elements of a local accumulator region
-MAX_UNROLLED_BODY = 512   # statements of an unrolled micro-kernel step
+MAX_UNROLLED_BODY = 128   # statements of an unrolled micro-kernel step
 NONDIVIDING_P = 0.15      # how often a tile size that does not divide its extent is drawn
+MAX_ACC_REGS = 12         # vector accumulators of a register tile (of 16 AVX2 registers)
+REGISTER_TILE_P = 0.8     # how often a sampled tile is held to MAX_ACC_REGS accumulators
 MAX_SKETCHES = 16
 MAX_TRIES = 24
 
@@ -95,42 +97,32 @@ class _Dag:
     def is_output(self, i) -> bool:
         return i == self.output
 
-    def direct_readers(self, i) -> list:
-        t = self.stages[i].tensor
-        return [j for j in range(self.n) if any(x is t for x in self.op(j).input_tensors())]
-
     def expanded(self, i, inlined: set):
         """The body of stage i with the inlined stages substituted (as lowering will)."""
-        def fn(n):
-            if isinstance(n, TensorRead):
-                j = self.index.get(id(n.tensor))
-                if j is not None and j in inlined:
-                    op = self.op(j)
-                    mapping = {ax.var: idx for ax, idx in zip(op.axis, n.indices)}
-                    return self.expanded_expr(substitute(op.body, mapping), inlined)
-            return None
         body = self.op(i).body
         if isinstance(body, Reduce):
-            where = transform(body.where, fn) if body.where is not None else None
-            return Reduce(body.combiner, transform(body.source, fn), body.axes, where)
-        return transform(body, fn)
+            where = self._expand(body.where, inlined) if body.where is not None else None
+            return Reduce(body.combiner, self._expand(body.source, inlined), body.axes, where)
+        return self._expand(body, inlined)
 
-    def expanded_expr(self, e, inlined):
+    def _expand(self, e, inlined: set):
         def fn(n):
             if isinstance(n, TensorRead):
                 j = self.index.get(id(n.tensor))
                 if j is not None and j in inlined:
                     op = self.op(j)
                     mapping = {ax.var: idx for ax, idx in zip(op.axis, n.indices)}
-                    return self.expanded_expr(substitute(op.body, mapping), inlined)
+                    return self._expand(substitute(op.body, mapping), inlined)
             return None
         return transform(e, fn)
 
     @staticmethod
     def reads(body) -> list:
-        from compiler.expr import walk
-        roots = [body.source] + ([body.where] if body.where is not None else []) if isinstance(body, Reduce) \
-            else [body]
+        """Every tensor read of a stage body (a reduction's condition included)."""
+        if isinstance(body, Reduce):
+            roots = [body.source] + ([body.where] if body.where is not None else [])
+        else:
+            roots = [body]
         return [n for r in roots for n in walk(r) if isinstance(n, TensorRead)]
 
     def effective_readers(self, i, inlined: set) -> list:
@@ -140,15 +132,19 @@ class _Dag:
                 any(r.tensor is t for r in self.reads(self.expanded(j, inlined)))]
 
     def has_reuse(self, i, inlined: set) -> bool:
-        """Some read does not depend on every (non-trivial) spatial axis: a tile reuses it."""
-        spatial = {ax.var for ax in self.op(i).axis if ax.extent > 1}
+        """Some read runs over the reduction but not over every (non-trivial) spatial axis (B of
+        a matmul is the same for every row i): a multi-level tile reuses it from registers and
+        cache."""
+        op = self.op(i)
+        spatial = {ax.var for ax in op.axis if ax.extent > 1}
+        reduce = {ax.var for ax in op.reduce_axis}
         if not spatial:
             return False
         for r in self.reads(self.expanded(i, inlined)):
             used = set()
             for idx in r.indices:
                 used |= free_vars(idx)
-            if spatial - used:
+            if used & reduce and spatial - used:
                 return True
         return False
 
@@ -184,7 +180,7 @@ class _Dag:
             used = set()
             for idx in r.indices:
                 used |= free_vars(idx)
-            if dims and spatial - used:
+            if dims and spatial - used and used & {ax.var for ax in op.reduce_axis}:
                 return self.inputs.index(r.tensor), dims[0]
         return None
 
@@ -219,7 +215,7 @@ def generate_sketches(opdef, target=None) -> list:
         if j is not None and j not in consumer.values() and j not in tiled:
             consumer[i] = j
     # producers of tiled stages may stay materialized (one choice for all of them)
-    feeding = sorted(i for i in inlinable if any(r in tiled for r in dag.effective_readers(i, inlinable)))
+    feeding = sorted(i for i in inlinable if any(r in tiled for r in dag.effective_readers(i, inlinable - {i})))
     choices = []  # (stages, options): every stage of the group takes the same option
     for i in reversed(range(dag.n)):
         if i in inlinable:
@@ -286,8 +282,9 @@ def _sample_factor(rng, extent: int, cap: int) -> int:
     extent has few small divisors, a prime) a size that does not divide it."""
     divs = [d for d in _divisors(extent) if d <= cap]
     others = [d for d in NICE_SIZES if d <= min(cap, extent) and extent % d]
-    p = NONDIVIDING_P if len(divs) > 2 else 0.5
-    if others and (rng.random() < p or len(divs) == 1):
+    # a long loop whose only small divisor is 1 (a prime like 67) mostly gets non-dividing tiles
+    p = 0.5 if divs == [1] or (len(divs) == 2 and extent > cap) else NONDIVIDING_P
+    if others and rng.random() < p:
         return _pick(rng, others)
     return _pick(rng, divs)
 
@@ -372,16 +369,26 @@ class SketchSpace(SearchSpace):
         else:
             inner = _sample_factor(rng, ext, MAX_INNER)
         rest = -(-ext // inner)
-        s1, s2 = _sample_levels(rng, rest, 2, [rest, MAX_MIDDLE])
+        s1, s2 = _sample_levels(rng, rest, 2, [rest, 1 if rng.random() < 0.5 else MAX_MIDDLE])
         return [s1, s2, inner]
 
     def _sample_tile(self, i, rng) -> dict:
         op = self.dag.op(i)
-        tile = {f"s{d}": self._sample_axis_tile(i, d, rng) for d in range(len(op.axis))}
+        # mostly register-sized micro-kernels: at most MAX_ACC_REGS vector accumulators
+        want_regs = rng.random() < REGISTER_TILE_P
+        for _ in range(16):
+            tile = {f"s{d}": self._sample_axis_tile(i, d, rng) for d in range(len(op.axis))}
+            if not want_regs or self._acc_regs(i, tile) <= MAX_ACC_REGS:
+                break
         for d, ax in enumerate(op.reduce_axis):
             tile[f"r{d}"] = [_sample_factor(rng, ax.extent, MAX_INNER)]
         self._fit_region(tile, len(op.axis))
         return tile
+
+    def _acc_regs(self, i, tile) -> int:
+        n = len(self.dag.op(i).axis)
+        regs = -(-tile[f"s{n - 1}"][2] // self._lanes(i))
+        return regs * math.prod(tile[f"s{d}"][2] for d in range(n - 1))
 
     @staticmethod
     def _fit_region(tile: dict, n_spatial: int):
@@ -431,11 +438,7 @@ class SketchSpace(SearchSpace):
             split = _pick(rng, [f for f in (2, 4, 8, 16) if f < last] + ([last] if last <= MAX_INNER else []) or [1])
         else:
             split = 1
-        outer = [ax.extent for ax in op.axis[:-1]]
-        if inner != "none" and split < last:
-            outer.append(-(-last // split))
-        elif inner == "none" and rule != "reduce" or not outer:
-            outer.append(last)
+        outer = [ax.extent for ax in _loop_outer(op.axis, rule, inner, split)]
         p = {"inner": inner, "split": split, "parallel": self._sample_parallel(outer, rng)}
         if rule == "reduce":
             p["auto_unroll"] = _pick(rng, AUTO_UNROLL_STEPS)
@@ -476,9 +479,12 @@ class SketchSpace(SearchSpace):
         raise SpaceError(f"{what}: no valid candidate in {MAX_TRIES} tries; last error: {last}")
 
     # ------------------------------------------------------------------ SearchSpace
-    def sample(self, rng) -> Candidate:
+    def sample(self, rng, sketch: str | None = None) -> Candidate:
+        """A random annotation of a random sketch (or of the sketch with id `sketch`)."""
+        chosen = self.sketch(sketch) if sketch is not None else None
+
         def gen():
-            sk = _pick(rng, self.sketches)
+            sk = chosen or _pick(rng, self.sketches)
             return sk.id, self.sample_params(sk, rng)
         return self._first_valid(gen, "sample")
 
@@ -496,7 +502,7 @@ class SketchSpace(SearchSpace):
         if not stages:
             return cand
 
-        def gen():
+        def change_one():
             new = copy.deepcopy(params)
             name = _pick(rng, stages)
             i = self.dag.names.index(name)
@@ -504,21 +510,24 @@ class SketchSpace(SearchSpace):
             key = _pick(rng, sorted(p))
             if key == "tile":
                 axis = _pick(rng, sorted(p["tile"]))
-                fresh = self._sample_tile(i, rng)
                 if axis.startswith("s") and rng.random() < 0.5:
-                    p["tile"][axis] = _move_factor(p["tile"][axis], rng, self.dag.op(i).axis[int(axis[1:])].extent)
+                    p["tile"][axis] = _move_factor(p["tile"][axis], rng)
                 else:
-                    p["tile"][axis] = fresh[axis]
+                    p["tile"][axis] = self._sample_tile(i, rng)[axis]
                 self._fit_region(p["tile"], len(self.dag.op(i).axis))
             else:
-                for _ in range(8):
-                    fresh = self._sample_stage(sk, i, sk.rules[i], rng)
-                    if fresh.get(key) != p.get(key):
-                        break
+                fresh = self._sample_stage(sk, i, sk.rules[i], rng)
                 if key in ("inner", "split"):  # the vector/unroll choice and its length go together
                     p["inner"], p["split"] = fresh["inner"], fresh["split"]
                 else:
                     p[key] = fresh[key]
+            return new
+
+        def gen():
+            for _ in range(8):  # a redraw may give the same value: try for a real change
+                new = change_one()
+                if new != params:
+                    break
             return sk.id, new
         return self._first_valid(gen, "mutate")
 
@@ -551,7 +560,28 @@ class SketchSpace(SearchSpace):
         return _replay_checked(opdef, cand)
 
 
-def _move_factor(levels: list, rng, extent: int) -> list:
+def _loop_outer(axes, rule, inner, split) -> list:
+    """The loops in front of a reduce/elementwise stage's inner part, which a parallel prefix
+    fuses: the spatial axes but the last, plus the last one's outer part when it is split; with
+    no inner annotation, a reduction's spatial loops all (they precede its reduction loops), an
+    elementwise stage's all but the last row loop (left to LLVM's vectorizer) unless it has one."""
+    axes = list(axes)
+    last = axes[-1]
+    if inner != "none" and last.extent > 1 and split > 1:
+        return axes[:-1] + ([_Outer(-(-last.extent // split))] if split < last.extent else [])
+    if rule == "reduce" or len(axes) == 1:
+        return axes
+    return axes[:-1]
+
+
+class _Outer:
+    """Stands for the outer loop a split will create (sampling only needs its extent)."""
+
+    def __init__(self, extent):
+        self.extent = extent
+
+
+def _move_factor(levels: list, rng) -> list:
     """Ansor-style tile mutation: move a factor of one level to another (the innermost level of
     a vector axis keeps its length)."""
     levels = list(levels)
@@ -702,8 +732,9 @@ class _Applier:
         axes, red = list(st.op.axis), list(st.op.reduce_axis)
         last = axes[-1]
         inner, f = p.get("inner", "none"), int(p.get("split", 1))
-        outer = axes[:-1]
+        outer = _loop_outer(axes, "reduce", inner, f)
         if inner != "none" and last.extent > 1 and f > 1:
+            outer = axes[:-1]
             if f < last.extent:
                 lo, li = st.split(last, factor=f)
                 outer.append(lo)
@@ -714,8 +745,6 @@ class _Applier:
                 st.vectorize(li)
             else:
                 st.unroll(li)
-        elif not outer:
-            outer = [last]
         self.parallel_prefix(st, outer, p.get("parallel", 0))
         if p.get("auto_unroll"):
             st.auto_unroll(int(p["auto_unroll"]))
@@ -741,16 +770,15 @@ class _Applier:
         axes = list(st.op.axis)
         last = axes[-1]
         inner, f = p.get("inner", "none"), int(p.get("split", 1))
-        outer = axes[:-1]
+        outer = _loop_outer(axes, "elementwise", inner, f)
         if inner == "vec" and last.extent > 1 and f > 1:
+            outer = axes[:-1]
             if f < last.extent:
                 lo, li = st.split(last, factor=f)
                 outer.append(lo)
             else:
                 li = last
             st.vectorize(li)
-        elif not outer:
-            outer = [last]
         self.parallel_prefix(st, outer, p.get("parallel", 0))
 
 

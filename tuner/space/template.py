@@ -9,7 +9,8 @@ A template is a function `fn(cfg, opdef, target) -> (schedule, args)` registered
 - then once per candidate on an *apply* pass, where `cfg` is a `Config`: the same `define_*`
   calls only check that the knob exists, and `cfg[name]` gives the chosen value.
 
-So knobs must be declared unconditionally (the same knobs on every pass), each name once.
+So for a given workload a template declares the same knobs on every pass, each name once (a
+knob declared twice raises SpaceError); which knobs exist may depend on the workload.
 
 Knob values, as stored in a config's JSON (`{"template": name, "knobs": {name: value}}`):
 - split: `[outer, f1, ..., fn]`, the extents of the loops a split gives, outermost first
@@ -25,6 +26,11 @@ Knob values, as stored in a config's JSON (`{"template": name, "knobs": {name: v
 The space is the product of the knobs: it can be enumerated (`len`, `get(index)` by a
 mixed-radix index, first knob fastest), sampled, mutated and crossed over knob-wise
 (`TemplateSpace`). A config whose knob values are not in the space raises SpaceError.
+
+`instantiate(opdef, config_candidate)` needs only the JSON: it runs the define pass for the
+workload on the host target, checks the knob values against that space and applies them. The
+built-in templates keep their knob *sets* independent of the target (only the order of values,
+the target's default first, differs), so a config chosen for one machine instantiates on any.
 """
 
 from __future__ import annotations
@@ -188,7 +194,10 @@ class Knob:
         return len(self.entities)
 
     def index(self, value) -> int:
-        i = self._index.get(_key(value))
+        try:
+            i = self._index.get(_key(value))
+        except (TypeError, ValueError):
+            i = None
         if i is None:
             shown = self.entities if len(self.entities) <= 12 else self.entities[:12] + ["..."]
             raise SpaceError(f"knob {self.name!r}: value {value!r} is not in the space; values: {shown}")
@@ -254,7 +263,6 @@ def _split_entities(name, extent, num_outputs, policy, candidate, max_factor) ->
                 if d <= cap:
                     rec(rest // d, acc + [d])
         rec(extent, [])
-        # outer extents first vary slowest: sort by the inner factors, innermost last
         return out
     if policy == "power2":
         pows = [1 << p for p in range(0, 31) if (1 << p) <= min(extent, cap)]

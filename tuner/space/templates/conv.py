@@ -18,6 +18,11 @@ NCHW / depthwise (vector over output columns x):
 NHWC (vector over output channels f): tile_f (vector), tile_y / tile_x (unrolled), tile_rc,
 order_red, unroll_red, f_outer (channel blocks outermost), pack_w (HWIO weights packed into
 [F/FB][KH][KW][C][FB] panels), pad ("root" / "inline"), parallel.
+
+Code size is bounded whatever the config: the tile axes are unrolled only while the tile has at
+most MAX_UNROLLED_TILE vector statements, the reduction loops only while the unrolled step has
+at most MAX_UNROLLED_BODY (a config asking for more keeps those loops rolled), so every config
+compiles in well under a second. Knob sets depend on the workload only (see gemm.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import math
 
 from compiler.dtypes import nbytes
-from compiler.ops.schedule_common import want_parallel
+from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -34,8 +39,9 @@ from ..template import template
 MAX_LANES = 64
 REG_BYTES = 32
 MAX_UNROLLED_TAPS = 8
-MAX_UNROLLED_BODY = 512  # statements of an unrolled micro-kernel step (vector registers × loops)
-REG_LANES_MIN = 8  # lanes counted as one statement when sizing the unrolled body
+MAX_UNROLLED_TILE = 48   # vector statements of an unrolled register tile
+MAX_UNROLLED_BODY = 128  # statements of an unrolled micro-kernel step (vector registers × loops)
+REG_LANES_MIN = 8  # lanes of one vector statement when sizing unrolled code (a 256-bit register)
 
 
 def _first(default, values):
@@ -48,11 +54,17 @@ def _base(dtype) -> int:
 
 def _vector_choices(extent: int, base: int) -> list:
     """Vector lengths along an output axis: whole registers up to 64 lanes (not past the axis),
-    the axis itself if it fits, divisors of at least half a register."""
+    the axis itself if it fits, divisors of at least half a register, and the default
+    schedule's choices for 128-, 256- and 512-bit registers (so the set does not depend on the
+    target that defines the space)."""
     out = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < extent]
     if extent <= MAX_LANES:
         out.append(extent)
     out += [d for d in range(max(1, base // 2), base) if extent % d == 0]
+    sc = _defaults()
+    if sc is not None:
+        for vl in (max(1, base // 2), base, 2 * base):
+            out += [v for v in sc._vector_tiles(extent, vl) if v <= MAX_LANES]
     return sorted(set(out))
 
 
@@ -74,10 +86,12 @@ def _parallel_knob(cfg, target, work):
     cfg.define_knob("parallel", [dflt, not dflt])
 
 
-def _root_rows(stage, parallel: bool, target):
-    """A root elementwise stage: outer axes fused (parallel when big enough), the row loop left
-    to LLVM's vectorizer (explicit vectors of a padded read would be gathers)."""
-    parallel = parallel and want_parallel(target, math.prod(stage.op.shape))
+def _root_rows(stage, parallel: bool):
+    """A root elementwise stage: outer axes fused (parallel when the knob says so and the stage
+    is big enough), the row loop left to LLVM's vectorizer (explicit vectors of a padded read
+    would be gathers). Only the knob and the workload decide: a config gives the same schedule
+    on any host that instantiates it."""
+    parallel = parallel and math.prod(stage.op.shape) >= PARALLEL_MIN_WORK
     *outer, _ = stage.op.axis
     if len(outer) > 1:
         loop = stage.fuse(*outer)
@@ -100,7 +114,7 @@ def _reduction_knobs(cfg, natural):
     last = inner[-1] if inner else None
     dflt_ann = ["unroll" if e == 1 or (n == last and e <= MAX_UNROLLED_TAPS) else "none" for n, e in natural]
     if "rc" in ext and ext["rc"] > MAX_UNROLLED_TAPS:
-        kus = [f for f in (1, 2, 4, 8)]
+        kus = [1, 2, 4, 8]
         dflt_ku = 4 if last == "rc" and ext["rc"] % 4 == 0 else 1
         cfg.define_split("tile_rc", ext["rc"], policy="candidate", candidate=[[v] for v in _first(dflt_ku, kus)])
     cfg.define_reorder("order_red", len(natural))
@@ -112,8 +126,8 @@ def _reduction_knobs(cfg, natural):
 
 
 def _tile_reduction(cfg, cst, rest, tile_axes):
-    """Order [rest] [reduction loops] [tile axes], unroll the chosen reduction loops, split a long
-    channel loop and unroll its inner part."""
+    """Order the accumulator's loops [rest] [reduction loops in the chosen order] [tile axes];
+    returns the reduction axes in definition order."""
     rax = list(cst.op.reduce_axis)
     ordered = [rax[p] for p in cfg["order_red"].perm]
     cst.reorder(*rest, *ordered, *tile_axes)
@@ -170,17 +184,26 @@ def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, outer_order, para
     outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
     inner_loops = [inner[d] for d in tile_dims]
     st.reorder(*outer_loops, *inner_loops)
-    for d, _ in unrolled:
+    # the tile axes are unrolled (innermost first) while the tile stays under MAX_UNROLLED_TILE
+    # vector statements: a bigger tile keeps loops, so it compiles in reasonable time (and runs
+    # as slowly as its spilled accumulators deserve)
+    body = -(-min(vec_factor, axes[vec_dim].extent) // REG_LANES_MIN)
+    unroll_dims = []
+    for d, f in reversed(unrolled):
+        f = min(f, axes[d].extent)
+        if body * f <= MAX_UNROLLED_TILE:
+            body *= f
+            unroll_dims.insert(0, d)
+    for d in unroll_dims:
         st.unroll(inner[d])
     st.vectorize(inner[vec_dim])
     cax = list(cst.op.axis)
     rest = [cax[d] for d in range(len(cax)) if d not in tile_dims]
     rax = _tile_reduction(cfg, cst, rest, [cax[d] for d in tile_dims])
-    for d, _ in unrolled:
+    for d in unroll_dims:
         cst.unroll(cax[d])
     cst.vectorize(cax[vec_dim])
-    vregs = -(-min(vec_factor, axes[vec_dim].extent) // REG_LANES_MIN)
-    _annotate_reduction(cfg, cst, rax, vregs * math.prod(min(f, axes[d].extent) for d, f in unrolled))
+    _annotate_reduction(cfg, cst, rax, body)
     loop = outer_loops[0] if len(outer_loops) == 1 else st.fuse(*outer_loops)
     cst.compute_at(st, loop)
     if parallel and loop.extent > 1:
@@ -237,15 +260,15 @@ def _conv_nchw(cfg, opdef, target):
     acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, order, par)
     mode = cfg["pad"].val
     if mode == "deinterleave":
-        _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par, target)
+        _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
     elif mode == "root":
-        _root_rows(pad, par, target)
+        _root_rows(pad, par)
     elif mode == "inline":
         pad.compute_inline()
     return s, opdef.tensors
 
 
-def _deinterleave_columns(s, acc, data, sw, pad, parallel, target):
+def _deinterleave_columns(s, acc, data, sw, pad, parallel):
     """Copy the (padded) input into [..., h, w % sw, w // sw] order so stride-sw column reads of
     the micro-kernel are unit-stride (see compiler/ops/schedule_conv.py)."""
     src = pad.tensor if pad is not None else data
@@ -254,7 +277,7 @@ def _deinterleave_columns(s, acc, data, sw, pad, parallel, target):
     if pad is not None:
         pad.compute_inline()
     s[phases].compute_inline()
-    _root_rows(s[packed], parallel, target)
+    _root_rows(s[packed], parallel)
 
 
 @template("conv2d_nchw")
@@ -314,7 +337,7 @@ def conv2d_nhwc(cfg, opdef, target):
     par = cfg["parallel"].val
     mode = cfg["pad"].val
     if mode == "root":
-        _root_rows(pad, par, target)
+        _root_rows(pad, par)
     elif mode == "inline":
         pad.compute_inline()
     order = [3, 1, 2] if cfg["f_outer"].val else [1, 2, 3]
@@ -325,7 +348,7 @@ def conv2d_nhwc(cfg, opdef, target):
         *rows, lane = packed.op.axis
         packed.vectorize(lane)
         loop = packed.fuse(*rows) if len(rows) > 1 else rows[0]
-        if par and loop.extent > 1 and want_parallel(target, math.prod(packed.op.shape)):
+        if par and loop.extent > 1 and math.prod(packed.op.shape) >= PARALLEL_MIN_WORK:
             packed.parallel(loop)
     return s, opdef.tensors
 

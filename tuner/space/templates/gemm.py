@@ -13,9 +13,9 @@ schedule (same steps) and the rest of the space is its neighbourhood:
 - pack_b:  copy B into [N/nr][K][nr] panels (blocked cache_read) read with unit stride;
 - parallel: "outer" (batch + the outer tile loop), "fused" (all tile loops fused), "none".
 
-The knob *sets* depend only on the workload (shapes, dtypes), so a config instantiates the same
-way whatever host replays it; only the order of tile_j follows the target's vector width (the
-default first).
+The knob *sets* depend only on the workload (shapes, dtypes; tile_j includes the default widths
+of 128-, 256- and 512-bit targets), so a config instantiates the same way whatever host replays
+it; only the order of the values follows the target (its default first).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def gemm_knob_values(M: int, N: int, K: int, acc_dtype: str, lanes: int) -> dict
     nrs = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < N]
     if N <= MAX_LANES:
         nrs.append(N)
+    # the defaults of 128/256/512-bit targets, so the set is the same whoever defines it
+    for vl in (base // 2, base, 2 * base):
+        nrs += [v for v in ((2 * vl if N >= 2 * vl else vl),) if v <= MAX_LANES]
     if nr_default > MAX_LANES:
         nr_default = nrs[-1]
     mrs = list(range(1, min(M, 8) + 1))

@@ -1,0 +1,371 @@
+"""Search spaces: templates (configs) and sketches (traces).
+
+Every candidate a space generates must build and compute the operator's result (random non-zero
+inputs, NaN-poisoned output, float64 reference); candidates round-trip through JSON and
+`instantiate` rebuilds them from the JSON alone; bad input (a knob declared twice, a config
+outside its space, a trace of another workload) raises SpaceError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+import compiler as C
+from compiler.ops import default_schedule, get_op, random_inputs
+from compiler.ops.base import OpDef
+from compiler.runtime import get_max_threads
+from compiler.schedule import Schedule
+from tuner.candidate import Candidate
+from tuner.space import (Config, ConfigSpace, SketchSpace, SpaceError, TemplateSpace, default_template_for,
+                         generate_sketches, instantiate, template)
+from tuner.space.sketch import has_rfactor
+from tuner.workload import Task, Workload, register_workload
+
+SAMPLES = 20
+CONV_SAMPLES = 16  # a convolution's unrolled register tiles take 0.2-0.5 s to build
+
+
+def samples(name):
+    return CONV_SAMPLES if "conv" in name or name == "depthwise" else SAMPLES
+_names = itertools.count()
+
+
+# ----------------------------------------------------------------------------- operators
+
+def custom_matmul_epilogue(M=29, N=37, K=19):
+    """A user's own definition: C = (A @ B) * 2 + D[j], as a reduction and an elementwise stage."""
+    A = C.placeholder((M, K), "float32", "A")
+    B = C.placeholder((K, N), "float32", "B")
+    D = C.placeholder((N,), "float32", "D")
+    k = C.reduce_axis(K, "k")
+    T = C.compute((M, N), lambda i, j: C.sum(A[i, k] * B[k, j], axis=k), name="T")
+    out = C.compute((M, N), lambda i, j: T[i, j] * 2.0 + D[j], name="out")
+
+    def ref(a, b, d):
+        return (a.astype(np.float64) @ b.astype(np.float64) * 2.0 + d).astype("float32")
+    return OpDef("custom_matmul_epilogue", [A, B, D], out, dict(M=M, N=N, K=K), 2 * M * N * K, ref)
+
+
+def custom_elementwise(M=13, N=70):
+    """Pure elementwise, with an intermediate stage: relu(A * 3 + B[j])."""
+    A = C.placeholder((M, N), "float32", "A")
+    B = C.placeholder((N,), "float32", "B")
+    U = C.compute((M, N), lambda i, j: A[i, j] * 3.0, name="U")
+    out = C.compute((M, N), lambda i, j: C.maximum(U[i, j] + B[j], 0.0), name="out")
+
+    def ref(a, b):
+        return np.maximum(a.astype(np.float64) * 3.0 + b, 0.0).astype("float32")
+    return OpDef("custom_elementwise", [A, B], out, dict(M=M, N=N), M * N, ref)
+
+
+def custom_row_sums(M=5, N=300):
+    """Reduction only, little spatial parallelism: sum of squares of each row."""
+    A = C.placeholder((M, N), "float32", "A")
+    k = C.reduce_axis(N, "k")
+    out = C.compute((M,), lambda i: C.sum(A[i, k] * A[i, k], axis=k), name="row_sums")
+
+    def ref(a):
+        return (a.astype(np.float64) ** 2).sum(axis=1).astype("float32")
+    return OpDef("custom_row_sums", [A], out, dict(M=M, N=N), 2 * M * N, ref)
+
+
+OPS = {
+    "matmul": lambda: get_op("matmul", M=67, N=45, K=33),
+    "dense_gelu": lambda: get_op("dense", batch=10, in_dim=33, out_dim=50, epilogue="gelu"),
+    # small spatial sizes keep the unrolled register tiles (and the build time) of the test small
+    "conv2d_nchw": lambda: get_op("conv2d_nchw", N=1, C=4, H=7, W=13, F=6, KH=3, KW=3, stride=2, padding=1),
+    "conv2d_nhwc": lambda: get_op("conv2d_nhwc", N=1, C=4, H=5, W=7, F=12, KH=3, KW=3, padding=1),
+    "depthwise": lambda: get_op("depthwise_conv2d_nchw", N=1, C=4, H=6, W=12, KH=3, KW=3, padding=1),
+    "custom_matmul_epilogue": custom_matmul_epilogue,
+    "custom_elementwise": custom_elementwise,
+    "custom_row_sums": custom_row_sums,
+}
+TEMPLATE_OPS = ["matmul", "dense_gelu", "conv2d_nchw", "conv2d_nhwc", "depthwise"]
+
+
+def poison(shape, dtype):
+    return np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -99, dtype)
+
+
+def check_builds_and_computes(opdef, cand, rng):
+    """Instantiate from the candidate's JSON alone (fresh definition), build, compare."""
+    cand = Candidate.from_json(json.loads(json.dumps(cand.to_json())))
+    s, args = instantiate(opdef, cand)
+    kernel = C.build(s, args, name=f"k{next(_names)}")
+    inputs = random_inputs(opdef, rng)
+    out = poison(opdef.output.shape, opdef.output.dtype)
+    kernel(*inputs, out)
+    ref = np.asarray(opdef.reference(*inputs), np.float64)
+    assert np.isfinite(out).all(), f"unwritten outputs for {cand.payload}"
+    err = np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err < 1e-4, f"relative error {err} for {cand.payload}"
+
+
+# ----------------------------------------------------------------------------- every candidate is right
+
+@pytest.mark.parametrize("name", TEMPLATE_OPS)
+def test_template_candidates_build_and_compute(name):
+    opdef = OPS[name]()
+    space = TemplateSpace(opdef)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    cands = [space.get(0)] + [space.sample(rng) for _ in range(samples(name) - 3)]
+    cands += [space.mutate(cands[1], rng), space.crossover(cands[2], cands[3], rng)]
+    for cand in cands:
+        assert cand.kind == "config" and cand.payload["template"] == space.template_name
+        check_builds_and_computes(OPS[name](), cand, rng)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_sketch_candidates_build_and_compute(name):
+    opdef = OPS[name]()
+    space = SketchSpace(opdef)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    cands = [space.sample(rng, sketch=sk.id) for sk in space.sketches]  # every sketch at least once
+    while len(cands) < samples(name):
+        c = space.sample(rng)
+        cands.append(c)
+        if len(cands) % 4 == 1:
+            cands.append(space.mutate(c, rng))
+        if len(cands) % 4 == 2 and len(cands) > 2:
+            cands.append(space.crossover(cands[-1], cands[-3], rng))
+    for cand in cands:
+        assert cand.kind == "trace" and {"sketch", "params", "steps"} <= set(cand.payload)
+        check_builds_and_computes(OPS[name](), cand, rng)
+
+
+# ----------------------------------------------------------------------------- sketch rules
+
+def test_sketch_rules_follow_the_compute_definition():
+    ids = lambda op: {sk.id for sk in generate_sketches(op)}  # noqa: E731
+    # the epilogue is fused into the reduction's tile; no cache_write is needed
+    assert ids(custom_matmul_epilogue()) == {"T:tile_fused|out:fused_consumer"}
+    assert ids(OPS["dense_gelu"]()) == {"dense_matmul:tile_fused|dense_epilogue:fused_consumer"}
+    # an output reduction: a local accumulator tile, or accumulating in place
+    assert ids(OPS["matmul"]()) == {"matmul:tile_cache_write", "matmul:tile"}
+    # elementwise producers are inlined; a tiled stage's producer (padding) may be materialized
+    assert ids(custom_elementwise()) == {"U:inline|out:elementwise"}
+    conv = ids(OPS["conv2d_nchw"]())
+    assert "pad:inline|conv2d_nchw:tile_cache_write" in conv and "pad:root|conv2d_nchw:tile" in conv
+    # a reduction without reuse: plain reduction, and rfactor when the compiler has it
+    expected = {"row_sums:reduce"} | ({"row_sums:rfactor"} if has_rfactor() else set())
+    assert ids(custom_row_sums()) == expected
+    # the reused operand read along the vector axis can be packed: B of matmul, the weights of NHWC
+    (mm,) = [sk for sk in generate_sketches(OPS["matmul"]()) if sk.id == "matmul:tile_cache_write"]
+    assert mm.pack == {0: (1, 1)}
+    nhwc = generate_sketches(OPS["conv2d_nhwc"]())
+    assert all(sk.pack == {1: (1, 3)} for sk in nhwc)
+
+
+def test_sketch_of_matmul_expresses_the_default_recipe():
+    """Cache write at the tile loop, k outside rows and vector columns, packed B, parallel."""
+    opdef = get_op("matmul", M=64, N=64, K=64)
+    space = SketchSpace(opdef)
+    params = {"matmul": {"tile": {"s0": [1, 1, 4], "s1": [1, 1, 16], "r0": [4]}, "parallel": 1,
+                         "unroll_inner": True, "auto_unroll": 0, "pack": True}}
+    cand = space.make_candidate("matmul:tile_cache_write", params)
+    ops = [st["op"] for st in cand.payload["steps"]]
+    assert ops[0] == "cache_write" and "compute_at" in ops and "cache_read" in ops
+    assert {"vectorize", "unroll", "parallel"} <= set(ops)
+    check_builds_and_computes(opdef, cand, np.random.default_rng(0))
+
+
+def test_sketch_mutation_changes_one_parameter():
+    space = SketchSpace(OPS["matmul"]())
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        a = space.sample(rng)
+        b = space.mutate(a, rng)
+        assert b.payload["sketch"] == a.payload["sketch"]
+        pa, pb = a.payload["params"]["matmul"], b.payload["params"]["matmul"]
+        changed = [k for k in pa if k != "tile" and pa[k] != pb[k]]
+        changed += [ax for ax in pa["tile"] if pa["tile"][ax] != pb["tile"][ax]]
+        assert len(changed) <= 2  # one parameter (a tile change may shrink another axis's S2 level)
+        assert b.payload["steps"] == space.apply(b.payload["sketch"], b.payload["params"]).steps
+
+
+def test_sketch_crossover_mixes_parents_of_one_sketch():
+    space = SketchSpace(OPS["matmul"]())
+    rng = np.random.default_rng(7)
+    a = space.make_candidate("matmul:tile", space.sample_params(space.sketch("matmul:tile"), rng))
+    b = space.make_candidate("matmul:tile", space.sample_params(space.sketch("matmul:tile"), rng))
+    c = space.crossover(a, b, rng)
+    pa, pb, pc = (x.payload["params"]["matmul"] for x in (a, b, c))
+    for k in pc:
+        if k != "tile":
+            assert pc[k] in (pa[k], pb[k])
+
+
+# ----------------------------------------------------------------------------- JSON and replay
+
+def test_config_json_round_trip_and_instantiate_from_json_alone():
+    space = TemplateSpace(OPS["matmul"]())
+    cand = space.sample(np.random.default_rng(1))
+    text = json.dumps(cand.to_json())
+    again = Candidate.from_json(json.loads(text))
+    assert again == cand and again.fingerprint == cand.fingerprint
+    cfg = space.config_of(again)
+    assert isinstance(cfg, Config) and cfg.to_json() == cand.payload
+    assert json.loads(cfg.to_json_text()) == cand.payload
+    s1, _ = instantiate(OPS["matmul"](), again)
+    s2, _ = space.schedule(OPS["matmul"](), cand)
+    assert s1.steps == s2.steps
+
+
+def test_trace_json_round_trip_replays_the_recorded_steps():
+    space = SketchSpace(OPS["dense_gelu"]())
+    cand = space.sample(np.random.default_rng(3))
+    again = Candidate.from_json(json.loads(json.dumps(cand.to_json())))
+    assert again == cand
+    s, args = instantiate(OPS["dense_gelu"](), again)
+    assert isinstance(s, Schedule) and s.steps == cand.payload["steps"]
+    assert [t.name for t in args] == [t.name for t in OPS["dense_gelu"]().tensors]
+
+
+def test_template_default_config_is_the_default_schedule():
+    for name in ["matmul", "dense_gelu", "conv2d_nchw", "conv2d_nhwc", "depthwise"]:
+        opdef = OPS[name]()
+        s, _ = instantiate(opdef, TemplateSpace(opdef).get(0))
+        assert s.steps == default_schedule(opdef).steps, name
+
+
+# ----------------------------------------------------------------------------- enumeration
+
+def test_template_enumeration_by_index():
+    space = TemplateSpace(OPS["dense_gelu"]())
+    n = len(space)
+    assert space.enumerable and n == np.prod([len(k) for k in space.config_space.knobs.values()])
+    idx = sorted(set(np.random.default_rng(0).integers(0, n, 150).tolist()) | {0, 1, n - 1})
+    cands = [space.get(i) for i in idx]
+    assert len({c.fingerprint for c in cands}) == len(idx)
+    assert [space.index_of(c) for c in cands] == idx
+    for bad in (n, -1, "3"):
+        with pytest.raises(SpaceError):
+            space.get(bad)
+
+
+def test_config_space_policies():
+    cs = ConfigSpace("policies")
+    cs.define_split("f", 12, num_outputs=3, policy="factors")
+    assert all(np.prod(e) == 12 for e in cs.knobs["f"].entities) and [12, 1, 1] in cs.knobs["f"].entities
+    cs.define_split("p", 20, policy="power2", max_factor=8)
+    assert {e[1] for e in cs.knobs["p"].entities} == {1, 2, 4, 8} and [3, 8] in cs.knobs["p"].entities
+    cs.define_split("c", 10, policy="candidate", candidate=[[-1, 4], [3]])
+    assert cs.knobs["c"].entities == [[3, 4], [4, 3]]
+    cs.define_knob("k", [1, "a", True])
+    cs.define_reorder("r", 3)
+    cs.define_annotate("a", 2, policy="try_unroll_vec")
+    assert len(cs.knobs["r"]) == 6 and ["unroll", "vec"] in cs.knobs["a"].entities
+    assert len(cs) == np.prod([len(k) for k in cs.knobs.values()])
+    assert len({json.dumps(c.knobs, sort_keys=True) for c in cs}) == len(cs)
+    with pytest.raises(SpaceError, match="twice"):
+        cs.define_knob("k", [0, 1])
+    with pytest.raises(SpaceError):
+        cs.define_split("bad", 10, policy="nope")
+
+
+def test_template_mutate_and_crossover_are_knob_wise():
+    space = TemplateSpace(OPS["matmul"]())
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        a, b = space.sample(rng), space.sample(rng)
+        m = space.mutate(a, rng)
+        diff = [k for k in a.payload["knobs"] if a.payload["knobs"][k] != m.payload["knobs"][k]]
+        assert len(diff) == 1
+        c = space.crossover(a, b, rng)
+        assert all(c.payload["knobs"][k] in (a.payload["knobs"][k], b.payload["knobs"][k])
+                   for k in c.payload["knobs"])
+
+
+def test_spaces_from_tasks_and_custom_workloads():
+    name = f"test_spaces_row_sums_{next(_names)}"
+    register_workload(name)(custom_row_sums)
+    task = Task.create(Workload(name, {"M": 3, "N": 100}))
+    space = SketchSpace(task)
+    cand = space.sample(np.random.default_rng(0))
+    check_builds_and_computes(task.workload.opdef(), cand, np.random.default_rng(1))
+    mm = TemplateSpace(Task.create(Workload("matmul", {"M": 8, "N": 8, "K": 8})))
+    assert mm.template_name == "gemm" and default_template_for(get_op("relu", shape=(4,))) is None
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_a_knob_declared_twice_is_an_error():
+    name = f"test_twice_{next(_names)}"
+
+    @template(name)
+    def twice(cfg, opdef, target):
+        cfg.define_knob("x", [1, 2])
+        cfg.define_knob("x", [3, 4])
+        return C.create_schedule(opdef.output), opdef.tensors
+
+    with pytest.raises(SpaceError, match="knob 'x' twice"):
+        TemplateSpace(OPS["matmul"](), name)
+    with pytest.raises(SpaceError, match="knob 'x' twice"):
+        instantiate(OPS["matmul"](), Candidate("config", {"template": name, "knobs": {"x": 1}}))
+
+
+def test_a_config_outside_its_space_is_an_error():
+    opdef = OPS["matmul"]()
+    space = TemplateSpace(opdef)
+    good = dict(space.get(0).payload["knobs"])
+    for knobs, match in [({**good, "tile_i": [1, 67]}, "not in the space"),
+                         ({**good, "nope": 1}, "no knob"),
+                         ({k: v for k, v in good.items() if k != "pack_b"}, "misses"),
+                         ({**good, "parallel": "sometimes"}, "not in the space")]:
+        cand = Candidate("config", {"template": "gemm", "knobs": knobs})
+        with pytest.raises(SpaceError, match=match):
+            instantiate(opdef, cand)
+        with pytest.raises(SpaceError):
+            space.mutate(cand, np.random.default_rng(0))
+    with pytest.raises(SpaceError, match="unknown template"):
+        instantiate(opdef, Candidate("config", {"template": "no_such_template", "knobs": {}}))
+    with pytest.raises(SpaceError, match="is for"):  # the gemm template on a convolution
+        TemplateSpace(OPS["conv2d_nchw"](), "gemm")
+
+
+def test_a_trace_of_another_workload_is_an_error():
+    mm = get_op("matmul", M=64, N=64, K=64)
+    trace = SketchSpace(mm).sample(np.random.default_rng(0))
+    conv = OPS["conv2d_nchw"]()
+    with pytest.raises(SpaceError, match="does not apply"):
+        instantiate(conv, trace)
+    # without the workload key, the replay itself fails on the other definition
+    stripped = Candidate("trace", {"steps": trace.payload["steps"] +
+                                   [{"op": "split", "stage": 0, "axis": 99, "factor": 2}]})
+    with pytest.raises(SpaceError, match="does not apply"):
+        instantiate(conv, stripped)
+    with pytest.raises(SpaceError):
+        instantiate(conv, Candidate("trace", {"sketch": "x"}))
+
+
+# ----------------------------------------------------------------------------- the space has fast points
+
+def test_gemm_template_contains_configs_as_fast_as_the_default():
+    """Best of a handful of configs vs the default schedule on matmul 256³, one thread,
+    interleaved, min over repeats (the machine is shared: a generous margin, not a benchmark)."""
+    opdef = get_op("matmul", M=256, N=256, K=256)
+    space = TemplateSpace(opdef)
+    base = space.config_space.default().knobs
+    tweaks = [{}, {"tile_order": [1, 0]}, {"tile_i": [64, 4]}, {"tile_k": [32, 8]}, {"parallel": "fused"}]
+    rng = np.random.default_rng(0)
+    inputs, out = random_inputs(opdef, rng), np.zeros((256, 256), "float32")
+    kernels = [C.build(default_schedule(opdef), opdef.tensors, name=f"k{next(_names)}")]
+    for tw in tweaks:
+        s, args = instantiate(opdef, space.config_space.config({**base, **tw}).candidate())
+        kernels.append(C.build(s, args, name=f"k{next(_names)}"))
+    threads = get_max_threads()
+    C.set_num_threads(1)
+    try:
+        times = [[] for _ in kernels]
+        for _ in range(5):
+            for t, k in zip(times, kernels):
+                t.append(k.time_evaluator(number=2, repeat=2)(*inputs, out).min)
+    finally:
+        C.set_num_threads(threads)
+    ratio = min(times[0]) / min(min(t) for t in times[1:])
+    assert ratio >= 0.5, f"best template config runs at {ratio:.2f}x the default schedule"
