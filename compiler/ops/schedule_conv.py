@@ -198,15 +198,13 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
     return s
 
 
-def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
-                   vec_group: int = 0):
-    """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
-    reduction computed at the innermost tile loop into a local buffer.
+def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, vec_group: int = 0):
+    """Split the output stage's axes into [other axes, outer tile loops] [tile axes, vector axis].
 
-    `vec_group`: split the vector axis by this first (channels per group, which the vector tile
-    divides), so `f // group` simplifies to the outer loop instead of a per-lane gather index."""
-    acc = s.cache_write(out, "local")
-    st, cst = s[out], s[acc]
+    `unrolled` = [(dim, factor)] of the register tile's unrolled axes; `outer_order` orders the
+    outer tile loops by dim. Returns (tile dims, {dim: inner loop}, outer loops). Shared by the
+    default schedules and the tuner's convolution templates.
+    """
     axes = list(st.op.axis)
     outer, inner, pre = {}, {}, []
     for dim, factor in unrolled + [(vec_dim, vec_factor)]:
@@ -220,9 +218,23 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
             outer[dim], inner[dim] = None, ax
     tile_dims = [d for d, _ in unrolled] + [vec_dim]
     outer_loops = [axes[d] for d in range(len(axes)) if d not in tile_dims] + pre
-    outer_loops += [outer[d] for d in (outer_order or tile_dims) if outer[d] is not None]
-    inner_loops = [inner[d] for d in tile_dims]
-    st.reorder(*outer_loops, *inner_loops)
+    outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
+    st.reorder(*outer_loops, *[inner[d] for d in tile_dims])
+    return tile_dims, inner, outer_loops
+
+
+def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
+                   vec_group: int = 0):
+    """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
+    reduction computed at the innermost tile loop into a local buffer.
+
+    `vec_group`: split the vector axis by this first (channels per group, which the vector tile
+    divides), so `f // group` simplifies to the outer loop instead of a per-lane gather index."""
+    acc = s.cache_write(out, "local")
+    st, cst = s[out], s[acc]
+    tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor,
+                                                      outer_order or [d for d, _ in unrolled] + [vec_dim],
+                                                      vec_group)
     for d, _ in unrolled:
         st.unroll(inner[d])
     st.vectorize(inner[vec_dim])
@@ -243,4 +255,4 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc"]
+__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile"]

@@ -31,6 +31,7 @@ import math
 
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
+from compiler.ops.schedule_conv import split_output_tile
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -169,21 +170,7 @@ def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, outer_order, para
     acc = s.cache_write(out, "local")
     st, cst = s[out], s[acc]
     axes = list(st.op.axis)
-    outer, inner, pre = {}, {}, []
-    for dim, factor in unrolled + [(vec_dim, vec_factor)]:
-        ax = axes[dim]
-        if dim == vec_dim and vec_factor < vec_group < ax.extent and vec_group % vec_factor == 0:
-            group, ax = st.split(ax, factor=vec_group)
-            pre.append(group)
-        if factor < ax.extent:
-            outer[dim], inner[dim] = st.split(ax, factor=factor)
-        else:
-            outer[dim], inner[dim] = None, ax
-    tile_dims = [d for d, _ in unrolled] + [vec_dim]
-    outer_loops = [axes[d] for d in range(len(axes)) if d not in tile_dims] + pre
-    outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
-    inner_loops = [inner[d] for d in tile_dims]
-    st.reorder(*outer_loops, *inner_loops)
+    tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor, outer_order, vec_group)
     # the tile axes are unrolled (innermost first) while the tile stays under MAX_UNROLLED_TILE
     # vector statements: a bigger tile keeps loops, so it compiles in reasonable time (and runs
     # as slowly as its spilled accumulators deserve)
