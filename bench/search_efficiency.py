@@ -13,7 +13,9 @@ whose own measured cost is at or under that threshold (budget + 1 when it never 
 marked "+" in the table). The ratio of a pair is guided / random; `trial_ratio` is the median of
 the ratios over workloads, spaces and seeds (bar: ≤ 0.33). The same runs give the best GFLOPS
 of templates vs sketches per workload (best over all runs in that space) and the tuner overhead
-(strategy + cost-model time / tuning time) per strategy.
+(strategy + cost-model time / tuning time) per strategy. For sketch runs it also reports the
+share of the trials spent in the most measured sketch (mutation and crossover never change a
+candidate's sketch, so a guided run can lock onto the sketch of its first good measurement).
 
 One builder pool and one measuring worker serve every run. Measurements are deliberately short
 (LocalRunner(number=1, repeat=3, min_repeat_ms=20)) to keep the whole benchmark within ~20 min on
@@ -45,6 +47,14 @@ def trials_to(history, threshold: float, budget: int) -> tuple[int, bool]:
         if c <= threshold:
             return i, True
     return budget + 1, False
+
+
+def top_sketch_share(store, task) -> float:
+    """Fraction of a sketch run's trials spent in its most measured sketch (1.0 = one sketch only)."""
+    from collections import Counter
+    recs = store.history(workload_key=task.workload.key, target=task.target)
+    counts = Counter(r.candidate.payload.get("sketch") for r in recs)
+    return max(counts.values()) / len(recs) if recs else 0.0
 
 
 def med(xs):
@@ -97,15 +107,18 @@ def main():
                         store = fresh_store()
                         r = tune(task, store, space=space, strategy=strategy, trials=args.trials,
                                  batch_size=args.batch, seed=seed, builder=builder, runner=runner)
+                        share = top_sketch_share(store, task) if space == "sketch" else None
                         store.close()
                         res[kind] = r
                         runs.append(dict(workload=wname, space=space, strategy=strategy, kind=kind, seed=seed,
                                          trials=r.trials, errors=r.errors, best_gflops=r.best_gflops,
-                                         tune_seconds=r.tune_seconds, overhead=r.tuner_overhead_fraction))
+                                         tune_seconds=r.tune_seconds, overhead=r.tuner_overhead_fraction,
+                                         top_sketch_share=share))
                         print(f"  {wname:<14} {space:<8} {strategy:<12} seed {seed}  trials {r.trials:3d}  "
                               f"errors {r.errors:2d}  best {r.best_gflops:6.1f} GFLOPS  "
                               f"{r.tune_seconds:5.1f} s  overhead {100 * r.tuner_overhead_fraction:4.1f} %  "
-                              f"{time.strftime('%H:%M:%S')}", flush=True)
+                              + (f"top sketch {100 * share:3.0f} %  " if share is not None else "")
+                              + time.strftime('%H:%M:%S'), flush=True)
                     rb = res["random"].best_cost
                     if rb == float("inf"):
                         print(f"  ! {wname} {space} seed {seed}: random search measured nothing valid; "
@@ -118,7 +131,8 @@ def main():
                                       random_best_gflops=res["random"].best_gflops,
                                       guided_best_gflops=res["guided"].best_gflops,
                                       random_t90=r_t, guided_t90=g_t, guided_reached=g_ok,
-                                      ratio=g_t / r_t))
+                                      ratio=g_t / r_t, guided_top_sketch_share=runs[-1]["top_sketch_share"],
+                                      random_top_sketch_share=runs[-2]["top_sketch_share"]))
     finally:
         builder.close()
         runner.close()
@@ -139,7 +153,8 @@ def main():
               f"{p['random_t90']:>10}{g:>10}{p['ratio']:>8.2f}")
     print()
     print("medians over seeds")
-    hdr2 = f"{'workload':<14}{'space':<10}{'rand t90':>10}{'guid t90':>10}{'ratio':>8}{'reached':>9}"
+    hdr2 = f"{'workload':<14}{'space':<10}{'rand t90':>10}{'guid t90':>10}{'ratio':>8}{'reached':>9}" \
+           f"{'rand best':>11}{'guid best':>11}{'top sketch r/g':>16}"
     print(hdr2)
     print("-" * len(hdr2))
     by_ws = {}
@@ -150,10 +165,19 @@ def main():
         d = dict(random_trials_to_90=med([p["random_t90"] for p in ps]),
                  guided_trials_to_90=med([p["guided_t90"] for p in ps]),
                  trial_ratio=med([p["ratio"] for p in ps]),
-                 guided_reached=f"{sum(p['guided_reached'] for p in ps)}/{len(ps)}")
-        per_ws[f"{w}/{s}"] = {k: rnd(v, 3) if isinstance(v, float) else v for k, v in d.items()}
+                 guided_reached=f"{sum(p['guided_reached'] for p in ps)}/{len(ps)}",
+                 random_best_gflops=med([p["random_best_gflops"] for p in ps]),
+                 guided_best_gflops=med([p["guided_best_gflops"] for p in ps]))
+        if s == "sketch":  # how much of the budget went to one sketch (evolution cannot leave a sketch)
+            d["random_top_sketch_share"] = med([p["random_top_sketch_share"] for p in ps])
+            d["guided_top_sketch_share"] = med([p["guided_top_sketch_share"] for p in ps])
+        per_ws[f"{w}/{s}"] = {k: rnd(v, 1 if k.endswith("gflops") else 3) if isinstance(v, float) else v
+                              for k, v in d.items()}
+        shares = (f"{100 * d['random_top_sketch_share']:.0f}/{100 * d['guided_top_sketch_share']:.0f} %"
+                  if s == "sketch" else "-")
         print(f"{w:<14}{s:<10}{d['random_trials_to_90']:>10}{d['guided_trials_to_90']:>10}"
-              f"{d['trial_ratio']:>8.2f}{d['guided_reached']:>9}")
+              f"{d['trial_ratio']:>8.2f}{d['guided_reached']:>9}{d['random_best_gflops']:>11.1f}"
+              f"{d['guided_best_gflops']:>11.1f}{shares:>16}")
 
     print()
     print("templates vs sketches: best GFLOPS over all runs (median of the runs' bests)")
