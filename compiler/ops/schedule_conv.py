@@ -157,19 +157,24 @@ def schedule_conv_nchw(opdef, target=None) -> Schedule:
     return s
 
 
-def _deinterleave_columns(s, acc, data, sw: int, target):
+def deinterleave_columns(s, acc, data, sw: int, pad):
     """Make stride-`sw` column reads unit-stride: the (padded) input is copied once into
     [..., h, w % sw, w // sw] order, two blocked cache_reads ([W/sw, .., sw], then its first
     axis moved last), so output column x, tap rx reads column x + (rx // sw) of phase rx % sw.
-    Without it every input vector of the micro-kernel is a gather (3x slower)."""
-    pad = next((st for st in s.stages if st.op.name == "pad"), None)
+    Without it every input vector of the micro-kernel is a gather (3x slower). Returns the
+    stage of the copy for the caller to schedule (shared with the tuner's conv templates)."""
     src = pad.tensor if pad is not None else data
     phases = s.cache_read(src, "global", [acc], block={src.ndim - 1: sw})
     packed = s.cache_read(phases, "global", [acc], block={0: phases.shape[0]})
     if pad is not None:
         pad.compute_inline()
     s[phases].compute_inline()
-    schedule_pad_stage(s[packed], target)
+    return s[packed]
+
+
+def _deinterleave_columns(s, acc, data, sw: int, target):
+    pad = next((st for st in s.stages if st.op.name == "pad"), None)
+    schedule_pad_stage(deinterleave_columns(s, acc, data, sw, pad), target)
 
 
 def schedule_conv_nhwc(opdef, target=None) -> Schedule:
@@ -255,4 +260,4 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile"]
+__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns"]

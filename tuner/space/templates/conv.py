@@ -31,7 +31,7 @@ import math
 
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
-from compiler.ops.schedule_conv import split_output_tile
+from compiler.ops.schedule_conv import deinterleave_columns, split_output_tile
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -256,15 +256,7 @@ def _conv_nchw(cfg, opdef, target):
 
 
 def _deinterleave_columns(s, acc, data, sw, pad, parallel):
-    """Copy the (padded) input into [..., h, w % sw, w // sw] order so stride-sw column reads of
-    the micro-kernel are unit-stride (see compiler/ops/schedule_conv.py)."""
-    src = pad.tensor if pad is not None else data
-    phases = s.cache_read(src, "global", [acc], block={src.ndim - 1: sw})
-    packed = s.cache_read(phases, "global", [acc], block={0: phases.shape[0]})
-    if pad is not None:
-        pad.compute_inline()
-    s[phases].compute_inline()
-    _root_rows(s[packed], parallel)
+    _root_rows(deinterleave_columns(s, acc, data, sw, pad), parallel)
 
 
 @template("conv2d_nchw")
