@@ -1,0 +1,42 @@
+"""The farm protocol as the rest of tunefarm sees it: generated messages, version, auth, limits.
+
+Both the tracker and the agent import the protocol from here, never the generated modules
+directly, so a checkout that was not installed fails with one clear message instead of an
+ImportError deep in the tracker.
+"""
+
+from __future__ import annotations
+
+try:
+    from .proto import farm_pb2 as pb
+    from .proto import farm_pb2_grpc as pb_grpc
+except ImportError as e:  # pragma: no cover - only in a checkout that was never installed
+    raise ImportError(
+        "the farm protocol modules are generated at install time from rpc_tracker/proto/farm.proto; "
+        "run `pip install -e .` in the repository") from e
+
+# Bumped on every incompatible change of farm.proto. The tracker refuses agents older than
+# MIN_AGENT_PROTOCOL with FAILED_PRECONDITION and a message telling them to upgrade.
+PROTOCOL_VERSION = 1
+MIN_AGENT_PROTOCOL = 1
+
+# Metadata key carrying `Bearer <token>` on every call.
+AUTH_METADATA_KEY = "authorization"
+
+# A built kernel is tens to hundreds of KiB; a batch of 64 with references stays well under this.
+# Larger messages are refused by gRPC with RESOURCE_EXHAUSTED before they reach the tracker.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def auth_metadata(token: str | None) -> tuple:
+    """Call metadata for `token` (empty when the farm runs without tokens)."""
+    return ((AUTH_METADATA_KEY, f"Bearer {token}"),) if token else ()
+
+
+def channel_options() -> list:
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+__all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "AUTH_METADATA_KEY",
+           "MAX_MESSAGE_BYTES", "auth_metadata", "channel_options"]
