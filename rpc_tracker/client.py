@@ -1,0 +1,68 @@
+"""Small helpers for whoever dials the tracker: agents, the tuner's RPC runner, `tunefarm farm status`.
+
+`make_channel` applies the protocol's message limits (and TLS when given a CA file) so every client
+talks to the tracker the same way; `farm_summary` / `format_summary` are the status view.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from .protocol import auth_metadata, channel_options, pb, pb_grpc
+
+
+def make_channel(address: str, tls_ca: str | None = None, options: list | None = None) -> grpc.Channel:
+    """A channel to the tracker at HOST:PORT; TLS (verified against the CA file `tls_ca`) when given."""
+    opts = channel_options() + list(options or [])
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        return grpc.secure_channel(address, creds, options=opts)
+    return grpc.insecure_channel(address, options=opts)
+
+
+def farm_summary(address: str, token: str | None, tls_ca: str | None = None, timeout: float = 5) -> pb.FarmSummary:
+    """The tracker's Summary (agent or tuner token). Raises grpc.RpcError (UNAVAILABLE, UNAUTHENTICATED, ...)."""
+    with make_channel(address, tls_ca) as channel:
+        return pb_grpc.TrackerStub(channel).Summary(pb.SummaryRequest(), metadata=auth_metadata(token),
+                                                     timeout=timeout)
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _table(headers: list, rows: list, right: set) -> list:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))).rstrip()
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def format_summary(summary: pb.FarmSummary) -> str:
+    """A readable report: one table of agents, one of device keys."""
+    out = [f"tracker {summary.tracker_version} (protocol {summary.protocol_version}), "
+           f"up {_ago(summary.uptime_seconds)}, {len(summary.agents)} agent(s)"]
+    out.append("")
+    if summary.agents:
+        rows = [[a.name, a.device_key, a.device.cpu or "?", str(a.device.cores), str(a.slots), str(a.in_flight),
+                 str(a.completed), str(a.failed), str(a.leases_lost), _ago(a.last_seen_seconds_ago) + " ago",
+                 "draining" if a.draining else "ready"]
+                for a in summary.agents]
+        out += _table(["agent", "key", "cpu", "cores", "slots", "in-flight", "completed", "failed", "lost",
+                       "last seen", "state"], rows, {3, 4, 5, 6, 7, 8, 9})
+    else:
+        out.append("no agents connected")
+    out.append("")
+    if summary.keys:
+        rows = [[k.device_key, str(k.agents), str(k.queued), str(k.in_flight), str(k.completed)] for k in summary.keys]
+        out += _table(["key", "agents", "queued", "in-flight", "completed"], rows, {1, 2, 3, 4})
+    else:
+        out.append("no device keys yet")
+    return "\n".join(out)

@@ -1,0 +1,612 @@
+"""The tracker's memory: agents, per-key queues, leases and answered results.
+
+Pure Python and no gRPC, so every rule of the farm (priorities, key isolation, slots, leases,
+re-dispatch, exactly-once answers) is unit-tested without sockets and with a fake clock; the
+servicer only translates between protobuf messages and this module.
+
+One lock guards everything. Threads that wait (an agent's stream for work, a tuner's stream for
+results) wait on their own Condition built on that lock, so a result wakes exactly the streams
+that want it, not every stream of the farm.
+
+Rules, in one place:
+- Queues: one per device key, ordered by priority (higher first), then arrival (a sequence
+  number). A request whose lease is lost goes back with its original sequence number, so it is
+  ahead of everything that arrived after it.
+- Dispatch: a queued request goes only to an agent registered under exactly its key, that is not
+  draining, has fewer requests in flight than its slots, and can run the request's target.
+- Leases: handing a request to an agent starts a lease of options.timeout_seconds + slack. A lease
+  is lost when it expires or its agent leaves (stream closed, silent past agent_timeout); the
+  request is queued again, unless it has already been handed out max_attempts times, in which
+  case it is answered with a RUNNER_ERROR result that says what happened, so it never hangs.
+- Results: only the agent that holds the lease may answer. A second result for an answered
+  request from an agent that was handed it is acknowledged as a duplicate and dropped; a result
+  from an agent that does not hold the request (never had it, or its lease moved on) is refused
+  with NotHeld.
+- Idempotency: submitting a request id that is queued or in flight attaches the new caller to it
+  (it never runs twice); a request id answered within result_ttl seconds is answered at once
+  from the cache (bounded to result_cache_size entries, oldest first out).
+- Delivery: every Measure call waiting on a request id receives its result exactly once.
+- Unknown keys: for unknown_key_grace seconds after start (agents reconnect after a tracker
+  restart while tuners already re-submit) requests for a key no agent has registered under are
+  queued; after that such submissions are refused, and requests still queued for a key that never
+  got an agent are answered with a RUNNER_ERROR result.
+- Targets: if agents of the key are registered and none of them can run a request's target, the
+  whole batch is refused (TargetNotRunnable) before anything is queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from .targets import DeviceSpec, TargetParseError, TargetSpec, why_cannot_run
+
+log = logging.getLogger("rpc_tracker")
+
+NO_ERROR = 0
+RUNNER_ERROR = 7  # tuner.candidate.ErrorCode.RUNNER_ERROR (the tracker cannot import the tuner)
+
+
+# ----------------------------------------------------------------------------- errors
+
+class TrackerError(Exception):
+    """Base of the errors the servicer turns into a gRPC status (see servicer.STATUS_OF)."""
+
+
+class InvalidRequest(TrackerError):
+    """A malformed submission or report (INVALID_ARGUMENT)."""
+
+
+class UnknownAgent(TrackerError):
+    """An agent id the tracker does not know, or no longer knows (NOT_FOUND: reconnect)."""
+
+
+class UnknownDeviceKey(TrackerError):
+    """A submission for a key no agent has ever registered under (NOT_FOUND)."""
+
+
+class NotHeld(TrackerError):
+    """A result for a request the reporting agent does not hold (FAILED_PRECONDITION)."""
+
+
+class TargetNotRunnable(TrackerError):
+    """No registered agent of the key can run a request's target (FAILED_PRECONDITION)."""
+
+
+class TrackerClosed(TrackerError):
+    """The tracker is shutting down (UNAVAILABLE: resubmit to the next one)."""
+
+
+class AgentGone(TrackerError):
+    """The agent was dropped or left; its stream must end. `str()` says why."""
+
+
+# ----------------------------------------------------------------------------- plain data
+
+@dataclass
+class Submission:
+    """One request of a tuner's batch, as the state needs it; `payload` is passed to the agent as is."""
+
+    request_id: str
+    target: str
+    timeout_seconds: float = 0.0   # 0: the state's default_timeout
+    payload: Any = None
+
+
+@dataclass
+class Result:
+    request_id: str
+    costs: list = field(default_factory=list)
+    error_code: int = NO_ERROR
+    error_msg: str = ""
+    run_seconds: float = 0.0
+    agent: str = ""
+    attempts: int = 0
+
+
+@dataclass
+class WorkItem:
+    """One request pushed down an agent's stream."""
+
+    request_id: str
+    payload: Any
+    lease_seconds: float
+
+
+@dataclass
+class AgentInfo:
+    agent_id: str
+    name: str
+    device_key: str
+    device: DeviceSpec
+    slots: int
+    in_flight: int
+    completed: int
+    failed: int
+    leases_lost: int
+    connected_seconds: float
+    last_seen_seconds_ago: float
+    draining: bool
+
+
+@dataclass
+class KeyInfo:
+    device_key: str
+    agents: int
+    queued: int
+    in_flight: int
+    completed: int
+
+
+@dataclass
+class Snapshot:
+    uptime_seconds: float
+    agents: list
+    keys: list
+
+
+# ----------------------------------------------------------------------------- internal records
+
+class _Agent:
+    def __init__(self, agent_id, name, device_key, device, slots, now, cond):
+        self.agent_id, self.name, self.device_key, self.device = agent_id, name, device_key, device
+        self.slots = slots
+        self.connected_at = self.last_seen = now
+        self.last_assigned = 0.0
+        self.completed = self.failed = self.leases_lost = 0
+        self.draining = False
+        self.held: dict[str, _Request] = {}        # request id -> request, leased to this agent
+        self.outbox: deque[WorkItem] = deque()     # leased but not yet pushed down the stream
+        self.reported_holding: tuple = ()          # what the last heartbeat said
+        self.cond = cond
+        self.gone_reason: str | None = None
+
+
+class _Request:
+    def __init__(self, sub: Submission, key: str, priority: int, seq: int, spec: TargetSpec, timeout: float):
+        self.request_id, self.device_key, self.priority, self.seq = sub.request_id, key, priority, seq
+        self.spec, self.timeout, self.payload = spec, timeout, sub.payload
+        self.attempts = 0
+        self.holder: _Agent | None = None
+        self.lease_deadline = 0.0
+        self.entry: list | None = None             # its live heap entry while queued
+        self.handed_to: set[str] = set()           # agent ids that were ever handed it
+        self.losses: list[str] = []                # why each lost lease was lost
+        self.waiters: set[ResultWaiter] = set()
+
+
+class ResultWaiter:
+    """One Measure call's view of its batch: results not yet delivered, and the ids still pending."""
+
+    def __init__(self, cond: threading.Condition):
+        self.cond = cond
+        self.inbox: deque[Result] = deque()
+        self.pending: set[str] = set()
+        self.closed = False
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and not self.inbox
+
+
+# ----------------------------------------------------------------------------- the state
+
+class TrackerState:
+    def __init__(self, *, agent_timeout: float = 6.0, lease_slack: float = 5.0, max_attempts: int = 3,
+                 default_timeout: float = 10.0, result_ttl: float = 600.0, result_cache_size: int = 100_000,
+                 unknown_key_grace: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.agent_timeout, self.lease_slack, self.max_attempts = agent_timeout, lease_slack, max_attempts
+        self.default_timeout, self.result_ttl, self.result_cache_size = default_timeout, result_ttl, result_cache_size
+        self.unknown_key_grace = unknown_key_grace
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started = clock()
+        self._seq = itertools.count()
+        self._agent_numbers = itertools.count(1)
+        self._agents: dict[str, _Agent] = {}
+        self._queues: dict[str, list] = {}              # key -> heap of [-priority, seq, request id]
+        self._queued: dict[str, int] = {}               # key -> live entries in its heap
+        self._requests: dict[str, _Request] = {}        # queued or leased, not yet answered
+        # request id -> (result, when answered, ids of the agents that were handed it)
+        self._answered: OrderedDict[str, tuple[Result, float, frozenset]] = OrderedDict()
+        self._gone: OrderedDict[str, str] = OrderedDict()  # recently dropped agent id -> why
+        self._completed: dict[str, int] = {}            # key -> requests answered
+        self._keys_seen: set[str] = set()               # keys any agent ever registered under
+        self._waiters: set[ResultWaiter] = set()
+        self.closed = False
+
+    # ------------------------------------------------------------------ agents
+
+    def register_agent(self, name: str, device_key: str, device: DeviceSpec, slots: int = 1) -> str:
+        """A new agent connection; returns its agent id. Queued work of its key is dispatched to it."""
+        with self._lock:
+            if self.closed:
+                raise TrackerClosed("the tracker is shutting down")
+            now = self._clock()
+            agent_id = f"a{next(self._agent_numbers)}-{uuid.uuid4().hex[:8]}"
+            agent = _Agent(agent_id, name or agent_id, device_key, device, max(1, int(slots)), now,
+                           threading.Condition(self._lock))
+            self._agents[agent_id] = agent
+            self._keys_seen.add(device_key)
+            log.info("agent joined: %s (%s) key=%s triple=%s cpu=%s cores=%d slots=%d", agent.name, agent_id,
+                     device_key, device.triple, device.cpu or "?", device.cores, agent.slots)
+            self._dispatch(device_key)
+            return agent_id
+
+    def remove_agent(self, agent_id: str, reason: str) -> bool:
+        """Drop an agent; its leases are lost (requeued). False if it was already gone."""
+        with self._lock:
+            return self._remove_agent(agent_id, reason)
+
+    def heartbeat(self, agent_id: str, holding: Iterable[str] = ()) -> None:
+        with self._lock:
+            agent = self._agent(agent_id)
+            agent.last_seen = self._clock()
+            agent.reported_holding = tuple(holding)
+
+    def drain(self, agent_id: str) -> None:
+        """The agent takes no more work; what it was handed but not yet sent goes back to the queue."""
+        with self._lock:
+            agent = self._agent(agent_id)
+            agent.last_seen = self._clock()
+            if agent.draining:
+                return
+            agent.draining = True
+            log.info("agent draining: %s (%s) key=%s, %d in flight", agent.name, agent_id, agent.device_key,
+                     len(agent.held))
+            while agent.outbox:  # not pushed yet: the agent never saw these, so no attempt is spent
+                item = agent.outbox.pop()
+                req = agent.held.pop(item.request_id)
+                req.attempts -= 1
+                req.handed_to.discard(agent_id)
+                req.holder = None
+                self._enqueue(req)
+            self._dispatch(agent.device_key)
+
+    def next_work(self, agent_id: str, timeout: float) -> list[WorkItem]:
+        """Work to push to the agent, waiting up to `timeout` for some ([] if none came).
+
+        Raises AgentGone (with the reason) once the agent is dropped or the tracker closes.
+        """
+        with self._lock:
+            agent = self._agents.get(agent_id)
+            if agent is None:
+                raise AgentGone(self._gone.get(agent_id, f"agent {agent_id} is not registered"))
+            if not agent.outbox and agent.gone_reason is None:
+                agent.cond.wait(timeout)
+            if agent.gone_reason is not None:
+                raise AgentGone(agent.gone_reason)
+            items = list(agent.outbox)
+            agent.outbox.clear()
+            return items
+
+    def report_result(self, agent_id: str, result: Result) -> bool:
+        """Accept an agent's result; returns True when it was a duplicate (dropped).
+
+        Raises UnknownAgent, or NotHeld when the agent does not hold the request.
+        """
+        with self._lock:
+            agent = self._agent(agent_id)
+            agent.last_seen = self._clock()
+            rid = result.request_id
+            req = self._requests.get(rid)
+            if req is not None and req.holder is agent:
+                agent.held.pop(rid, None)
+                agent.completed += 1
+                if result.error_code != NO_ERROR:
+                    agent.failed += 1
+                result.agent = result.agent or agent.name
+                result.attempts = req.attempts
+                self._answer(req, result)
+                self._dispatch(agent.device_key)
+                return False
+            if req is None and rid in self._answered and agent_id in self._answered[rid][2]:
+                return True  # answered already (by this agent or another one after its lease moved)
+            if req is not None and agent_id in req.handed_to:
+                raise NotHeld(f"request {rid!r} is no longer leased to agent {agent.name}: its lease was lost "
+                              f"({req.losses[-1] if req.losses else 'moved'}) and it was queued again")
+            raise NotHeld(f"agent {agent.name} does not hold request {rid!r}: the tracker never handed it to this agent")
+
+    # ------------------------------------------------------------------ tuners
+
+    def submit(self, device_key: str, priority: int, submissions: list[Submission]) -> ResultWaiter:
+        """Queue a batch (atomically: a refused batch queues nothing); returns the caller's waiter.
+
+        Raises InvalidRequest, UnknownDeviceKey, TargetNotRunnable or TrackerClosed.
+        """
+        with self._lock:
+            if self.closed:
+                raise TrackerClosed("the tracker is shutting down; submit again to its successor")
+            now = self._clock()
+            ids = [s.request_id for s in submissions]
+            if len(set(ids)) != len(ids):
+                raise InvalidRequest("request ids in one batch must be unique")
+            agents = self._agents_of(device_key)
+            new: list[tuple[Submission, TargetSpec]] = []
+            for s in submissions:
+                if s.request_id in self._answered:
+                    continue
+                old = self._requests.get(s.request_id)
+                if old is not None:
+                    if old.device_key != device_key:
+                        raise InvalidRequest(f"request {s.request_id!r} is already queued for device key "
+                                             f"{old.device_key!r}, not {device_key!r}")
+                    continue
+                try:
+                    spec = TargetSpec.parse(s.target)
+                except TargetParseError as e:
+                    raise InvalidRequest(f"request {s.request_id!r}: {e}") from None
+                new.append((s, spec))
+            if new and not agents and device_key not in self._keys_seen \
+                    and now - self._started >= self.unknown_key_grace:
+                raise UnknownDeviceKey(self._unknown_key_message(device_key))
+            if agents:
+                for s, spec in new:
+                    reasons = [why_cannot_run(spec, a.device) for a in agents]
+                    if all(reasons):
+                        raise TargetNotRunnable(
+                            f"request {s.request_id!r}: no agent of device key {device_key!r} can run target "
+                            f"{s.target!r} ({len(agents)} agent{'s' if len(agents) > 1 else ''}; "
+                            f"{agents[0].name}: {reasons[0]})")
+
+            waiter = ResultWaiter(threading.Condition(self._lock))
+            for s in submissions:
+                cached = self._answered.get(s.request_id)
+                if cached is not None:
+                    waiter.inbox.append(cached[0])
+                    continue
+                req = self._requests.get(s.request_id)
+                if req is None:
+                    spec = next(sp for sub, sp in new if sub is s)
+                    timeout = s.timeout_seconds if s.timeout_seconds > 0 else self.default_timeout
+                    req = _Request(s, device_key, int(priority), next(self._seq), spec, timeout)
+                    self._requests[s.request_id] = req
+                    self._enqueue(req)
+                req.waiters.add(waiter)
+                waiter.pending.add(s.request_id)
+            self._waiters.add(waiter)
+            self._dispatch(device_key)
+            return waiter
+
+    def wait_results(self, waiter: ResultWaiter, timeout: float) -> list[Result]:
+        """Results not yet delivered to this waiter, waiting up to `timeout` for one ([] if none came).
+
+        Raises TrackerClosed when the tracker shuts down with results still pending.
+        """
+        with self._lock:
+            if not waiter.inbox and waiter.pending and not waiter.closed and not self.closed:
+                waiter.cond.wait(timeout)
+            out = list(waiter.inbox)
+            waiter.inbox.clear()
+            if not out and self.closed and waiter.pending:
+                raise TrackerClosed("the tracker is shutting down; submit the unanswered requests again")
+            return out
+
+    def finished(self, waiter: ResultWaiter) -> bool:
+        """True once every request of the waiter's batch has been delivered to it."""
+        with self._lock:
+            return waiter.done
+
+    def detach(self, waiter: ResultWaiter) -> None:
+        """The Measure call went away: stop delivering to it. Its requests stay queued (and cached when answered)."""
+        with self._lock:
+            waiter.closed = True
+            for rid in waiter.pending:
+                req = self._requests.get(rid)
+                if req is not None:
+                    req.waiters.discard(waiter)
+            waiter.pending.clear()
+            waiter.inbox.clear()
+            self._waiters.discard(waiter)
+            waiter.cond.notify_all()
+
+    # ------------------------------------------------------------------ time
+
+    def expire(self) -> None:
+        """Drop silent agents, take back overdue leases, forget old results. Called by the reaper."""
+        with self._lock:
+            now = self._clock()
+            for agent in list(self._agents.values()):
+                silent = now - agent.last_seen
+                if silent > self.agent_timeout:
+                    self._remove_agent(agent.agent_id, f"no heartbeat for {silent:.1f} s "
+                                                       f"(timeout {self.agent_timeout:g} s)")
+            overdue = [r for r in self._requests.values() if r.holder is not None and r.lease_deadline < now]
+            for req in overdue:
+                self._lose_lease(req, f"no result from agent {req.holder.name} within its "
+                                      f"{req.timeout + self.lease_slack:g} s lease")
+            while self._answered:
+                rid, (_, when, _) = next(iter(self._answered.items()))
+                if now - when <= self.result_ttl:
+                    break
+                self._answered.popitem(last=False)
+            if now - self._started >= self.unknown_key_grace:
+                orphans = [r for r in self._requests.values()
+                           if r.device_key not in self._keys_seen and r.holder is None]
+                for req in orphans:
+                    self._answer(req, Result(req.request_id, error_code=RUNNER_ERROR, attempts=req.attempts,
+                                             error_msg=self._unknown_key_message(req.device_key)))
+
+    # ------------------------------------------------------------------ reading
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            now = self._clock()
+            agents = [AgentInfo(a.agent_id, a.name, a.device_key, a.device, a.slots, len(a.held), a.completed,
+                                a.failed, a.leases_lost, now - a.connected_at, now - a.last_seen, a.draining)
+                      for a in sorted(self._agents.values(), key=lambda a: (a.device_key, a.name, a.agent_id))]
+            keys = sorted(set(self._keys_seen) | set(self._queues) | set(self._completed))
+            infos = []
+            for k in keys:
+                mine = [a for a in self._agents.values() if a.device_key == k]
+                infos.append(KeyInfo(k, len(mine), self._queued.get(k, 0), sum(len(a.held) for a in mine),
+                                     self._completed.get(k, 0)))
+            return Snapshot(now - self._started, agents, infos)
+
+    def agent_name(self, agent_id: str) -> str | None:
+        with self._lock:
+            a = self._agents.get(agent_id)
+            return a.name if a else None
+
+    def close(self) -> None:
+        """Shutting down: wake every stream so it ends (agents reconnect, tuners resubmit)."""
+        with self._lock:
+            self.closed = True
+            for agent in self._agents.values():
+                agent.gone_reason = "the tracker is shutting down; reconnect to its successor"
+                agent.cond.notify_all()
+            for w in self._waiters:
+                w.cond.notify_all()
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _agent(self, agent_id: str) -> _Agent:
+        agent = self._agents.get(agent_id)
+        if agent is None:
+            why = self._gone.get(agent_id)
+            raise UnknownAgent(f"unknown agent id {agent_id!r}: "
+                               f"{why if why else 'it was dropped or never registered'}; connect again")
+        return agent
+
+    def _agents_of(self, key: str) -> list[_Agent]:
+        return [a for a in self._agents.values() if a.device_key == key]
+
+    def _unknown_key_message(self, key: str) -> str:
+        known = sorted(self._keys_seen)
+        return (f"no agent has registered under device key {key!r} "
+                f"(keys with agents: {', '.join(known) if known else 'none'})")
+
+    def _remove_agent(self, agent_id: str, reason: str) -> bool:
+        agent = self._agents.pop(agent_id, None)
+        if agent is None:
+            return False
+        agent.gone_reason = f"agent {agent.name} dropped: {reason}"
+        self._gone[agent_id] = agent.gone_reason
+        while len(self._gone) > 1000:
+            self._gone.popitem(last=False)
+        agent.cond.notify_all()
+        log.info("agent left: %s (%s) key=%s: %s; %d lease(s) to requeue, %d completed",
+                 agent.name, agent_id, agent.device_key, reason, len(agent.held), agent.completed)
+        for req in list(agent.held.values()):
+            self._lose_lease(req, f"agent {agent.name} left ({reason})")
+        agent.outbox.clear()
+        self._dispatch(agent.device_key)
+        return True
+
+    def _lose_lease(self, req: _Request, reason: str) -> None:
+        agent = req.holder
+        if agent is not None:
+            agent.held.pop(req.request_id, None)
+            agent.leases_lost += 1
+            for item in list(agent.outbox):
+                if item.request_id == req.request_id:
+                    agent.outbox.remove(item)
+        req.holder = None
+        req.losses.append(reason)
+        if req.attempts >= self.max_attempts:
+            log.warning("lease lost: request %s: %s; attempt %d of %d, giving up", req.request_id, reason,
+                        req.attempts, self.max_attempts)
+            self._answer(req, Result(req.request_id, error_code=RUNNER_ERROR, attempts=req.attempts,
+                                     error_msg=f"request lost its lease {len(req.losses)} times, giving up after "
+                                               f"{req.attempts} attempt(s): " + "; ".join(req.losses)))
+        else:
+            log.warning("lease lost: request %s: %s; attempt %d of %d, queued again", req.request_id, reason,
+                        req.attempts, self.max_attempts)
+            self._enqueue(req)
+        if agent is not None:
+            self._dispatch(agent.device_key)
+        self._dispatch(req.device_key)
+
+    def _enqueue(self, req: _Request) -> None:
+        req.entry = [-req.priority, req.seq, req.request_id]
+        heapq.heappush(self._queues.setdefault(req.device_key, []), req.entry)
+        self._queued[req.device_key] = self._queued.get(req.device_key, 0) + 1
+
+    def _unqueue(self, req: _Request) -> None:
+        """Take a queued request out of its heap (lazily: its entry is skipped when it surfaces)."""
+        if req.entry is not None:
+            req.entry = None
+            self._queued[req.device_key] -= 1
+
+    def _live(self, entry) -> _Request | None:
+        req = self._requests.get(entry[2])
+        return req if req is not None and req.entry is entry else None
+
+    def _take_for(self, key: str, agent: _Agent) -> _Request | None:
+        """The first queued request of `key` (priority, then arrival) that `agent` can run."""
+        heap = self._queues.get(key)
+        while heap and self._live(heap[0]) is None:
+            heapq.heappop(heap)  # stale entry of a request taken out of the queue
+        if not heap:
+            return None
+        head = self._live(heap[0])
+        if why_cannot_run(head.spec, agent.device) is None:
+            heapq.heappop(heap)
+            self._unqueue(head)
+            return head
+        for entry in sorted(heap):  # the head needs another agent: look further down, in order
+            req = self._live(entry)
+            if req is not None and why_cannot_run(req.spec, agent.device) is None:
+                self._unqueue(req)
+                return req
+        return None
+
+    def _dispatch(self, key: str) -> None:
+        if self._queued.get(key, 0) <= 0:
+            return
+        while self._queued.get(key, 0) > 0:
+            free = [a for a in self._agents.values()
+                    if a.device_key == key and not a.draining and a.gone_reason is None and len(a.held) < a.slots]
+            if not free:
+                return
+            heap = self._queues[key]
+            while heap and self._live(heap[0]) is None:
+                heapq.heappop(heap)
+            tried = self._live(heap[0]).handed_to if heap else ()
+            # a request that lost a lease goes to another agent when there is one; then the least
+            # loaded agent, then the one that has waited longest for work
+            free.sort(key=lambda a: (a.agent_id in tried, len(a.held) / a.slots, a.last_assigned))
+            for agent in free:
+                req = self._take_for(key, agent)
+                if req is not None:
+                    self._lease(req, agent)
+                    break
+            else:
+                return  # free agents, but none can run what is queued
+
+    def _lease(self, req: _Request, agent: _Agent) -> None:
+        now = self._clock()
+        lease = req.timeout + self.lease_slack
+        req.holder, req.lease_deadline = agent, now + lease
+        req.attempts += 1
+        req.handed_to.add(agent.agent_id)
+        agent.held[req.request_id] = req
+        agent.last_assigned = now
+        agent.outbox.append(WorkItem(req.request_id, req.payload, lease))
+        agent.cond.notify()
+
+    def _answer(self, req: _Request, result: Result) -> None:
+        self._requests.pop(req.request_id, None)
+        self._unqueue(req)
+        if req.holder is not None:
+            req.holder.held.pop(req.request_id, None)
+            req.holder = None
+        self._answered[req.request_id] = (result, self._clock(), frozenset(req.handed_to))
+        self._answered.move_to_end(req.request_id)
+        while len(self._answered) > self.result_cache_size:
+            self._answered.popitem(last=False)
+        self._completed[req.device_key] = self._completed.get(req.device_key, 0) + 1
+        for w in req.waiters:
+            w.inbox.append(result)
+            w.pending.discard(req.request_id)
+            w.cond.notify()
+        req.waiters.clear()
