@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import IntEnum
 
 
@@ -26,11 +27,20 @@ class Candidate:
     kind: str       # "config" | "trace"
     payload: dict   # {"template": name, "knobs": {...}} or {"sketch": name, "steps": [...]}
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
-        """Stable identity for 'never measure the same candidate twice'."""
+        """Stable identity for 'never measure the same candidate twice' (payloads are never
+        changed after construction, so it is computed once: search compares fingerprints often)."""
         text = json.dumps({"kind": self.kind, "payload": self.payload}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def remember_lowered(self, func) -> None:
+        """Keep the lowered loop program a space made while validating this candidate, so the
+        cost model's features do not lower it a second time (`take_lowered` hands it over once)."""
+        self.__dict__["_lowered"] = func
+
+    def take_lowered(self):
+        return self.__dict__.pop("_lowered", None)
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "payload": self.payload}

@@ -492,8 +492,10 @@ def features_for(opdef, candidates, target=None) -> np.ndarray:
     out = np.full((len(candidates), NUM_FEATURES), np.nan)
     for i, cand in enumerate(candidates):
         try:
-            s, args = instantiate(opdef, cand)
-            func = lower(s, args)
+            func = cand.take_lowered() if hasattr(cand, "take_lowered") else None
+            if func is None:
+                s, args = instantiate(opdef, cand)
+                func = lower(s, args)
             out[i] = extract_features(func, tgt)
         except Exception:  # noqa: BLE001 - a broken candidate is marked, never fatal
             continue

@@ -460,13 +460,17 @@ class SketchSpace(SearchSpace):
 
     def make_candidate(self, sketch_id: str, params: dict) -> Candidate:
         s = self.apply(sketch_id, params)
+        func = None
         if self.validate:
             try:
-                lower(s, self.opdef.tensors)
+                func = lower(s, self.opdef.tensors)
             except CompilerError as e:
                 raise SpaceError(f"sketch {sketch_id!r} with params {params} does not lower: {e}") from None
-        return Candidate("trace", {"sketch": sketch_id, "params": copy.deepcopy(params),
+        cand = Candidate("trace", {"sketch": sketch_id, "params": copy.deepcopy(params),
                                    "steps": copy.deepcopy(s.steps), "workload_key": self.workload_key})
+        if func is not None:
+            cand.remember_lowered(func)
+        return cand
 
     def _first_valid(self, gen, what: str) -> Candidate:
         last = None
