@@ -29,16 +29,21 @@ class Target:
 
     @staticmethod
     def host() -> "Target":
-        llvm = _llvm()
-        feats = llvm.get_host_cpu_features().flatten()
-        # keep only enabled features: shorter strings, and the same target text on equal machines
-        enabled = ",".join(f for f in feats.split(",") if f.startswith("+"))
-        return Target(llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, os.cpu_count() or 1)
+        return Target(*_host_fields())
 
     @staticmethod
     def from_string(text: str) -> "Target":
-        """Parse a target string; raises TargetError naming what is wrong."""
-        if not isinstance(text, str) or not text.strip():
+        """Parse a target string; raises TargetError naming what is wrong.
+
+        Parsed strings are remembered (a measuring agent parses the same target for every
+        kernel it loads); each call still returns a new Target."""
+        if not isinstance(text, str):
+            raise TargetError("empty target string; expected e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'")
+        return Target(*_parse_target(text))
+
+    @staticmethod
+    def _from_string_uncached(text: str) -> "Target":
+        if not text.strip():
             raise TargetError("empty target string; expected e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'")
         parts = shlex.split(text)
         if parts[0] != "llvm":
@@ -67,6 +72,9 @@ class Target:
                 raise TargetError("-num-cores must be at least 1")
         t.target_machine()  # validates triple and cpu
         return t
+
+    def _fields(self) -> tuple:
+        return (self.triple, self.cpu, self.features, self.num_cores)
 
     def __str__(self):
         s = f"llvm -mtriple={self.triple} -mcpu={self.cpu}"
@@ -171,3 +179,17 @@ def resolve_target(target) -> Target:
     if isinstance(target, Target):
         return target
     return Target.from_string(target)
+
+
+@lru_cache(maxsize=1)
+def _host_fields() -> tuple:
+    llvm = _llvm()
+    feats = llvm.get_host_cpu_features().flatten()
+    # keep only enabled features: shorter strings, and the same target text on equal machines
+    enabled = ",".join(f for f in feats.split(",") if f.startswith("+"))
+    return (llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, os.cpu_count() or 1)
+
+
+@lru_cache(maxsize=256)
+def _parse_target(text: str) -> tuple:
+    return Target._from_string_uncached(text)._fields()

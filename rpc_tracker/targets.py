@@ -21,6 +21,7 @@ it is accepted by every agent (the compiler itself always writes the triple).
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, field
 
@@ -62,7 +63,10 @@ class TargetSpec:
     has_mattr: bool = False
 
     @staticmethod
+    @functools.lru_cache(maxsize=256)
     def parse(text: str) -> "TargetSpec":
+        """Parsed once per distinct string: every request of a batch carries the same target and
+        the parse runs under the tracker's state lock."""
         if not isinstance(text, str) or not text.strip():
             raise TargetParseError("empty target string; expected e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'")
         try:
