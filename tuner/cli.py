@@ -360,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import cli_tune
     cli_tune.register(sub)
+    from . import cli_farm
+    cli_farm.register(sub)
     return parser
 
 

@@ -36,18 +36,26 @@ def _open_store(url):
 
 def cmd_tune(args) -> int:
     from . import cli
+    from .measure import FarmError
     from .tune import tune
 
     task, opdef, target = _task_from_args(args)
     store = _open_store(args.db)
     progress = _Progress(args.trials, opdef.flops, plain=args.plain)
+    runner = _farm_runner(args)
     try:
         with progress:
             result = tune(task, store, space=args.space, strategy=args.strategy, trials=args.trials,
                           seconds=args.seconds, batch_size=args.batch, seed=args.seed,
-                          early_stopping=args.early_stopping, on_batch=progress.update)
+                          early_stopping=args.early_stopping, on_batch=progress.update, runner=runner)
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
+    except FarmError as e:
+        print(f"tunefarm tune: the farm refused the run: {e}", file=sys.stderr)
+        return cli.EXIT_FAIL
+    finally:
+        if runner is not None:
+            runner.close()
     print(f"{args.op}: {result.trials} trials measured now, {result.resumed_trials} from earlier runs, "
           f"{result.errors} errors, {result.tune_seconds:.1f} s "
           f"(strategy and cost model {100 * result.tuner_overhead_fraction:.1f} %)")
@@ -55,6 +63,17 @@ def cmd_tune(args) -> int:
         print("no valid candidate measured", file=sys.stderr)
         return cli.EXIT_FAIL
     return _report_best(store, opdef, target, args.repeat)
+
+
+def _farm_runner(args):
+    """An RPCRunner when --tracker is given (measure on the farm's agents of --key), else None (local)."""
+    if not args.tracker:
+        return None
+    from . import cli
+    from .measure import RPCRunner
+    if args.key == "local":
+        raise cli.UsageError("--tracker needs --key: the device key of the agents to measure on")
+    return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca)
 
 
 def _report_best(store, opdef, target, repeat: int) -> int:
@@ -183,6 +202,10 @@ def register(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=5, help="timing repeats of the final comparison")
     p.add_argument("--plain", action="store_true", help="plain progress lines instead of a bar")
+    p.add_argument("--tracker", default=None, metavar="HOST:PORT",
+                   help="measure on the farm's agents of --key through this tracker (default: this machine)")
+    p.add_argument("--token", default=None, help="tuner token of the farm (default: $TUNEFARM_TUNER_TOKEN)")
+    p.add_argument("--tls-ca", default=None, metavar="FILE", help="CA certificate of the tracker (enables TLS)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("best", help="print the best recorded schedule of an operator and its loop IR")

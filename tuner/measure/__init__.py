@@ -1,12 +1,17 @@
-"""Build and measure candidates: a parallel builder pool and runners (local; the farm's next).
+"""Build and measure candidates: a parallel builder pool and runners (local, or the farm's agents).
 
     with BuilderPool(timeout=20) as builder, LocalRunner(timeout=10) as runner:
         results = runner.run(task, builder.build(task, candidates))
+
+`RPCRunner(tracker, device_key)` is a drop-in for LocalRunner that measures on device agents
+through the farm's tracker.
 
 The measuring code itself lives in `device_agent.worker` so that device agents run exactly it.
 """
 
 from .builder import BuilderPool, BuildResult
+from .rpc_runner import FarmAuthError, FarmError, FarmRequestError, RPCRunner
 from .runner import LocalRunner, Runner
 
-__all__ = ["BuildResult", "BuilderPool", "LocalRunner", "Runner"]
+__all__ = ["BuildResult", "BuilderPool", "FarmAuthError", "FarmError", "FarmRequestError", "LocalRunner",
+           "RPCRunner", "Runner"]

@@ -1,0 +1,426 @@
+"""The device agent daemon: join the farm, measure what the tracker sends, report the results.
+
+An agent dials out to the tracker (so a board behind NAT can join) and keeps one Connect stream
+open; the tracker pushes Work down it. Results, heartbeats and drain are unary calls on the same
+channel. Each request is measured by a `device_agent.worker.WorkerProcess` — the very code the
+tuner's LocalRunner uses — so a kernel that crashes, hangs or computes a wrong answer becomes an
+error code in its result, the worker process is replaced, and the agent stays up.
+
+Lifecycle:
+
+- start `slots` measuring workers (one per request measured at a time; default 1, so timings do
+  not disturb each other), then register: Connect(Hello) with the token in the metadata, read
+  Welcome (the tracker's id for this connection and the heartbeat period);
+- a heartbeat thread calls Heartbeat every `heartbeat_seconds` with the request ids held; if the
+  tracker says it no longer knows the agent (NOT_FOUND) or heartbeats keep failing for three
+  periods, the connection is abandoned and registered again;
+- each Work is queued to the slots; a slot checks that this host can run the request's target,
+  measures it and reports it. FAILED_PRECONDITION (the lease had moved to another agent) and
+  NOT_FOUND (the tracker restarted or dropped this connection) replies are logged, not fatal:
+  the request is answered elsewhere or submitted again by its tuner;
+- a broken stream, a tracker restart or an unreachable tracker: register again with exponential
+  backoff (0.2 s doubling to 5 s, with jitter). Work of a connection that is gone and has not
+  started is dropped (its lease brings it back to the queue on the tracker's side); work already
+  running finishes and its report is tried;
+- UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old) or INVALID_ARGUMENT
+  from Connect: retrying cannot help, so the agent exits with EXIT_REFUSED and says why;
+- SIGTERM / SIGINT (`request_stop`): Drain (the tracker sends no more work), finish and report
+  what is held, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from rpc_tracker.client import make_channel
+from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
+
+from .host import describe_host, target_problem
+from .worker import RUNNER_ERROR, MeasureRequest, WorkerProcess
+
+log = logging.getLogger("tunefarm.agent")
+
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED = 0, 2, 3
+
+# Replies to Connect that no retry can fix: a wrong token, an agent too old, a malformed Hello.
+FATAL_CONNECT_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                       grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
+
+# MeasureOptions fields that are 0 when a sender leaves them unset (proto3 has no presence);
+# 0 is not a usable value for them, so the worker's own defaults apply.
+_REQUEST_DEFAULTS = MeasureRequest(b"", None, 0)
+DEFAULT_TIMEOUT_SECONDS = 10.0  # LocalRunner's default run timeout
+
+
+class AgentRefused(Exception):
+    """The tracker refused this agent for good (wrong token, protocol too old, bad registration)."""
+
+
+@dataclass
+class AgentConfig:
+    tracker: str                      # HOST:PORT
+    device_key: str
+    token: str | None = None
+    slots: int = 1
+    name: str | None = None           # default hostname-pid
+    tls_ca: str | None = None         # PEM file of the CA that signed the tracker's certificate
+    drain_grace_seconds: float = 60.0
+    backoff_initial_seconds: float = 0.2
+    backoff_max_seconds: float = 5.0
+    worker_startup_seconds: float = 60.0
+    call_timeout_seconds: float = 10.0  # unary calls (heartbeat, report, drain)
+
+    def __post_init__(self):
+        if not self.device_key or not self.device_key.strip():
+            raise ValueError("a device key is required (e.g. --key x86-avx512)")
+        if ":" not in self.tracker:
+            raise ValueError(f"tracker address must be HOST:PORT, got {self.tracker!r}")
+        if self.slots < 1:
+            raise ValueError(f"slots must be at least 1, got {self.slots}")
+        if self.drain_grace_seconds < 0:
+            raise ValueError("drain grace period must not be negative")
+
+
+# gRPC's own reconnect backoff grows to 120 s by default; a channel still backing off answers every
+# call with UNAVAILABLE at once, so a tracker back after a restart would go unnoticed for minutes.
+# Keep the channel's reconnect attempts at least as frequent as the agent's own backoff.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                     ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+def make_tracker_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
+    """The channel to the tracker (message limits and TLS as every client, quick reconnects)."""
+    return make_channel(address, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
+
+
+class _Session:
+    """One registration: its Connect stream, the tracker's id for it, and the requests it holds."""
+
+    def __init__(self, call, welcome):
+        self.call = call
+        self.agent_id = welcome.agent_id
+        self.heartbeat_seconds = welcome.heartbeat_seconds if welcome.heartbeat_seconds > 0 else 2.0
+        self.tracker_protocol = welcome.protocol_version
+        self.closed = threading.Event()
+        self._holding: set = set()
+        self._lock = threading.Lock()
+
+    def hold(self, request_id: str):
+        with self._lock:
+            self._holding.add(request_id)
+
+    def release(self, request_id: str):
+        with self._lock:
+            self._holding.discard(request_id)
+
+    def holding(self) -> list:
+        with self._lock:
+            return sorted(self._holding)
+
+    def close(self):
+        """Abandon the stream (the connection loop then registers again unless stopping)."""
+        self.closed.set()
+        self.call.cancel()
+
+
+@dataclass
+class _Item:
+    session: _Session
+    work: object          # pb.Work
+    received: float       # time.monotonic() when it arrived
+
+
+class Agent:
+    """The daemon. `run()` blocks until stopped and returns the process exit status."""
+
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.name = config.name or f"{socket.gethostname()}-{os.getpid()}"
+        self.device = describe_host()
+        self._metadata = auth_metadata(config.token)
+        self._stop = threading.Event()        # SIGTERM/SIGINT: drain and leave
+        self._refused = threading.Event()     # the tracker refused us for good
+        self.refusal = ""
+        self._queue: queue.Queue = queue.Queue()
+        self._pending = 0                     # queued + running requests
+        self._pending_cv = threading.Condition()
+        self._session: _Session | None = None
+        self._workers: list = []
+        self._channel = None
+        self._stub = None
+
+    # ------------------------------------------------------------------ public
+    def request_stop(self, *_signal_args) -> None:
+        """Ask the agent to drain and exit (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Serve until stopped (EXIT_OK) or refused by the tracker (EXIT_REFUSED)."""
+        dev = self.device
+        log.info("agent %s (%s, %s, %d cores) joining the farm at %s under key %r with %d slot(s)",
+                 self.name, dev["cpu"], dev["triple"], dev["cores"], self.config.tracker,
+                 self.config.device_key, self.config.slots)
+        self._channel = make_tracker_channel(self.config.tracker, self.config.tls_ca)
+        self._stub = pb_grpc.TrackerStub(self._channel)
+        ready = [threading.Event() for _ in range(self.config.slots)]
+        for i, ev in enumerate(ready):
+            threading.Thread(target=self._slot_loop, args=(i, ev), daemon=True, name=f"slot-{i}").start()
+        for ev in ready:  # workers warm before the first request, so no lease pays their start-up
+            ev.wait(self.config.worker_startup_seconds)
+        conn = threading.Thread(target=self._connect_loop, daemon=True, name="connect")
+        conn.start()
+        while not self._stop.wait(0.2):
+            if self._refused.is_set():
+                log.error("%s", self.refusal)
+                self._shutdown(wait_for_workers=True)
+                return EXIT_REFUSED
+        self._drain()
+        conn.join(timeout=2.0)
+        return EXIT_OK
+
+    # ------------------------------------------------------------------ registration
+    def _hello(self):
+        return pb.Hello(protocol_version=PROTOCOL_VERSION, device_key=self.config.device_key,
+                        device=pb.DeviceInfo(**self.device), slots=self.config.slots, name=self.name)
+
+    def _connect_loop(self):
+        """Register, serve the stream, and register again whenever it breaks, until stopped."""
+        delay = self.config.backoff_initial_seconds
+        failures = 0  # consecutive failed registrations: the first is a warning, the rest are routine
+        while not self._stop.is_set():
+            before = self._session
+            try:
+                self._serve_stream()
+                reason = "the tracker closed the stream"
+            except grpc.RpcError as e:
+                code = e.code()
+                if code in FATAL_CONNECT_CODES and not self._stop.is_set():
+                    self.refusal = self._refusal_message(code, e.details())
+                    self._refused.set()
+                    return
+                reason = f"{code.name if code else 'error'}: {e.details()}"
+            except _StreamEnded as e:
+                reason = str(e)
+            if self._stop.is_set():
+                return
+            if self._session is not before:  # this attempt was welcomed: start the backoff afresh
+                delay, failures = self.config.backoff_initial_seconds, 0
+            failures += 1
+            pause = delay * random.uniform(0.5, 1.0)
+            log.log(logging.WARNING if failures == 1 else logging.INFO,
+                    "no connection to the tracker (%s); registering again in %.2f s", reason, pause)
+            self._stop.wait(pause)
+            delay = min(delay * 2.0, self.config.backoff_max_seconds)
+
+    def _refusal_message(self, code, details) -> str:
+        hint = {grpc.StatusCode.UNAUTHENTICATED: "check --token / $TUNEFARM_AGENT_TOKEN",
+                grpc.StatusCode.PERMISSION_DENIED: "check --token / $TUNEFARM_AGENT_TOKEN",
+                grpc.StatusCode.FAILED_PRECONDITION: "upgrade this agent (pip install -U tunefarm)",
+                grpc.StatusCode.INVALID_ARGUMENT: "check --key and --name"}[code]
+        return (f"the tracker at {self.config.tracker} refused agent {self.name}: {code.name}: {details} "
+                f"({hint})")
+
+    def _serve_stream(self) -> None:
+        """One registration: read Welcome, then queue Work until the stream ends."""
+        call = self._stub.Connect(self._hello(), metadata=self._metadata)
+        try:
+            first = next(call)
+        except StopIteration:
+            raise _StreamEnded("the tracker ended the stream before welcoming the agent") from None
+        if first.WhichOneof("kind") != "welcome":
+            call.cancel()
+            raise _StreamEnded(f"the tracker's first message was {first.WhichOneof('kind')!r}, "
+                                     f"not a welcome")
+        session = _Session(call, first.welcome)
+        self._session = session
+        log.info("registered with the tracker as %s (key %r, heartbeat every %.1f s, tracker protocol %d)",
+                 session.agent_id, self.config.device_key, session.heartbeat_seconds,
+                 session.tracker_protocol)
+        threading.Thread(target=self._heartbeat_loop, args=(session,), daemon=True,
+                         name="heartbeat").start()
+        try:
+            for msg in call:
+                if msg.WhichOneof("kind") == "work":
+                    log.debug("request %s received (lease %.1f s)", msg.work.request.request_id,
+                              msg.work.lease_seconds)
+                    self._enqueue(_Item(session, msg.work, time.monotonic()))
+                else:
+                    log.warning("ignoring an unexpected %r message from the tracker", msg.WhichOneof("kind"))
+        except grpc.RpcError as e:
+            if session.closed.is_set() and e.code() == grpc.StatusCode.CANCELLED:
+                raise _StreamEnded("the agent abandoned a connection the tracker stopped answering") from None
+            raise
+        finally:
+            session.closed.set()
+
+    def _heartbeat_loop(self, session: _Session):
+        """Heartbeat this session until it closes; abandon it if the tracker stops answering."""
+        period = session.heartbeat_seconds
+        failing_since = None
+        while not session.closed.wait(period):
+            try:
+                self._stub.Heartbeat(pb.HeartbeatRequest(agent_id=session.agent_id, holding=session.holding()),
+                                     metadata=self._metadata, timeout=max(period, 1.0))
+                failing_since = None
+            except grpc.RpcError as e:
+                if session.closed.is_set():
+                    return
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    log.warning("the tracker no longer knows agent id %s (%s); registering again",
+                                session.agent_id, e.details())
+                    session.close()
+                    return
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since >= 3 * period:
+                    log.warning("heartbeats failing for %.1f s (%s: %s); registering again",
+                                now - failing_since, e.code().name, e.details())
+                    session.close()
+                    return
+            except ValueError:  # the channel was closed under us: shutting down
+                return
+
+    # ------------------------------------------------------------------ measuring
+    def _enqueue(self, item: _Item):
+        with self._pending_cv:
+            self._pending += 1
+        self._queue.put(item)
+
+    def _slot_loop(self, index: int, ready: threading.Event):
+        worker = WorkerProcess(startup_timeout=self.config.worker_startup_seconds)
+        self._workers.append(worker)
+        try:
+            worker.start()
+        except RuntimeError as e:  # each request will try again and report RUNNER_ERROR if it fails
+            log.error("slot %d: %s", index, e)
+        ready.set()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self._handle(item, worker)
+            except Exception:  # noqa: BLE001 - a bug here must not take the slot down
+                log.exception("slot %d: failed handling request %s", index, item.work.request.request_id)
+            finally:
+                with self._pending_cv:
+                    self._pending -= 1
+                    self._pending_cv.notify_all()
+
+    def _handle(self, item: _Item, worker: WorkerProcess):
+        req = item.work.request
+        session = item.session
+        if session.closed.is_set():
+            log.info("dropping request %s: its connection is gone (the tracker hands it out again)",
+                     req.request_id)
+            return
+        session.hold(req.request_id)
+        try:
+            answer = self._measure(req, worker)
+            result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
+                                      error_code=int(answer["error_code"]), error_msg=answer["error_msg"],
+                                      run_seconds=float(answer["run_seconds"]), agent=self.name)
+            log.debug("request %s: error code %d, %d costs, %.3f s", req.request_id, result.error_code,
+                      len(result.costs), result.run_seconds)
+            self._report(session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))
+        finally:
+            session.release(req.request_id)
+
+    def _measure(self, req, worker: WorkerProcess) -> dict:
+        """The worker's answer dict for one protocol MeasureRequest."""
+        problem = target_problem(req.target)
+        if problem:
+            dev = self.device
+            return {"costs": [], "error_code": RUNNER_ERROR, "run_seconds": 0.0,
+                    "error_msg": f"agent {self.name} ({dev['cpu']}, {dev['triple']}) cannot run target "
+                                 f"{req.target!r}: {problem}"}
+        o = req.options
+        mreq = MeasureRequest(kernel_bytes=req.kernel, reference_bytes=req.reference_kernel or None,
+                              num_inputs=req.num_inputs,
+                              number=o.number or _REQUEST_DEFAULTS.number,
+                              repeat=o.repeat or _REQUEST_DEFAULTS.repeat,
+                              min_repeat_ms=o.min_repeat_ms, cooldown_ms=o.cooldown_ms,
+                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None)
+        timeout = o.timeout_seconds if o.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
+        return worker.run(mreq, timeout)
+
+    def _report(self, session: _Session, result, deadline: float):
+        """ReportResult, retrying a tracker that is briefly unreachable until the lease runs out."""
+        pause = 0.1
+        while True:
+            try:
+                ack = self._stub.ReportResult(pb.ResultReport(agent_id=session.agent_id, result=result),
+                                              metadata=self._metadata, timeout=self.config.call_timeout_seconds)
+                if ack.duplicate:
+                    log.info("request %s was already answered by another agent; result dropped",
+                             result.request_id)
+                return
+            except ValueError:  # the channel was closed: shutting down past the grace period
+                return
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.NOT_FOUND:  # the tracker restarted or dropped this connection
+                    log.warning("result of request %s not taken: the tracker no longer knows this connection "
+                                "(%s); the tuner submits the request again", result.request_id, e.details())
+                    return
+                if code == grpc.StatusCode.FAILED_PRECONDITION:  # the lease went to another agent
+                    log.warning("result of request %s not taken: %s", result.request_id, e.details())
+                    return
+                retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retryable or time.monotonic() + pause > deadline:
+                    log.warning("could not report request %s: %s: %s", result.request_id, code.name, e.details())
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2.0, 1.0)
+
+    # ------------------------------------------------------------------ leaving
+    def _drain(self):
+        """Tell the tracker to send nothing more, finish what is held (within the grace period)."""
+        session = self._session
+        if session is not None and not session.closed.is_set():
+            try:
+                self._stub.Drain(pb.DrainRequest(agent_id=session.agent_id), metadata=self._metadata,
+                                 timeout=self.config.call_timeout_seconds)
+            except grpc.RpcError as e:
+                log.warning("drain call failed (%s: %s); finishing held requests anyway",
+                            e.code().name, e.details())
+        grace = self.config.drain_grace_seconds
+        deadline = time.monotonic() + grace
+        with self._pending_cv:
+            if self._pending:
+                log.info("draining: finishing %d request(s) (grace %.0f s)", self._pending, grace)
+            while self._pending and time.monotonic() < deadline:
+                self._pending_cv.wait(min(0.2, max(deadline - time.monotonic(), 0.0)))
+            left = self._pending
+        if left:
+            log.warning("drain grace of %.0f s is over with %d request(s) unfinished; leaving them to "
+                        "the tracker's leases", grace, left)
+        self._shutdown(wait_for_workers=not left)
+        log.info("agent %s stopped", self.name)
+
+    def _shutdown(self, wait_for_workers: bool):
+        session = self._session
+        if session is not None:
+            session.close()
+        for _ in range(self.config.slots):
+            self._queue.put(None)
+        if wait_for_workers:
+            for w in list(self._workers):
+                w.close()
+        # otherwise a worker is still busy with a kernel: it exits by itself when this process is
+        # gone (device_agent.worker watches its parent)
+        if self._channel is not None:
+            self._channel.close()
+
+
+class _StreamEnded(Exception):
+    """A registration ended without a gRPC error worth naming (retried like a broken stream)."""

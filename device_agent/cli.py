@@ -1,0 +1,61 @@
+"""The agent's command line, shared by `python -m device_agent` and `tunefarm agent`.
+
+    python -m device_agent --tracker HOST:PORT --key KEY [--token T] [--slots N] [--name NAME] [--tls-ca FILE]
+
+The token may come from $TUNEFARM_AGENT_TOKEN instead of the command line (where other users of
+the machine could read it). Exit status: 0 after a drain (SIGTERM/SIGINT), 2 on a usage error,
+3 when the tracker refuses the agent (wrong token, protocol too old).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+TOKEN_ENV = "TUNEFARM_AGENT_TOKEN"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the tracker to join")
+    p.add_argument("--key", required=True, help="device key to serve, e.g. x86-avx512, rpi4")
+    p.add_argument("--token", default=None, help=f"agent token (default: ${TOKEN_ENV})")
+    p.add_argument("--slots", type=int, default=1,
+                   help="requests measured at once (default 1, so timings do not disturb each other)")
+    p.add_argument("--name", default=None, help="agent name in results and summaries (default hostname-pid)")
+    p.add_argument("--tls-ca", default=None, metavar="FILE",
+                   help="PEM certificate of the CA that signed the tracker's certificate (enables TLS)")
+    p.add_argument("--drain-grace", type=float, default=60.0, metavar="SECONDS",
+                   help="on SIGTERM, how long to wait for held requests to finish (default 60)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+
+
+def run_from_args(args) -> int:
+    """Run the agent in this process until it is stopped or refused; returns the exit status."""
+    from .agent import EXIT_USAGE, Agent, AgentConfig
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.tls_ca and not os.path.isfile(args.tls_ca):
+        print(f"tunefarm agent: error: --tls-ca {args.tls_ca}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = AgentConfig(tracker=args.tracker, device_key=args.key,
+                             token=args.token or os.environ.get(TOKEN_ENV) or None, slots=args.slots,
+                             name=args.name, tls_ca=args.tls_ca, drain_grace_seconds=args.drain_grace)
+    except ValueError as e:
+        print(f"tunefarm agent: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    agent = Agent(config)
+    signal.signal(signal.SIGTERM, agent.request_stop)
+    signal.signal(signal.SIGINT, agent.request_stop)
+    return agent.run()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m device_agent",
+                                     description="tunefarm device agent: measure candidates for the farm.")
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))

@@ -1,0 +1,200 @@
+"""The farm's runner: measure built candidates on device agents, through the tracker.
+
+`RPCRunner.run(task, builds)` sends one MeasureBatch (one request per kernel, each with a fresh
+uuid4 request id) through the tracker's Measure call and collects the results from its stream as
+they arrive, in whatever order agents finish (`run_iter` yields them in that order). The tracker keeps no durable state, so when the
+stream breaks (the tracker restarted, the network dropped) the runner submits the requests still
+unanswered again, under the same ids, after a backoff; the tracker never runs or answers an id
+twice, and a duplicate answer that still reaches the runner is ignored. Requests unanswered when
+`result_timeout` runs out become RUNNER_ERROR results, so the tuning loop always gets one result
+per build, in order, as with LocalRunner.
+
+A misconfigured tuner — a wrong token, a batch the tracker rejects (malformed, an unknown device
+key, a target no agent of the key can run), a tracker address that never answers — gets a typed
+exception (`FarmAuthError`, `FarmRequestError`, `FarmError`) instead of a batch of error records:
+recording garbage for every candidate would poison the search and the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+
+import grpc
+
+from device_agent.agent import RECONNECT_OPTIONS
+from rpc_tracker.client import make_channel
+from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
+
+from ..candidate import ErrorCode, MeasureResult
+from ..workload import Task
+from .runner import Runner, passthrough, to_measure_result
+
+log = logging.getLogger("tunefarm.rpc_runner")
+
+TOKEN_ENV = "TUNEFARM_TUNER_TOKEN"
+
+# Stream endings worth submitting the unanswered requests again for: the tracker went away or
+# restarted, or the call was cut; anything else is a statement about the request itself.
+_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED)
+
+
+class FarmError(RuntimeError):
+    """The farm refused the tuner's requests; the tuning run should stop."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+class FarmAuthError(FarmError):
+    """The tracker did not accept the tuner's token (UNAUTHENTICATED / PERMISSION_DENIED)."""
+
+
+class FarmRequestError(FarmError):
+    """The tracker rejected the batch itself (INVALID_ARGUMENT, an oversized message, ...)."""
+
+
+class RPCRunner(Runner):
+    """Measures on the farm's agents of one device key; same options and defaults as LocalRunner."""
+
+    def __init__(self, tracker: str, device_key: str, token: str | None = None, priority: int = 0,
+                 number: int = 3, repeat: int = 3, min_repeat_ms: float = 50.0, cooldown_ms: float = 0.0,
+                 timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0, seed: int = 0,
+                 num_threads: int | None = None, tls_ca: str | None = None, result_timeout: float = 600.0,
+                 connect_timeout: float = 30.0, backoff_initial: float = 0.2, backoff_max: float = 5.0):
+        if number < 1 or repeat < 1:
+            raise ValueError("number and repeat must be at least 1")
+        if timeout <= 0:
+            raise ValueError(f"run timeout must be positive, got {timeout!r}")
+        if result_timeout <= 0:
+            raise ValueError(f"result timeout must be positive, got {result_timeout!r}")
+        if not device_key:
+            raise ValueError("a device key is required: the farm measures on agents of one key")
+        self.tracker, self.device_key, self.priority = tracker, device_key, int(priority)
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.options = pb.MeasureOptions(number=int(number), repeat=int(repeat),
+                                         min_repeat_ms=float(min_repeat_ms), cooldown_ms=float(cooldown_ms),
+                                         rtol=float(rtol), atol=float(atol), seed=int(seed),
+                                         num_threads=int(num_threads or 0), timeout_seconds=float(timeout))
+        self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
+        self._reached = False  # has this runner ever got through to the tracker?
+        self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
+        self._channel = make_channel(tracker, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
+        self._stub = pb_grpc.TrackerStub(self._channel)
+        self._metadata = auth_metadata(self.token)
+
+    @property
+    def _unmeasured_by(self) -> str:
+        """measured_by of a result no agent produced."""
+        return f"farm:{self.device_key}"
+
+    def run(self, task: Task, build_results: list) -> list:
+        out: list = [None] * len(build_results)
+        for i, res in self.run_iter(task, build_results):
+            out[i] = res
+        return out
+
+    def run_iter(self, task: Task, build_results: list):
+        """Yield (index into build_results, MeasureResult) as results arrive: build errors first,
+        then measurements in the order agents finish them, then the unanswered ones at the end."""
+        if task.device_key != self.device_key:
+            raise ValueError(f"task {task.workload.name} is for device key {task.device_key!r} but this "
+                             f"RPCRunner measures on {self.device_key!r}; its records would name the wrong "
+                             f"devices")
+        self._first_contact()
+        requests: dict = {}   # request id -> pb.MeasureRequest
+        index: dict = {}      # request id -> position in build_results
+        for i, br in enumerate(build_results):
+            res = passthrough(br, self._unmeasured_by)
+            if res is not None:
+                yield i, res
+                continue
+            rid = uuid.uuid4().hex
+            requests[rid] = pb.MeasureRequest(request_id=rid, target=task.target, kernel=br.kernel_bytes,
+                                              reference_kernel=br.reference_bytes, num_inputs=br.num_inputs,
+                                              options=self.options)
+            index[rid] = i
+        if requests:
+            for rid, answer in self._collect(requests):
+                i = index[rid]
+                yield i, self._to_result(answer, build_results[i])
+
+    def _first_contact(self) -> None:
+        """Fail fast on a tracker never reached (a wrong address), unlike an outage mid-run.
+
+        Once the runner has talked to the tracker, an unreachable tracker is taken for one that
+        restarts, and waited for up to result_timeout.
+        """
+        if self._reached:
+            return
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout)
+        except grpc.FutureTimeoutError:
+            raise FarmError(f"cannot reach the tracker at {self.tracker} within {self.connect_timeout:g} s "
+                            f"(is it running, and is the address right?)") from None
+        self._reached = True
+
+    def _to_result(self, answer, br) -> MeasureResult:
+        if answer is None:
+            return MeasureResult(error_code=ErrorCode.RUNNER_ERROR,
+                                 error_msg=f"no result from the farm within {self.result_timeout:g} s "
+                                           f"(tracker {self.tracker}, device key {self.device_key!r})",
+                                 build_seconds=br.build_seconds, measured_by=self._unmeasured_by)
+        as_dict = {"costs": list(answer.costs), "error_code": answer.error_code,
+                   "error_msg": answer.error_msg, "run_seconds": answer.run_seconds}
+        return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by)
+
+    def _collect(self, requests: dict):
+        """Yield (request id, pb.MeasureResult) as results arrive, submitting the unanswered requests
+        again after a break; then (request id, None) for each left unanswered at result_timeout."""
+        pending = set(requests)
+        deadline = time.monotonic() + self.result_timeout
+        delay = self.backoff_initial
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            batch = pb.MeasureBatch(device_key=self.device_key, priority=self.priority,
+                                    requests=[requests[rid] for rid in requests if rid in pending])
+            progressed = False
+            try:
+                for res in self._stub.Measure(batch, metadata=self._metadata, timeout=left):
+                    if res.request_id in pending:  # a duplicate or unknown id is ignored
+                        pending.discard(res.request_id)
+                        progressed = True
+                        yield res.request_id, res
+                if not pending:
+                    break
+                reason = f"the result stream ended with {len(pending)} request(s) unanswered"
+            except grpc.RpcError as e:
+                code = e.code()
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise FarmAuthError(f"the tracker at {self.tracker} refused the tuner: {code.name}: "
+                                        f"{e.details()} (check --token / ${TOKEN_ENV})", code) from None
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+                if code not in _RETRY_CODES:
+                    raise FarmRequestError(f"the tracker at {self.tracker} rejected a batch of {len(batch.requests)} "
+                                           f"request(s) for key {self.device_key!r}: {code.name}: {e.details()}",
+                                           code) from None
+                reason = f"{code.name}: {e.details()}"
+            if progressed:
+                delay = self.backoff_initial
+            pause = min(delay * random.uniform(0.5, 1.0), max(deadline - time.monotonic(), 0.0))
+            log.warning("farm measurement interrupted (%s); submitting %d unanswered request(s) again in %.2f s",
+                        reason, len(pending), pause)
+            time.sleep(pause)
+            delay = min(delay * 2.0, self.backoff_max)
+        if pending:
+            log.warning("%d request(s) got no result from the farm within %g s", len(pending), self.result_timeout)
+        for rid in requests:
+            if rid in pending:
+                yield rid, None
+
+    def close(self) -> None:
+        self._channel.close()
