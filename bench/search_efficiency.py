@@ -2,10 +2,20 @@
 
 For every workload (fp32 matmul 512³; a ResNet-50 conv2d layer: 1×64×56×56 input, 64 filters
 3×3, padding 1) and every seed, four real tuning runs, each in its own fresh SQLite file (so no
-run resumes or warm-starts from another):
+run resumes from another):
 
     template space:  random search  vs  model-based search (XGBoost + simulated annealing)
     sketch space:    random search  vs  evolutionary search (XGBoost + evolution, Ansor-like)
+
+History (`--history siblings`, the default): a tuning service is never empty. Before the runs,
+SIBLING workloads — other shapes of the same operators (matmul 256×768×512; ResNet-50's conv3_x
+layer 1×128×28×28, 128 filters 3×3) — are tuned in both spaces as `tunefarm tune` would tune them
+(the space's default guided strategy; `--history-strategy random` for random records), and every
+run's fresh database starts with those records imported (as `tunefarm records import` would).
+The guided strategies warm-start their cost model from them (records of other workloads on the
+same target); random search ignores them. None of them is of a workload under test, so nothing
+is resumed and no trial is saved. `--history none` runs from empty databases (the cold start:
+the guided search's first batch is then as random as random search's).
 
 The bar of a (workload, space, seed) is 90 % of the best GFLOPS random search found in its whole
 budget (cost threshold = random's best cost / 0.9). Trials-to-90 of a run is the first trial
@@ -27,6 +37,7 @@ Last line: JSON with guided_trials_to_90, random_trials_to_90, trial_ratio and t
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import tempfile
@@ -36,6 +47,11 @@ from pathlib import Path
 WORKLOADS = {
     "matmul512": ("matmul", dict(M=512, N=512, K=512)),
     "resnet50_conv": ("conv2d_nchw", dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=[1, 1])),
+}
+# Other shapes of the same operators: the records a service already holds when these are tuned.
+SIBLINGS = {
+    "matmul_256x768x512": ("matmul", dict(M=256, N=768, K=512)),
+    "resnet50_conv3x": ("conv2d_nchw", dict(N=1, C=128, H=28, W=28, F=128, KH=3, KW=3, padding=[1, 1])),
 }
 GUIDED = {"template": "model", "sketch": "evolutionary"}
 MEASURE = dict(number=1, repeat=3, min_repeat_ms=20)
@@ -75,6 +91,12 @@ def main():
                     help="default: all")
     ap.add_argument("--spaces", nargs="+", choices=("template", "sketch"), default=["template", "sketch"],
                     help="default: both")
+    ap.add_argument("--history", choices=("siblings", "none"), default="siblings",
+                    help="records every run's database starts with (default: random-search records "
+                         "of sibling workloads)")
+    ap.add_argument("--history-trials", type=int, default=64, help="trials per sibling and space")
+    ap.add_argument("--history-strategy", choices=("guided", "random"), default="guided",
+                    help="how the siblings were tuned (default: the space's guided strategy)")
     args = ap.parse_args()
 
     import compiler
@@ -87,16 +109,38 @@ def main():
     tmp = tempfile.TemporaryDirectory()
     n_db = 0
 
+    history_jsonl = ""
+
     def fresh_store():
         nonlocal n_db
         n_db += 1
-        return open_store(f"sqlite:///{Path(tmp.name) / f'records_{n_db}.db'}")
+        store = open_store(f"sqlite:///{Path(tmp.name) / f'records_{n_db}.db'}")
+        if history_jsonl:
+            store.import_jsonl(io.StringIO(history_jsonl))
+        return store
 
     runs = []  # one dict per tuning run
     pairs = []  # one dict per (workload, space, seed)
+    history = {}
     builder = BuilderPool()
     runner = LocalRunner(**MEASURE)
     try:
+        if args.history == "siblings":
+            hstore = fresh_store()
+            for hname, (op, params) in SIBLINGS.items():
+                htask = Task.create(Workload(op, params))
+                for space in args.spaces:
+                    hstrategy = GUIDED[space] if args.history_strategy == "guided" else "random"
+                    r = tune(htask, hstore, space=space, strategy=hstrategy, trials=args.history_trials,
+                             batch_size=args.batch, seed=1000, builder=builder, runner=runner)
+                    history[f"{hname}/{space}"] = dict(strategy=hstrategy, trials=r.trials,
+                                                       best_gflops=round(r.best_gflops, 1))
+                    print(f"  history {hname:<20} {space:<8} {hstrategy:<12} trials {r.trials:3d}  "
+                          f"best {r.best_gflops:6.1f} GFLOPS  {r.tune_seconds:5.1f} s", flush=True)
+            buf = io.StringIO()
+            hstore.export_jsonl(buf)
+            hstore.close()
+            history_jsonl = buf.getvalue()
         for wname in args.workloads:
             op, params = WORKLOADS[wname]
             task = Task.create(Workload(op, params))
@@ -229,6 +273,7 @@ def main():
         "trials": args.trials, "batch": args.batch, "seeds": args.seeds,
         "workloads": args.workloads, "spaces": args.spaces,
         "measure": "LocalRunner(number=1, repeat=3, min_repeat_ms=20)",
+        "history": args.history, "history_runs": history,
         "ratio_definition": "median over (workload, space, seed) of guided_t90 / random_t90; "
                             "threshold = random best cost / 0.9; never reached = budget + 1",
         "errors": errors,

@@ -118,21 +118,26 @@ class ModelBasedSearch(_ModelGuided):
     def __init__(self, space, opdef=None, target=None, cost_model=None, featurizer=None, rng=None,
                  visited=(), eps: float = 0.05, group: str = "current", n_parallel: int = 64,
                  sa_iters: int = 40, temp=(1.0, 0.0), early_stop: int = 10, plan_size: int | None = None,
-                 **kw):
+                 cold_pool_factor: int = 4, **kw):
         super().__init__(space, opdef, target, cost_model, featurizer, rng, visited, eps, group, **kw)
         self.n_parallel, self.sa_iters = int(n_parallel), int(sa_iters)
+        self.cold_pool_factor = max(int(cold_pool_factor), 1)
         self.temp, self.early_stop, self.plan_size = temp, int(early_stop), plan_size
         self._points: list = []
 
     def _ranked(self, n: int) -> list:
         k = max(self.plan_size or 2 * n, n)
         rng = self.rng
-        if len(self._points) < self.n_parallel:
-            self._points += [self.space.sample(rng) for _ in range(self.n_parallel - len(self._points))]
-        points = list(self._points)
+        missing = self.n_parallel - len(self._points)
+        if missing > 0 and not self.history:
+            missing += self.n_parallel * (self.cold_pool_factor - 1)  # see EvolutionarySearch
+        points = self._points + [self.space.sample(rng) for _ in range(max(missing, 0))]
         cur = self.scores(points)
         best: dict = {}
         self._keep_best(best, points, cur, self.visited)
+        if len(points) > self.n_parallel:  # chains start from the best-predicted samples
+            keep = np.argsort(-np.where(np.isfinite(cur), cur, -np.inf), kind="stable")[: self.n_parallel]
+            points, cur = [points[i] for i in keep], cur[keep]
         t0, t1 = self.temp
         unchanged, last = 0, None
         for it in range(self.sa_iters):
@@ -171,10 +176,12 @@ class EvolutionarySearch(_ModelGuided):
 
     def __init__(self, space, opdef=None, target=None, cost_model=None, featurizer=None, rng=None,
                  visited=(), eps: float = 0.05, group: str = "current", population_size: int = 128,
-                 num_generations: int = 4, n_best_measured: int = 16, mutation_prob: float = 0.85, **kw):
+                 num_generations: int = 4, n_best_measured: int = 16, mutation_prob: float = 0.85,
+                 cold_pool_factor: int = 4, **kw):
         super().__init__(space, opdef, target, cost_model, featurizer, rng, visited, eps, group, **kw)
         self.population_size, self.num_generations = int(population_size), int(num_generations)
         self.n_best_measured, self.mutation_prob = int(n_best_measured), float(mutation_prob)
+        self.cold_pool_factor = max(int(cold_pool_factor), 1)
 
     def _initial_population(self) -> list:
         cands, fit = self._fitness()
@@ -183,7 +190,13 @@ class EvolutionarySearch(_ModelGuided):
             for i in np.argsort(-fit, kind="stable")[: self.n_best_measured]:
                 if fit[i] > 0:
                     pop.append(cands[i])
-        pop += [self.space.sample(self.rng) for _ in range(self.population_size - len(pop))]
+        size = self.population_size
+        if not pop:
+            # Nothing measured of this workload yet, but the model already ranks (warm-started
+            # from other workloads): the first batch is chosen from a wider random pool, since
+            # without measured parents evolution has only the samples to start from.
+            size *= self.cold_pool_factor
+        pop += [self.space.sample(self.rng) for _ in range(size - len(pop))]
         return pop
 
     def _ranked(self, n: int) -> list:
