@@ -343,6 +343,19 @@ def test_oversized_message_is_resource_exhausted(tracker, clients, kernels):
     assert next(stream).request_id == "r1"
 
 
+def test_malformed_bytes_are_refused_and_the_tracker_keeps_serving(tracker, clients, kernels):
+    """Bytes that are not a protobuf message of the method's type never reach the servicer."""
+    with make_channel(tracker.address) as ch:
+        raw = ch.unary_unary("/tunefarm.farm.v1.Tracker/ReportResult",
+                             request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        e = rpc_error(lambda: raw(b"\xff\xff\xff\x0f garbage", metadata=auth_metadata(AGENT_TOKEN), timeout=5))
+    assert e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    a = agent(tracker, clients)  # still serving
+    stream = tuner(tracker, clients).measure([request("r1", kernels)])
+    a.report(a.next_work().request.request_id)
+    assert next(stream).request_id == "r1"
+
+
 def test_results_the_agent_does_not_hold(tracker, clients, kernels):
     a = agent(tracker, clients, name="holder")
     b = agent(tracker, clients, name="other")
