@@ -83,7 +83,7 @@ def tune(task: Task, store, space: str = "sketch", strategy: str | None = None, 
     # earlier runs in this kind of space count against the budget; another space's do not
     relevant = [r for r in prior if r.candidate.kind == the_space.kind]
     t0 = time.perf_counter()
-    cost_model = _warm_cost_model(store, task, target) if strategy_name in MODEL_GUIDED else None
+    cost_model = _warm_cost_model(store, task, target, the_space) if strategy_name in MODEL_GUIDED else None
     strat = make_strategy(strategy_name, the_space, opdef, target, seed,
                           visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model)
     result = TuneResult(task, resumed_trials=len(relevant), flops=opdef.flops)
@@ -139,14 +139,15 @@ def _account(result: TuneResult, batch, results: list[MeasureResult]):
         result.history.append((result.resumed_trials + result.trials, res.mean_cost))
 
 
-def _warm_cost_model(store, task: Task, target, limit: int = 2000):
-    """A cost model pre-trained on other workloads' records for this target (None if there are none)."""
+def _warm_cost_model(store, task: Task, target, space: SearchSpace, limit: int = 2000):
+    """A cost model pre-trained on other workloads' records for this target whose candidates
+    have the structure of `space` (same template or sketches); None if there are none."""
     from .cost_model import XGBCostModel, throughputs_from_results
     from .features import features_for
     from .space import SpaceError
 
     others = [r for r in store.history(target=task.target, limit=limit)
-              if r.workload_key != task.workload.opdef().workload_key()]
+              if r.workload_key != task.workload.opdef().workload_key() and space.same_structure(r.candidate)]
     if not others:
         return None
     feats, thr, groups = [], [], []

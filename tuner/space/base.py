@@ -46,6 +46,12 @@ class SearchSpace(ABC):
     def schedule(self, opdef, cand: Candidate):
         """(schedule, args) for `cand` on a fresh compute definition `opdef`."""
 
+    def same_structure(self, cand: Candidate) -> bool:
+        """Is `cand` (of any workload) a point of a space shaped like this one — the same
+        template, or one of the same sketches? The cost model's warm start keeps only such
+        records: on a ResNet conv2d, records of matmuls made the first batches worse than none."""
+        return cand.kind == self.kind
+
 
 _KINDS: dict = {}
 

@@ -492,6 +492,10 @@ class SketchSpace(SearchSpace):
             return sk.id, self.sample_params(sk, rng)
         return self._first_valid(gen, "sample")
 
+    def same_structure(self, cand: Candidate) -> bool:
+        return (cand.kind == "trace" and isinstance(cand.payload, dict)
+                and cand.payload.get("sketch") in self._by_id)
+
     def _parts(self, cand: Candidate):
         if cand.kind != "trace" or not isinstance(cand.payload, dict):
             raise SpaceError(f"expected a trace candidate, got kind {cand.kind!r}")

@@ -569,6 +569,10 @@ class TemplateSpace(SearchSpace):
         self.config_space = define_space(template_name, self.opdef, self.target)
 
     # -- config <-> candidate
+
+    def same_structure(self, cand: Candidate) -> bool:
+        return (cand.kind == "config" and isinstance(cand.payload, dict)
+                and cand.payload.get("template") == self.template_name)
     def config_of(self, cand: Candidate) -> Config:
         p = _payload(cand)
         if p["template"] != self.template_name:
