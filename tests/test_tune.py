@@ -115,3 +115,26 @@ def test_cli_rejects_bad_input_cleanly(tmp_path, capsys):
     assert main(["tune", "matmul", "--param", "M=16", "--param", "N=16", "--param", "K=16",
                  "--strategy", "nope", "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     assert "unknown strategy" in capsys.readouterr().err
+
+
+def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery):
+    """Records of other workloads warm the cost model only when their candidates come from the
+    same sketches (or template): a matmul's model learns from another matmul, not from a conv."""
+    from compiler.target import resolve_target
+    from tuner.tune import _warm_cost_model, make_space
+
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    sibling = Task.create(Workload("matmul", dict(M=32, N=24, K=16)))
+    conv = Task.create(Workload("conv2d_nchw", dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=[1, 1])))
+    for t, n in ((sibling, 16), (conv, 8)):
+        tune(t, store, space="sketch", strategy="random", trials=n, batch_size=8, builder=builder, runner=runner)
+    task = _task()
+    target = resolve_target(task.target)
+    space = make_space("sketch", task.workload.opdef(), target)
+    model = _warm_cost_model(store, task, target, space)
+    assert model is not None and model.trained and model.has_history
+    assert set(model._hg.tolist()) == {sibling.workload.key}
+    # nothing of a template's structure in the store: no warm start for a template search
+    assert _warm_cost_model(store, task, target, make_space("template", task.workload.opdef(), target)) is None
+    store.close()

@@ -7,9 +7,8 @@
   samples plus the best measured candidates evolves for a few generations by mutation and
   crossover, parents drawn by predicted score; the batch is the best-predicted unvisited ones.
 
-Both pick a fraction of every batch at random (ε-greedy exploration: `eps_start` while the task
-has few measurements of its own, down to `eps`; the best-predicted candidates come first in a
-batch), retrain the model after every batch, and propose random candidates until the model has
+Both pick a fraction `eps` of every batch at random (ε-greedy exploration; the best-predicted
+candidates come first in a batch, the random ones after them), retrain the model after every batch, and propose random candidates until the model has
 something to learn from.
 Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(opdef, ·, target)`,
 lowering each candidate), cached per fingerprint because annealing and evolution revisit points.
@@ -26,7 +25,7 @@ from .base import Strategy
 class _ModelGuided(Strategy):
     def __init__(self, space, opdef=None, target=None, cost_model: XGBCostModel | None = None,
                  featurizer=None, rng=None, visited=(), eps: float = 0.05, group: str = "current",
-                 feature_cache_size: int = 200_000, eps_start: float = 0.5, explore_trials: int = 32):
+                 feature_cache_size: int = 200_000):
         super().__init__(space, rng, visited)
         if featurizer is None:
             if opdef is None:
@@ -38,7 +37,6 @@ class _ModelGuided(Strategy):
         self.featurizer = featurizer
         self.model = cost_model if cost_model is not None else XGBCostModel()
         self.eps = float(eps)
-        self.eps_start, self.explore_trials = float(eps_start), int(explore_trials)
         self.group = group
         self._cache: dict = {}
         self._cache_size = int(feature_cache_size)
@@ -73,24 +71,11 @@ class _ModelGuided(Strategy):
         self.model.update(self.features(candidates), results, group=self.group)
 
     # ------------------------------------------------------------------ batches
-    def exploration(self) -> float:
-        """The fraction of the next batch picked at random.
-
-        `eps`, except while a warm-started model (rows of other workloads) meets a task with
-        fewer than `explore_trials` measurements of its own: then more (from `eps_start`,
-        linearly), because a model warm-started from other workloads can be confidently
-        wrong about this one, and if every early batch followed it, the task's own data would hold
-        only candidates alike to the model's, with nothing to correct it."""
-        own = len(self.history)
-        if self.explore_trials <= 0 or own >= self.explore_trials or not self.model.has_history:
-            return self.eps
-        return self.eps + (max(self.eps_start, self.eps) - self.eps) * (1.0 - own / self.explore_trials)
-
     def _propose(self, n: int) -> list:
         if not self.model.trained:
             return self._random_unvisited(n)
         ranked = self._ranked(n)
-        expected = n * self.exploration()
+        expected = n * self.eps
         n_random = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
         n_random = min(n_random, n - 1) if n > 1 else n_random  # the best-predicted always goes
         out, taken, k = [], set(), 0
