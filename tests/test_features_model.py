@@ -287,18 +287,3 @@ def test_warm_start_from_other_workloads(measured, target):
     capped = XGBCostModel(max_history_rows=20).warm_start(X, 1 / costs, groups=["a", "b"] * 28)
     assert capped._hX.shape[0] <= 20
 
-
-def test_own_rows_weigh_as_much_as_all_warm_start_rows(measured, target):
-    """However many rows of other workloads the model holds, the task's own measurements count
-    as much as all of them together (and a model without history weights nothing)."""
-    X, costs = measured
-    model = XGBCostModel()
-    model.warm_start(X, 1 / costs, groups=["a"] * 28 + ["b"] * 28)
-    model.update(X[:8], [MeasureResult(costs=[c]) for c in costs[:8]], group="mine")
-    data = model._training_set()
-    keys = np.unique(data[2])
-    w = model._group_weights(data[2], keys)
-    assert dict(zip(keys.tolist(), w.tolist())) == {"a": 1.0, "b": 1.0, "mine": 56 / 8}
-    plain = XGBCostModel()
-    plain.update(X[:8], [MeasureResult(costs=[c]) for c in costs[:8]])
-    assert plain._group_weights(plain._training_set()[2], np.array(["current"])) is None

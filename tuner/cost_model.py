@@ -220,27 +220,8 @@ class XGBCostModel:
         dtrain = xgb.DMatrix(X[order], label=label, nthread=params["nthread"])
         if self.objective in RANK_OBJECTIVES:
             dtrain.set_info(qid=qid[order])
-            weights = self._group_weights(g, np.unique(g))
-            if weights is not None:
-                dtrain.set_weight(weights)  # ranking weights are per query group, in qid order
         self.booster = xgb.train(params, dtrain, num_boost_round=self.num_rounds)
         self.booster.set_param({"nthread": 1})  # see predict
-
-    def _group_weights(self, g, keys):
-        """Per-group weights (None: all equal): the task's own rows weigh as much as all the
-        warm-start rows together. Every row contributes the same number of pairs, so without this
-        a few hundred rows of other workloads would outvote the task's first measurements, and a
-        model that transfers badly would keep steering the search away from what the task's own
-        measurements show."""
-        if self._X is None or not len(self._X) or self._hX is None or not len(self._hX):
-            return None
-        own_keys = set(self._g.tolist())
-        is_own = np.isin(g, list(own_keys))
-        own = float(is_own.sum())
-        if own == 0:
-            return None
-        w_own = max(1.0, float(len(g) - own) / own)
-        return np.array([w_own if k in own_keys else 1.0 for k in keys], dtype=np.float32)
 
     # ------------------------------------------------------------------ prediction
     def predict(self, features) -> np.ndarray:
