@@ -133,7 +133,7 @@ def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery)
     target = resolve_target(task.target)
     space = make_space("sketch", task.workload.opdef(), target)
     model = _warm_cost_model(store, task, target, space)
-    assert model is not None and model.trained and model.has_history
+    assert model is not None and model.trained
     assert set(model._hg.tolist()) == {sibling.workload.key}
     # nothing of a template's structure in the store: no warm start for a template search
     assert _warm_cost_model(store, task, target, make_space("template", task.workload.opdef(), target)) is None

@@ -94,11 +94,6 @@ class XGBCostModel:
     def trained(self) -> bool:
         return self.booster is not None
 
-    @property
-    def has_history(self) -> bool:
-        """Was the model warm-started with rows of other workloads?"""
-        return self._hX is not None and len(self._hX) > 0
-
     def fit(self, features, throughputs, groups=None):
         """Replace the own training rows by these and retrain.
 

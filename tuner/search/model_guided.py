@@ -8,8 +8,8 @@
   crossover, parents drawn by predicted score; the batch is the best-predicted unvisited ones.
 
 Both pick a fraction `eps` of every batch at random (ε-greedy exploration; the best-predicted
-candidates come first in a batch, the random ones after them), retrain the model after every batch, and propose random candidates until the model has
-something to learn from.
+candidates come first in a batch, the random ones after them), retrain the model after every
+batch, and propose random candidates until the model has something to learn from.
 Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(opdef, ·, target)`,
 lowering each candidate), cached per fingerprint because annealing and evolution revisit points.
 """

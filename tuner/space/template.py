@@ -573,6 +573,7 @@ class TemplateSpace(SearchSpace):
     def same_structure(self, cand: Candidate) -> bool:
         return (cand.kind == "config" and isinstance(cand.payload, dict)
                 and cand.payload.get("template") == self.template_name)
+
     def config_of(self, cand: Candidate) -> Config:
         p = _payload(cand)
         if p["template"] != self.template_name:
