@@ -23,6 +23,8 @@ from tuner.cost_model import XGBCostModel, normalize_by_group, throughputs_from_
 from tuner.features import NUM_FEATURES, extract_features, feature_names, features_for
 from tuner.space.base import SearchSpace, instantiate
 
+from matmul_trace import matmul_knob_trace
+
 
 class MatmulTiles(SearchSpace):
     """Split factors, loop order, vectorize, unroll and (optionally) parallel of a matmul."""
@@ -35,21 +37,7 @@ class MatmulTiles(SearchSpace):
                        "vec": [0, 1], "order": [0, 1], "unroll": [0, 1], "par": [0, 1] if parallel else [0]}
 
     def make(self, **k) -> Candidate:
-        s = create_schedule(self.opdef.output)
-        st = s[self.opdef.output]
-        i, j = st.op.axis
-        (r,) = st.op.reduce_axis
-        io, ii = st.split(i, factor=k["ti"])
-        jo, ji = st.split(j, factor=k["tj"])
-        ko, ki = st.split(r, factor=k["tk"])
-        st.reorder(*((io, jo, ko, ki, ii, ji) if k["order"] else (io, jo, ko, ii, ki, ji)))
-        if k["vec"]:
-            st.vectorize(ji)
-        if k["unroll"]:
-            st.unroll(ki)
-        if k["par"]:
-            st.parallel(io)
-        return Candidate("trace", {"steps": s.steps})
+        return matmul_knob_trace(self.opdef, **k)
 
     def sample(self, rng):
         return self.make(**{n: v[int(rng.integers(len(v)))] for n, v in self.values.items()})

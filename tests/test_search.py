@@ -14,12 +14,13 @@ import math
 import numpy as np
 import pytest
 
-from compiler import create_schedule
 from compiler.ops.matmul import matmul
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.search import (Budget, EarlyStopping, EvolutionarySearch, GeneticSearch, GridSearch,
                           ModelBasedSearch, RandomSearch, run_search)
 from tuner.space.base import SearchSpace, SpaceError, instantiate
+
+from matmul_trace import matmul_knob_trace
 
 
 class MatmulKnobSpace(SearchSpace):
@@ -56,21 +57,7 @@ class MatmulKnobSpace(SearchSpace):
 
     def from_indices(self, idx) -> Candidate:
         k = {n: self.values[n][i] for n, i in zip(self.names, idx)}
-        s = create_schedule(self.opdef.output)
-        st = s[self.opdef.output]
-        i, j = st.op.axis
-        (r,) = st.op.reduce_axis
-        io, ii = st.split(i, factor=k["ti"])
-        jo, ji = st.split(j, factor=k["tj"])
-        ko, ki = st.split(r, factor=k["tk"])
-        st.reorder(*((io, jo, ko, ki, ii, ji) if k["order"] else (io, jo, ko, ii, ki, ji)))
-        if k["vec"]:
-            st.vectorize(ji)
-        if k["unroll"]:
-            st.unroll(ki)
-        if k["par"]:
-            st.parallel(io)
-        c = Candidate("trace", {"steps": s.steps})
+        c = matmul_knob_trace(self.opdef, **k)
         self._index_of[c.fingerprint] = tuple(idx)
         return c
 

@@ -492,7 +492,7 @@ def features_for(opdef, candidates, target=None) -> np.ndarray:
     out = np.full((len(candidates), NUM_FEATURES), np.nan)
     for i, cand in enumerate(candidates):
         try:
-            func = cand.take_lowered() if hasattr(cand, "take_lowered") else None
+            func = cand.take_lowered()
             if func is None:
                 s, args = instantiate(opdef, cand)
                 func = lower(s, args)
