@@ -262,13 +262,19 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
 
 
 def _cast_value(v, dtype):
+    """Constant folding with the generated code's semantics: int -> int wraps, float -> int
+    truncates and saturates with NaN giving 0 (codegen's llvm.fptosi.sat)."""
     if dtype == "bool":
         return bool(v)
     if dtype.startswith("int"):
         bits = int(dtype[3:])
-        v = int(math.trunc(v))
-        v &= (1 << bits) - 1
-        return v - (1 << bits) if v >= 1 << (bits - 1) else v
+        lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        if isinstance(v, float):
+            if math.isnan(v):
+                return 0
+            return hi if v >= hi else lo if v <= lo else math.trunc(v)
+        v = int(v) & ((1 << bits) - 1)
+        return v - (1 << bits) if v > hi else v
     return float(v)
 
 

@@ -31,3 +31,9 @@ def bits(dtype: str) -> int:
 
 def nbytes(dtype: str) -> int:
     return 1 if dtype == "bool" else _BITS[dtype] // 8
+
+
+def int_range(dtype: str) -> tuple:
+    """(lowest, highest) value of an integer dtype."""
+    bits_ = _BITS[dtype]
+    return -(1 << (bits_ - 1)), (1 << (bits_ - 1)) - 1

@@ -7,8 +7,10 @@ compared by identity: two loops named `i` are different variables.
 
 from __future__ import annotations
 
-from .dtypes import check_dtype, is_float, is_int
-from .errors import DTypeError
+import math
+
+from .dtypes import check_dtype, int_range, is_float, is_int
+from .errors import DTypeError, ExprError
 
 INDEX_DTYPE = "int64"
 
@@ -82,13 +84,26 @@ class Const(Expr):
         if dtype == "bool":
             value = bool(value)
         elif is_int(dtype):
-            value = int(value)
+            value = _exact_int(value, dtype)
         else:
             value = float(value)
         self.value = value
 
     def __repr__(self):
         return repr(self.value)
+
+
+def _exact_int(value, dtype: str) -> int:
+    """`value` as an int of `dtype`, or DTypeError: a constant never silently wraps or truncates
+    (`A_int8 + 1000` would otherwise compute with -24)."""
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise DTypeError(f"the constant {value!r} is not an integer, so it cannot be a {dtype} value")
+    value = int(value)
+    lo, hi = int_range(dtype)
+    if not lo <= value <= hi:
+        raise DTypeError(f"the constant {value} does not fit {dtype} (range {lo}..{hi}); "
+                         "use a wider dtype or a smaller constant")
+    return value
 
 
 class Binary(Expr):
@@ -166,9 +181,14 @@ def const(value, dtype: str | None = None) -> Const:
 
 
 def as_expr(value, hint: str | None = None) -> Expr:
-    """Turn a Python scalar into a constant, adopting the dtype of the other operand (`hint`)."""
+    """Turn a Python scalar into a constant, adopting the dtype of the other operand (`hint`).
+
+    Objects with an `as_expr()` method (the axes of a compute, `IterVar`) stand for their
+    variable, so `2 * k` or `y + ry` work on axes directly."""
     if isinstance(value, Expr):
         return value
+    if callable(getattr(value, "as_expr", None)):
+        return value.as_expr()
     if hasattr(value, "dtype") and hasattr(value, "item"):  # numpy scalar
         return Const(value.item(), check_dtype(value.dtype))
     if isinstance(value, bool):
@@ -203,6 +223,9 @@ def binary(op: str, a, b) -> Expr:
         raise DTypeError(f"true division '/' of {dt} values; use // (floordiv) for integers")
     if op in ("floordiv", "floormod") and not is_int(dt):
         raise DTypeError(f"{op} needs integer operands, got {dt}")
+    if op in ("floordiv", "floormod") and isinstance(b, Const) and b.value == 0:
+        raise ExprError(f"{op} by the constant 0; a divisor that is 0 only at run time gives 0, "
+                        "as in numpy, but a constant 0 is always a mistake")
     if op == "pow" and not is_float(dt):
         raise DTypeError(f"pow needs float operands, got {dt}")
     return Binary(op, a, b, dt)
@@ -244,10 +267,16 @@ select = if_then_else
 
 
 def cast(dtype, value) -> Expr:
+    """`value` converted to `dtype`. float -> int truncates toward zero and saturates (NaN gives 0),
+    so a run-time value out of range has a defined result; a constant out of range is an error."""
     dtype = check_dtype(dtype)
     value = as_expr(value)
     if value.dtype == dtype:
         return value
+    if isinstance(value, Const) and is_float(value.dtype) and is_int(dtype):
+        if not math.isfinite(value.value):
+            raise DTypeError(f"cannot cast the constant {value.value!r} to {dtype}")
+        Const(math.trunc(value.value), dtype)  # raises DTypeError when out of range
     return Cast(dtype, value)
 
 

@@ -35,6 +35,33 @@ class IterVar:
     def __repr__(self):
         return f"IterVar({self.name}, {self.extent}, {self.kind})"
 
+    def as_expr(self) -> Var:
+        """The axis in an expression is its variable: `A[2 * k]`, `y + ry`, `k < 3` all work."""
+        return self.var
+
+    # Arithmetic and comparisons act on the variable; equality and hashing stay by identity,
+    # because schedules key their loops by IterVar.
+    def __add__(self, o): return self.var + o
+    def __radd__(self, o): return o + self.var
+    def __sub__(self, o): return self.var - o
+    def __rsub__(self, o): return o - self.var
+    def __mul__(self, o): return self.var * o
+    def __rmul__(self, o): return o * self.var
+    def __floordiv__(self, o): return self.var // o
+    def __rfloordiv__(self, o): return o // self.var
+    def __mod__(self, o): return self.var % o
+    def __rmod__(self, o): return o % self.var
+    def __neg__(self): return -self.var
+    def __lt__(self, o): return self.var < o
+    def __le__(self, o): return self.var <= o
+    def __gt__(self, o): return self.var > o
+    def __ge__(self, o): return self.var >= o
+
+    def astype(self, dtype) -> Expr:
+        return self.var.astype(dtype)
+
+    __hash__ = object.__hash__
+
 
 class ReduceAxis(IterVar):
     """A reduction axis over [lo, hi); `var` ranges over it directly (lo is folded into reads)."""
@@ -195,7 +222,21 @@ def compute(shape, fcompute, name=None, tag="", attrs=None) -> Tensor:
     for n in walk(body.source if isinstance(body, Reduce) else body):
         if isinstance(n, Reduce):
             raise ExprError(f"compute {name}: a reduction must be the whole body, not nested inside it")
+    _check_variables(body, axis, name)
     return Tensor(ComputeOp(name, shape, axis, body, tag, attrs))
+
+
+def _check_variables(body, axis, name: str):
+    """Every variable of the body is an axis of this compute, or a reduce axis inside the
+    reduction over it: anything else has no loop to take its value from."""
+    own = {a.var for a in axis}
+    reduced = {a.var for a in body.axes} if isinstance(body, Reduce) else set()
+    for n in walk(body):
+        if isinstance(n, Var) and n not in own | reduced:
+            raise ExprError(
+                f"compute {name}: {n.name} is not an axis of this compute; a reduce_axis can only "
+                "be used inside the sum/max/min that reduces over it (axis=...), and the axes of "
+                "another compute not at all")
 
 
 def _normalize_reduce(body: Reduce, name: str) -> Reduce:
