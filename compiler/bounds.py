@@ -1,0 +1,121 @@
+"""Reads never leave their tensor: every index of every read is bounded before code is made.
+
+For each read of a stage body (inlined producers already substituted), the index range follows
+from the axis ranges and from the conditions guarding the read: the condition of an enclosing
+`if_then_else` (its negation for the else branch) and a reduction's `where`. A guard `G >= 0`
+bounds an index `I` by `I >= min(I - G)` and `I <= max(I + G)`, which is how
+`if_then_else(h >= 1, A[h - 1], 0)` is proven in bounds.
+
+- provably inside: nothing to do;
+- provably able to leave the tensor: LoweringError naming the stage, the tensor and the index;
+- unknown (an index computed from tensor data, a gather): clamped into the tensor, like numpy's
+  `take(..., mode="clip")`, so the kernel can never read outside a buffer.
+"""
+
+from __future__ import annotations
+
+from . import arith
+from .errors import LoweringError
+from .expr import (INDEX_DTYPE, Binary, Compare, Const, Logical, Not, Select, children, rebuild)
+from .loop_ir import format_expr
+from .tensor import Reduce, TensorRead
+
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def checked_body(stage_name: str, body, ranges: dict):
+    """`body` with data-dependent indices clamped; LoweringError for a read that can leave its
+    tensor. `ranges`: Var -> (lo, hi) of the stage's axes and reduce axes."""
+    checker = _Checker(stage_name, ranges)
+    if isinstance(body, Reduce):
+        where = checker.visit(body.where, ()) if body.where is not None else None
+        guards = _conjuncts(body.where, ranges) if body.where is not None else ()
+        return Reduce(body.combiner, checker.visit(body.source, guards), body.axes, where)
+    return checker.visit(body, ())
+
+
+class _Checker:
+    def __init__(self, stage_name: str, ranges: dict):
+        self.stage_name = stage_name
+        self.ranges = ranges
+
+    def visit(self, e, guards: tuple):
+        if isinstance(e, Select):
+            cond = self.visit(e.cond, guards)
+            t = self.visit(e.t, guards + _conjuncts(e.cond, self.ranges))
+            f = self.visit(e.f, guards + _negated(e.cond, self.ranges))
+            if cond is e.cond and t is e.t and f is e.f:
+                return e
+            return Select(cond, t, f)
+        kids = children(e)
+        new = tuple(self.visit(k, guards) for k in kids)
+        if any(n is not k for n, k in zip(new, kids)):
+            e = rebuild(e, new)
+        if isinstance(e, TensorRead):
+            e = self._checked_read(e, guards)
+        return e
+
+    def _checked_read(self, read: TensorRead, guards: tuple):
+        indices = list(read.indices)
+        for d, (idx, dim) in enumerate(zip(indices, read.tensor.shape)):
+            r = self._index_range(idx, guards)
+            if r is None:
+                indices[d] = _clamp(idx, dim)
+            elif r[0] < 0 or r[1] > dim - 1:
+                raise LoweringError(
+                    f"{self.stage_name}: the read {read.tensor.name}[{', '.join(format_expr(i) for i in read.indices)}] "
+                    f"can leave the tensor: its index {format_expr(idx)} in dimension {d} takes values {r[0]}..{r[1]}, "
+                    f"but {read.tensor.name} has {dim} there; guard the read with if_then_else(...) "
+                    "or change the compute's shape")
+        if all(a is b for a, b in zip(indices, read.indices)):
+            return read
+        return TensorRead(read.tensor, tuple(indices))
+
+    def _index_range(self, idx, guards: tuple):
+        base = arith.expr_range(idx, self.ranges)
+        if base is None:
+            return None
+        lo, hi = base
+        lin = arith.to_lin(idx, self.ranges)
+        for g in guards:
+            g_lo = arith.lin_range(lin.add(g, -1), self.ranges)  # I - G, with G >= 0
+            g_hi = arith.lin_range(lin.add(g, 1), self.ranges)   # I + G
+            if g_lo is not None:
+                lo = max(lo, g_lo[0])
+            if g_hi is not None:
+                hi = min(hi, g_hi[1])
+        return lo, hi
+
+
+def _clamp(idx, dim: int):
+    zero, top = Const(0, INDEX_DTYPE), Const(dim - 1, INDEX_DTYPE)
+    return Binary("min", Binary("max", idx, zero, INDEX_DTYPE), top, INDEX_DTYPE)
+
+
+def _conjuncts(cond, ranges: dict) -> tuple:
+    """Linear forms G with G >= 0 implied by `cond` (the index comparisons of a conjunction)."""
+    if isinstance(cond, Logical) and cond.op == "and":
+        return _conjuncts(cond.a, ranges) + _conjuncts(cond.b, ranges)
+    if isinstance(cond, Not):
+        return _negated(cond.a, ranges)
+    if not isinstance(cond, Compare) or cond.a.dtype != INDEX_DTYPE:
+        return ()
+    a, b = arith.to_lin(cond.a, ranges), arith.to_lin(cond.b, ranges)
+    diff = a.add(b, -1)  # a - b
+    return {"ge": (diff,), "gt": (diff.add(arith.Lin({}, 1), -1),),
+            "le": (diff.scale(-1),), "lt": (diff.scale(-1).add(arith.Lin({}, 1), -1),),
+            "eq": (diff, diff.scale(-1)), "ne": ()}[cond.op]
+
+
+def _negated(cond, ranges: dict) -> tuple:
+    """What the else branch of `if_then_else(cond, ...)` knows."""
+    if isinstance(cond, Compare):
+        return _conjuncts(Compare(_NEGATED[cond.op], cond.a, cond.b), ranges)
+    if isinstance(cond, Not):
+        return _conjuncts(cond.a, ranges)
+    if isinstance(cond, Logical) and cond.op == "or":
+        return _negated(cond.a, ranges) + _negated(cond.b, ranges)
+    return ()
+
+
+__all__ = ["checked_body"]
