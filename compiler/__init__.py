@@ -14,6 +14,7 @@ from .tensor import max, min, sum  # noqa: A004
 
 __version__ = "0.1.0"
 from .runtime import Kernel, TimingResult, build, load_kernel, set_num_threads  # noqa: E402
+from .errors import KernelRuntimeError  # noqa: E402
 from .target import Target  # noqa: E402
 from .export import export_library  # noqa: E402
 from .errors import ExportError  # noqa: E402

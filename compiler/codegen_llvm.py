@@ -6,8 +6,13 @@
 - An `unrolled` loop is emitted once per iteration with its variable a constant.
 - A `parallel` loop is outlined into a function run by libgomp's GOMP_parallel, each thread taking
   a contiguous chunk of iterations (static schedule).
-- Kernel arguments are `noalias`; scratch buffers are 64-byte aligned (stack for small local
-  tiles, which LLVM then keeps in registers; aligned_alloc for large ones).
+- Kernel arguments are `noalias`; scratch buffers are 64-byte aligned.
+- Scratch buffers are allocated once per function, at its entry (the kernel, or each thread's
+  outlined chunk), however often the loop that declares them runs or is unrolled: small ones on
+  the stack while the function's stack budget lasts (LLVM keeps a register tile's buffer in
+  registers), the rest with aligned_alloc, checked. The kernel returns KERNEL_OK, or
+  KERNEL_OUT_OF_MEMORY (after freeing what it holds) when a heap allocation failed in it or in
+  any of its threads.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ PTR = ir.PointerType()
 LLTYPE = {"float32": F32, "float64": F64, "int8": I8, "int32": I32, "int64": I64, "bool": I1}
 # in memory a bool is one byte (numpy's layout): a <N x i1> vector load/store would be bit-packed
 MEMTYPE = dict(LLTYPE, bool=I8)
-STACK_LIMIT_BYTES = 32 * 1024
+STACK_LIMIT_BYTES = 32 * 1024    # largest buffer placed on the stack
+STACK_BUDGET_BYTES = 128 * 1024  # all stack buffers of one function (thread stacks are >= 2 MiB)
 FAST = ("contract",)
+KERNEL_OK = 0
+KERNEL_OUT_OF_MEMORY = 1
 
 _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
@@ -73,27 +81,82 @@ class ModuleBuilder:
         for buf, arg in zip(f.args, fn.args):
             em.buffers[buf] = arg
         em.emit_stmt(f.body)
-        em.builder.ret(ir.Constant(I32, 0))
+        em.finish()
         return self.module
 
 
 class FunctionEmitter:
     """Emits statements into one LLVM function."""
 
-    def __init__(self, mb: ModuleBuilder, fn: ir.Function):
+    def __init__(self, mb: ModuleBuilder, fn: ir.Function, status_field=None):
+        """`status_field`: (closure struct type, field index) of the pointer through which an
+        outlined parallel chunk reports a failure to its kernel (None for the kernel itself,
+        which returns its status)."""
         self.mb = mb
         self.fn = fn
+        # entry: allocas; heap: the scratch buffers' aligned_alloc calls; check: all of them
+        # succeeded? (both filled as buffers are met, terminated by finish()); then the body.
         self.entry = fn.append_basic_block("entry")
+        self.heap_block = fn.append_basic_block("heap")
+        self.check_block = fn.append_basic_block("check")
         self.builder = ir.IRBuilder(fn.append_basic_block("body"))
+        self.body_block = self.builder.block
         self.vars: dict = {}
         self.buffers: dict = {}
+        self.heap_buffers: list = []
+        self.stack_bytes = 0
         self.vec_var = None
         self.lanes = 0
         self.mask = None
         self.ranges: dict = {}
         self.in_parallel = False
-        # the entry block only holds allocas; it falls through to the body
-        ir.IRBuilder(self.entry).branch(self.builder.block)
+        self._fail_block = None
+        ir.IRBuilder(self.entry).branch(self.heap_block)
+        self.status_ptr = None
+        if status_field is not None:
+            struct_t, index = status_field
+            b = ir.IRBuilder(self.heap_block)
+            field = b.gep(fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, index)], source_etype=struct_t)
+            self.status_ptr = b.load(field, typ=PTR)
+
+    def finish(self):
+        """Free the heap buffers and return; wire up the allocation check."""
+        self._free_heap_buffers(self.builder)
+        self._return(self.builder, KERNEL_OK)
+        b = ir.IRBuilder(self.heap_block)
+        b.branch(self.check_block)
+        b = ir.IRBuilder(self.check_block)
+        if not self.heap_buffers:
+            b.branch(self.body_block)
+            return
+        failed = None
+        for ptr in self.heap_buffers:
+            null = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
+            failed = null if failed is None else b.or_(failed, null)
+        b.cbranch(failed, self.fail_block(), self.body_block)
+
+    def fail_block(self):
+        """A block that frees every heap buffer (free(NULL) is a no-op) and reports
+        KERNEL_OUT_OF_MEMORY."""
+        if self._fail_block is None:
+            self._fail_block = self.fn.append_basic_block("out_of_memory")
+            b = ir.IRBuilder(self._fail_block)
+            self._free_heap_buffers(b)
+            self._return(b, KERNEL_OUT_OF_MEMORY)
+        return self._fail_block
+
+    def _free_heap_buffers(self, b):
+        free = self.mb.declare("free", ir.VoidType(), [PTR])
+        for ptr in reversed(self.heap_buffers):
+            b.call(free, [ptr])
+
+    def _return(self, b, status: int):
+        if self.status_ptr is None:
+            b.ret(ir.Constant(I32, status))
+            return
+        if status != KERNEL_OK:  # several threads may fail at once: an atomic or, not a store
+            b.atomic_rmw("or", self.status_ptr, ir.Constant(I32, status), "monotonic")
+        b.ret_void()
 
     # ------------------------------------------------------------------ statements
     def emit_stmt(self, s: Stmt):
@@ -159,8 +222,8 @@ class FunctionEmitter:
         captured_vars = [v for v in self.vars if v in used_vars]
         used_bufs = _buffers_of(s.body)
         captured_bufs = [bf for bf in self.buffers if bf in used_bufs]
-        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs)
-        struct_t = ir.LiteralStructType(fields or [I64])
+        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs) + [PTR]
+        struct_t = ir.LiteralStructType(fields)
         fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{self.fn.name}_par{mb.n_outlined}")
         fn.linkage = "internal"
         # pack the captured values
@@ -168,12 +231,19 @@ class FunctionEmitter:
         with b.goto_block(self.entry):
             b.position_at_start(self.entry)
             slot = _opaque_alloca(b, struct_t, "closure")
-        for i, val in enumerate([self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs]):
+            status = _opaque_alloca(b, I32, "thread_status")
+        b.store(ir.Constant(I32, KERNEL_OK), status)
+        values = [self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs] + [status]
+        for i, val in enumerate(values):
             b.store(val, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
         gomp = mb.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
         b.call(gomp, [fn, slot, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, KERNEL_OK))
+        after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
+        b.cbranch(failed, self.fail_block(), after)
+        b.position_at_end(after)
         # the outlined body
-        child = FunctionEmitter(mb, fn)
+        child = FunctionEmitter(mb, fn, status_field=(struct_t, len(values) - 1))
         child.in_parallel = True
         child.ranges = dict(self.ranges)
         cb = child.builder
@@ -192,26 +262,33 @@ class FunctionEmitter:
         end = cb.sdiv(cb.mul(ext, cb.add(tid, ir.Constant(I64, 1))), nth)
         child.ranges[s.var] = (0, s.extent - 1)
         child.emit_serial_loop(s.var, start, end, s.body)
-        child.builder.ret_void()
+        child.finish()
 
     def emit_allocate(self, s: Allocate):
+        """Scratch memory for `s.buffer`, hoisted to the function's entry: a loop that declares it
+        reuses it on every iteration (each iteration writes before it reads), and an unrolled
+        loop's copies share it instead of each taking a stack slot."""
         buf = s.buffer
+        if buf not in self.buffers:
+            self.buffers[buf] = self._hoisted_buffer(buf)
+        self.emit_stmt(s.body)
+
+    def _hoisted_buffer(self, buf: Buffer):
         ety = MEMTYPE[buf.dtype]
         nbytes = buf.nbytes
-        if nbytes <= STACK_LIMIT_BYTES:
-            with self.builder.goto_block(self.entry):
-                self.builder.position_at_start(self.entry)
-                ptr = _opaque_alloca(self.builder, ir.ArrayType(ety, buf.size), buf.name)
-                ptr.align = 64
-            self.buffers[buf] = ptr
-            self.emit_stmt(s.body)
-            return
+        if nbytes <= STACK_LIMIT_BYTES and self.stack_bytes + nbytes <= STACK_BUDGET_BYTES:
+            self.stack_bytes += nbytes
+            b = ir.IRBuilder(self.entry)
+            b.position_at_start(self.entry)
+            ptr = _opaque_alloca(b, ir.ArrayType(ety, buf.size), buf.name)
+            ptr.align = 64
+            return ptr
+        b = ir.IRBuilder(self.heap_block)
         alloc = self.mb.declare("aligned_alloc", PTR, [I64, I64])
         size = -(-nbytes // 64) * 64
-        ptr = self.builder.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
-        self.buffers[buf] = ptr
-        self.emit_stmt(s.body)
-        self.builder.call(self.mb.declare("free", ir.VoidType(), [PTR]), [ptr])
+        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
+        self.heap_buffers.append(ptr)
+        return ptr
 
     def emit_if(self, s: IfThenElse):
         cond = self.emit_expr(s.cond)
@@ -431,8 +508,7 @@ class FunctionEmitter:
             if op == "div":
                 return b.fdiv(x, y)
             if op in ("min", "max"):
-                fn = self.mb.intrinsic(f"llvm.{op}num", x.type, [x.type, x.type], [x.type])
-                return b.call(fn, [x, y])
+                return self._float_min_max(op, x, y)
             if op == "pow":
                 fn = self.mb.intrinsic("llvm.pow", x.type, [x.type, x.type], [x.type])
                 return b.call(fn, [x, y])
@@ -452,34 +528,56 @@ class FunctionEmitter:
                 return self._floormod(x, y)
         raise TypeError(f"no code for {op} on {e.dtype}")
 
-    def _safe_divisor(self, y):
-        """Under a lane mask the switched-off lanes hold anything (masked loads give 0): divide
-        them by 1 instead of trapping."""
-        if self.mask is None:
-            return y
-        one = ir.Constant(y.type, [1] * y.type.count if isinstance(y.type, ir.VectorType) else 1)
-        if isinstance(y.type, ir.VectorType):
-            return self.builder.select(self.mask, y, one)
-        return self.builder.select(self.builder.icmp_signed("==", y, ir.Constant(y.type, 0)), one, y)
+    def _float_min_max(self, op: str, x, y):
+        """numpy's maximum/minimum: NaN if either side is NaN, as compare + select.
+
+        Not `llvm.maxnum`/`minnum`: they drop NaNs, and LLVM 22's vectorizer miscompiles
+        reductions over them (wrong maxima, or an assertion that aborts the process). A plain
+        select is compiled correctly by every LLVM the project allows.
+        """
+        b = self.builder
+        wins = b.fcmp_ordered(">" if op == "max" else "<", x, y)
+        return b.select(b.or_(wins, b.fcmp_unordered("uno", x, x)), x, y)
+
+    def _division_operands(self, x, y):
+        """(y_safe, y_is_zero) for an integer division that can never trap.
+
+        x // 0 and x % 0 are 0 (numpy's result), INT_MIN // -1 wraps to INT_MIN (numpy's too):
+        hardware division traps (SIGFPE) on both, so those lanes divide by 1 instead and a zero
+        divisor's result is replaced afterwards. Switched-off lanes under a mask (masked loads give
+        0) are covered by the same rule. With a constant divisor LLVM folds all of it away.
+        """
+        b = self.builder
+        ty = x.type
+        width = (ty.element if isinstance(ty, ir.VectorType) else ty).width
+        lanes = ty.count if isinstance(ty, ir.VectorType) else None
+
+        def c(v):
+            return ir.Constant(ty, [v] * lanes) if lanes else ir.Constant(ty, v)
+        y_zero = b.icmp_signed("==", y, c(0))
+        overflow = b.and_(b.icmp_signed("==", x, c(-(1 << (width - 1)))), b.icmp_signed("==", y, c(-1)))
+        return b.select(b.or_(y_zero, overflow), c(1), y), y_zero
+
+    def _floor_adjust(self, r, y):
+        """True where truncated division must be moved one step down to floor division."""
+        b = self.builder
+        zero = ir.Constant(r.type, None)
+        return b.and_(b.icmp_signed("!=", r, zero),
+                      b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
 
     def _floordiv(self, x, y):
         b = self.builder
-        y = self._safe_divisor(y)
+        y, y_zero = self._division_operands(x, y)
         q = b.sdiv(x, y)
-        r = b.srem(x, y)
-        zero = ir.Constant(x.type, None)
-        adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
-                                                                       b.icmp_signed("<", y, zero)))
-        return b.sub(q, b.zext(adjust, x.type))
+        q = b.sub(q, b.zext(self._floor_adjust(b.srem(x, y), y), x.type))
+        return b.select(y_zero, ir.Constant(x.type, None), q)
 
     def _floormod(self, x, y):
         b = self.builder
-        y = self._safe_divisor(y)
+        y, y_zero = self._division_operands(x, y)
         r = b.srem(x, y)
-        zero = ir.Constant(x.type, None)
-        adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
-                                                                       b.icmp_signed("<", y, zero)))
-        return b.select(adjust, b.add(r, y), r)
+        r = b.select(self._floor_adjust(r, y), b.add(r, y), r)
+        return b.select(y_zero, ir.Constant(x.type, None), r)
 
     def emit_cast(self, e: Cast):
         b = self.builder
@@ -495,8 +593,9 @@ class FunctionEmitter:
         sf, df = src.startswith("float"), dst.startswith("float")
         if sf and df:
             return b.fpext(v, t) if dst == "float64" else b.fptrunc(v, t)
-        if sf:
-            return b.fptosi(v, t)
+        if sf:  # saturating: NaN -> 0, out of range -> the nearest end (plain fptosi is poison)
+            fn = self.mb.intrinsic("llvm.fptosi.sat", t, [v.type], [t, v.type])
+            return b.call(fn, [v])
         if df:
             return b.sitofp(v, t)
         sw, dw = LLTYPE[src].width, LLTYPE[dst].width

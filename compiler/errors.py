@@ -37,5 +37,15 @@ class KernelLoadError(CompilerError):
     """A serialized kernel could not be loaded (corrupt bytes, other target, missing symbol)."""
 
 
+class KernelRuntimeError(CompilerError, RuntimeError):
+    """A kernel reported a failure while running (e.g. its scratch memory could not be allocated).
+
+    `status` is the kernel's return code (see compiler.codegen_llvm)."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
 class ExportError(CompilerError):
     """Kernels could not be exported as a shared library (no C compiler, link failure, bad names)."""

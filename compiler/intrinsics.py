@@ -41,13 +41,14 @@ def exp_f32(em, x):
 
     2^n is applied as two factors 2^(n>>1)·2^(n-(n>>1)), each a normal float, so the result
     overflows to inf above ln(FLT_MAX) and underflows gradually (denormals, then 0) below
-    -87.3 instead of saturating; NaN propagates (minnum/maxnum would drop it).
+    -87.3 instead of saturating. The clamps are compare + select (a NaN input is put back at the
+    end), never llvm.minnum/maxnum: see FunctionEmitter._float_min_max.
     """
     b = em.builder
     ty = x.type
     x_in = x
-    x = b.call(_intrinsic(em, "minnum", x, 2), [x, _c(ty, 89.0)])
-    x = b.call(_intrinsic(em, "maxnum", x, 2), [x, _c(ty, -104.0)])
+    x = b.select(b.fcmp_ordered("<", x, _c(ty, 89.0)), x, _c(ty, 89.0))
+    x = b.select(b.fcmp_ordered(">", x, _c(ty, -104.0)), x, _c(ty, -104.0))
     fx = b.fadd(b.fmul(x, _c(ty, 1.44269504088896341)), _c(ty, 0.5))
     fx = b.call(_intrinsic(em, "floor", fx), [fx])
     r = b.fsub(x, b.fmul(fx, _c(ty, 0.693359375)))

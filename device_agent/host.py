@@ -15,7 +15,7 @@ import socket
 from functools import lru_cache
 
 from compiler.errors import CompilerError
-from compiler.runtime import _check_runnable
+from compiler.runtime import check_runnable
 from compiler.target import Target
 
 
@@ -65,7 +65,7 @@ def target_problem(target_text: str) -> str:
     """
     try:
         target = Target.from_string(target_text)
-        _check_runnable(target)
+        check_runnable(target)
     except CompilerError as e:
         return str(e)
     return ""

@@ -320,10 +320,8 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
     os.dup2(2, out_fd)
     sys.stdout = sys.stderr
     _watch_parent()
-    from compiler.runtime import _runtime_libraries  # pay imports and LLVM set-up before "ready"
-    from compiler.target import _llvm
-    _llvm()
-    _runtime_libraries()
+    from compiler.runtime import initialize  # pay imports and LLVM set-up before "ready"
+    initialize()
     _write_frame(proto_out, _READY)
     while True:
         req = _read_frame(in_fd)

@@ -15,10 +15,12 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
         "the farm protocol modules are generated at install time from rpc_tracker/proto/farm.proto; "
         "run `pip install -e .` in the repository") from e
 
-# Bumped on every incompatible change of farm.proto. The tracker refuses agents older than
-# MIN_AGENT_PROTOCOL with FAILED_PRECONDITION and a message telling them to upgrade.
-PROTOCOL_VERSION = 1
-MIN_AGENT_PROTOCOL = 1
+# Bumped on every incompatible change of farm.proto or of the kernel bytes it carries
+# (compiler/kernel_format.py). The tracker refuses agents older than MIN_AGENT_PROTOCOL with
+# FAILED_PRECONDITION and a message telling them to upgrade.
+# 2: kernel format 2 (checksum over header and object, argument roles).
+PROTOCOL_VERSION = 2
+MIN_AGENT_PROTOCOL = 2
 
 # Metadata key carrying `Bearer <token>` on every call.
 AUTH_METADATA_KEY = "authorization"
