@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -149,12 +150,14 @@ def test_round_trip_in_another_process(mm, mm_data, tmp_path):
 
 
 def _pack(header: dict | bytes, obj: bytes, length: int | None = None) -> bytes:
+    """A blob with a valid checksum, so the checks behind the checksum are reached."""
     h = header if isinstance(header, bytes) else json.dumps(header).encode()
-    return MAGIC + struct.pack("<I", len(h) if length is None else length) + h + obj
+    body = MAGIC + struct.pack("<I", len(h) if length is None else length) + h + obj
+    return body + hashlib.sha256(body).digest()
 
 
 def _header(k: Kernel, **changes):
-    h = {"version": 1, "name": k.name, "target": str(k.target), "args": [a.to_json() for a in k.args]}
+    h = {"version": 2, "name": k.name, "target": str(k.target), "args": [a.to_json() for a in k.args]}
     h.update(changes)
     return {key: v for key, v in h.items() if v is not None}
 
@@ -163,8 +166,9 @@ def _malformed(k: Kernel) -> dict:
     good = k.to_bytes()
     flipped = bytearray(good)
     flipped[-len(k.object_code) // 2] ^= 0xFF
+    reshaped = good.replace(b'"shape": [10]', b'"shape": [99]', 1)
     return {
-        "not bytes": ("hello", "bad magic"),
+        "not bytes": ("hello", "must be bytes"),
         "empty": (b"", "bad magic"),
         "short": (MAGIC + b"\x01", "bad magic"),
         "bad magic": (b"XXXX" + good[4:], "bad magic"),
@@ -177,9 +181,10 @@ def _malformed(k: Kernel) -> dict:
         "no object code": (_pack(_header(k), b""), "no object code"),
         "checksum mismatch": (bytes(flipped), "corrupt"),
         "truncated": (good[:-100], "corrupt"),
-        "garbage object, no checksum": (_pack(_header(k), b"\0" * 4096), "not a valid ELF"),
-        "truncated object, no checksum": (_pack(_header(k), k.object_code[:len(k.object_code) // 2]),
-                                          "not a valid ELF"),
+        "argument shape edited": (reshaped, "corrupt" if reshaped != good else "bad magic"),
+        "old format version": (_pack(_header(k, version=1), k.object_code), "version 1 is not supported"),
+        "garbage object": (_pack(_header(k), b"\0" * 4096), "not a valid ELF"),
+        "truncated object": (_pack(_header(k), k.object_code[:len(k.object_code) // 2]), "not a valid ELF"),
         "32-bit header lie": (_pack(_header(k), k.object_code[:4] + b"\x01" + k.object_code[5:]), "not a valid ELF"),
     }
 
