@@ -6,13 +6,18 @@ host is described. A target string round-trips through `str()`, which is what re
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import shlex
+import subprocess
+import sys
 from functools import lru_cache
 
 from .errors import TargetError
 
 _KNOWN_OPTIONS = ("mtriple", "mcpu", "mattr", "num-cores")
+_EXAMPLE = "'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'"
 
 
 @lru_cache(maxsize=None)
@@ -38,13 +43,13 @@ class Target:
         Parsed strings are remembered (a measuring agent parses the same target for every
         kernel it loads); each call still returns a new Target."""
         if not isinstance(text, str):
-            raise TargetError("empty target string; expected e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'")
+            raise TargetError(f"a target must be a string like {_EXAMPLE} or a Target, got {type(text).__name__}")
         return Target(*_parse_target(text))
 
     @staticmethod
     def _from_string_uncached(text: str) -> "Target":
         if not text.strip():
-            raise TargetError("empty target string; expected e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'")
+            raise TargetError(f"empty target string; expected e.g. {_EXAMPLE}")
         parts = shlex.split(text)
         if parts[0] != "llvm":
             raise TargetError(f"unknown target kind {parts[0]!r}: only 'llvm' (CPU) targets are supported")
@@ -55,6 +60,8 @@ class Target:
             k, v = p[1:].split("=", 1)
             if k not in _KNOWN_OPTIONS:
                 raise TargetError(f"unknown target option -{k}; known: {', '.join('-' + o for o in _KNOWN_OPTIONS)}")
+            if not v:
+                raise TargetError(f"target option -{k}= has no value: give one or leave the option out")
             opts[k] = v
         host = Target.host()
         if "mtriple" not in opts:
@@ -70,7 +77,7 @@ class Target:
                 raise TargetError(f"-num-cores must be an integer, got {opts['num-cores']!r}") from None
             if t.num_cores < 1:
                 raise TargetError("-num-cores must be at least 1")
-        t.target_machine()  # validates triple and cpu
+        t.target_machine()  # validates triple, cpu and features
         return t
 
     def _fields(self) -> tuple:
@@ -132,8 +139,7 @@ class Target:
             tgt = llvm.Target.from_triple(self.triple)
         except RuntimeError as e:
             raise TargetError(f"unknown target triple {self.triple!r}: {e}") from None
-        if self.cpu not in ("generic", "") and not _cpu_known(tgt, self.triple, self.cpu):
-            raise TargetError(f"unknown cpu {self.cpu!r} for triple {self.triple}")
+        _check_cpu_and_features(tgt.name, self.triple, self.cpu, self.features)
         return tgt.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
                                          reloc="pic", codemodel="default")
 
@@ -147,30 +153,139 @@ _CPU_IMPLIED = {
 }
 
 
+def _check_cpu_and_features(llvm_target: str, triple: str, cpu: str, features: str):
+    """Raise TargetError unless LLVM knows `cpu` and every `-mattr` feature for `triple`.
+
+    LLVM only warns about an unknown cpu or feature and then builds for something else (a
+    kernel meant for `+avx2` silently is not), and on some combinations it aborts the whole
+    process ("64-bit code requested on a subtarget that doesn't support it"). So whatever the
+    host's own description cannot vouch for is tried once in a throwaway subprocess.
+    """
+    names = _feature_names(features)
+    if _host_vouches(llvm_target, cpu, names):
+        return
+    problem = _probe(triple, cpu, features)
+    if problem:
+        raise TargetError(problem)
+
+
+def _feature_names(features: str) -> tuple:
+    """The names in an -mattr list ('+avx2,-fma' → ('avx2', 'fma')), checked for shape.
+
+    Checked before LLVM sees them: it reads a name without a sign as enabled while the runnable
+    check and the tracker only read `+name`, and LLVM builds with assertions abort the process on
+    such an entry. `+help` makes LLVM print its tables instead of naming a feature.
+    """
+    if not features:
+        return ()
+    names = []
+    for item in features.split(","):
+        if not item:
+            raise TargetError(f"-mattr={features} has an empty entry; separate features by single commas, "
+                              f"e.g. -mattr=+avx2,+fma")
+        if item[0] not in "+-":
+            raise TargetError(f"-mattr entry {item!r} needs a sign: +{item} to enable it or -{item} to disable it")
+        if len(item) == 1:
+            raise TargetError(f"-mattr entry {item!r} names no feature; e.g. -mattr=+avx2,+fma")
+        if item[1:] in ("help", "cpuhelp"):
+            raise TargetError(f"-mattr entry {item!r} asks LLVM for its help text, it is not a feature")
+        names.append(item[1:])
+    return tuple(names)
+
+
+def _host_vouches(llvm_target: str, cpu: str, names: tuple) -> bool:
+    """True when LLVM's description of this machine already proves `cpu` and `names` valid.
+
+    The host's cpu name and feature names come from LLVM itself, so the host's target string
+    (parsed back by every measuring worker for every kernel) never costs a process.
+    """
+    host_target, host_cpu, host_names = _host_names()
+    same = llvm_target == host_target
+    cpu_known = cpu in ("", "generic") or (same and cpu == host_cpu)
+    return cpu_known and (not names or (same and set(names) <= host_names))
+
+
+@lru_cache(maxsize=1)
+def _host_names() -> tuple:
+    """(LLVM target name, cpu name, every feature name LLVM reports) of this machine."""
+    llvm = _llvm()
+    triple = llvm.get_process_triple()
+    features = frozenset(llvm.get_host_cpu_features().keys())
+    return (llvm.Target.from_triple(triple).name, llvm.get_host_cpu_name(), features)
+
+
 _PROBE = """
 import sys, llvmlite.binding as llvm
 llvm.initialize_all_targets(); llvm.initialize_all_asmprinters()
-tm = llvm.Target.from_triple(sys.argv[1]).create_target_machine(cpu=sys.argv[2], features="", opt=0)
-m = llvm.parse_assembly("define void @f() { ret void }"); m.triple = sys.argv[1]
+triple, cpu, features = sys.argv[1:4]
+tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=0)
+m = llvm.parse_assembly("define void @f() { ret void }"); m.triple = triple
 tm.emit_object(m)
 """
+_UNRECOGNIZED = re.compile(r"'([^']*)' is not a recognized (processor|feature) for this target")
+
+
+def _run_probe(triple: str, cpu: str, features: str) -> subprocess.CompletedProcess:
+    """Build an empty function for (triple, cpu, features) in a process LLVM may abort."""
+    return subprocess.run([sys.executable, "-c", _PROBE, triple, cpu, features],
+                          capture_output=True, text=True, timeout=60)
 
 
 @lru_cache(maxsize=None)
-def _cpu_known(tgt, triple: str, cpu: str) -> bool:
-    """Is `cpu` a processor LLVM knows for `triple`?
+def _probe(triple: str, cpu: str, features: str) -> str:
+    """What LLVM objects to when building for (triple, cpu, features): a message, or ''.
 
-    LLVM only warns about an unknown cpu, and for some triples then aborts the whole process
-    ("64-bit code requested on a subtarget that doesn't support it"), so the check runs in a
-    throwaway subprocess. The host's own cpu name comes from LLVM and needs no check.
+    One subprocess per distinct combination and process; its stderr holds LLVM's warnings.
     """
-    llvm = _llvm()
-    if cpu == llvm.get_host_cpu_name():
-        return True
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-c", _PROBE, triple, cpu], capture_output=True, text=True, timeout=60)
-    return proc.returncode == 0 and "not a recognized processor" not in proc.stderr
+    proc = _run_probe(triple, cpu, features)
+    unknown = {"processor": [], "feature": []}
+    for name, kind in _UNRECOGNIZED.findall(proc.stderr):
+        if name not in unknown[kind]:
+            unknown[kind].append(name)
+    if unknown["processor"]:
+        return f"unknown cpu {cpu!r} for triple {triple}{_did_you_mean(cpu, _llvm_names(triple)[0])}"
+    if unknown["feature"]:
+        return _unknown_features_message(triple, unknown["feature"])
+    if proc.returncode != 0:
+        said = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        asked = f"-mcpu={cpu}" + (f" -mattr={features}" if features else "")
+        return f"LLVM cannot build for {triple} with {asked} ({said[0]}); pick a cpu and features this triple supports"
+    return ""
+
+
+def _unknown_features_message(triple: str, features: list) -> str:
+    known = _llvm_names(triple)[1]
+    named = ", ".join(f"{f!r}{_did_you_mean(f[1:], known, f[0])}" for f in features)
+    plural = "s" if len(features) > 1 else ""
+    return (f"unknown CPU feature{plural} {named} in -mattr for {triple}: LLVM would ignore "
+            f"{'them' if plural else 'it'} and build for less than asked; use LLVM's feature names, "
+            f"e.g. +avx2,+fma on x86 or +neon on Arm")
+
+
+@lru_cache(maxsize=None)
+def _llvm_names(triple: str) -> tuple:
+    """(cpu names, feature names) LLVM knows for `triple`, from its `+help` tables.
+
+    Only asked for when a name is wrong, to suggest close ones; empty if LLVM prints no tables.
+    """
+    text = _run_probe(triple, "generic", "+help").stderr
+    tables = {"CPUs": [], "features": []}
+    table = None
+    for line in text.splitlines():
+        heading = re.match(r"Available (CPUs|features) for this target:", line)
+        entry = re.match(r"\s+(\S+)\s+- ", line)
+        if heading:
+            table = tables[heading.group(1)]
+        elif entry and table is not None:
+            table.append(entry.group(1))
+    return tuple(tables["CPUs"]), tuple(tables["features"])
+
+
+def _did_you_mean(name: str, known: tuple, sign: str = "") -> str:
+    """' (did you mean +avx2?)' for the known names closest to `name`, ignoring case; or ''."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.7)
+    return f" (did you mean {' or '.join(sign + by_lower[c] for c in close)}?)" if close else ""
 
 
 def resolve_target(target) -> Target:
