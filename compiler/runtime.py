@@ -108,6 +108,11 @@ class Kernel:
         self._load_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
+    def load(self) -> None:
+        """Load the object code now (it is loaded on the first call otherwise); KernelLoadError
+        when this machine cannot run it."""
+        self._load()
+
     def _load(self):
         fn = self._fn
         if fn is not None:

@@ -193,7 +193,7 @@ _REFERENCE_CACHE: dict = {}  # (reference digest, seed, num_inputs) -> (kernel, 
 
 def measure_one(request: MeasureRequest | dict) -> dict:
     """Check one kernel against its reference, then time it; in this process (see WorkerProcess)."""
-    from compiler.errors import CompilerError
+    from compiler.errors import CompilerError, KernelRuntimeError
     from compiler.runtime import load_kernel, set_num_threads
 
     if isinstance(request, dict):
@@ -228,8 +228,8 @@ def measure_one(request: MeasureRequest | dict) -> dict:
         set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
         out_specs = cand.args[n_in:]
         try:
-            cand._load()
-            ref._load()
+            cand.load()
+            ref.load()
         except CompilerError as e:
             return done(RUNNER_ERROR, f"cannot load kernel: {e}")
         if cached:
@@ -241,13 +241,16 @@ def measure_one(request: MeasureRequest | dict) -> dict:
             refs = _run_kernel(ref, inputs, out_specs, 0)
             _REFERENCE_CACHE.clear()
             _REFERENCE_CACHE[ref_key] = (ref, inputs, refs)
-        msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
-        if msg:
-            return done(WRONG_ANSWER, msg)
-        arrays = [a.copy() for a in inputs] + [_poisoned(s, 0) for s in out_specs]
-        timer = cand.time_evaluator(number=request.number, repeat=request.repeat,
-                                    min_repeat_ms=request.min_repeat_ms, cooldown_ms=request.cooldown_ms)
-        costs = timer(*arrays).results
+        try:
+            msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
+            if msg:
+                return done(WRONG_ANSWER, msg)
+            arrays = [a.copy() for a in inputs] + [_poisoned(s, 0) for s in out_specs]
+            timer = cand.time_evaluator(number=request.number, repeat=request.repeat,
+                                        min_repeat_ms=request.min_repeat_ms, cooldown_ms=request.cooldown_ms)
+            costs = timer(*arrays).results
+        except KernelRuntimeError as e:
+            return done(RUNTIME_ERROR, str(e))
         return done(NO_ERROR, "", [float(c) for c in costs])
     except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
         tb = traceback.format_exc(limit=4)

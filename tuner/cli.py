@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "numpy reference on random inputs, and time it next to plain numpy.")
     p.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                    help=f"operators to run (default: {', '.join(DEMO_OPS)})")
-    p.add_argument("--target", default=None, help="target string, e.g. 'llvm -mcpu=haswell' (default: host)")
+    p.add_argument("--target", default=None, help="target string, e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=haswell' (default: host)")
     p.add_argument("--repeat", type=int, default=5, help="timing measurements per operator; the median is shown")
     p.add_argument("--small", action="store_true", help="tiny sizes: a quick smoke test of every operator")
     p.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
