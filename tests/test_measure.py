@@ -42,17 +42,17 @@ NAIVE = Candidate("trace", {"sketch": "naive", "steps": []})
 
 def _register_test_kinds():
     from compiler.schedule import create_schedule
-    from tuner.space import register_space_kind
+    from tuner.space import register_candidate_kind
 
-    def sleepy(opdef, cand):
+    def sleepy(opdef, cand, target):
         time.sleep(cand.payload["seconds"])
         return create_schedule(opdef.output), opdef.tensors
 
-    def crashing(opdef, cand):
+    def crashing(opdef, cand, target):
         os.kill(os.getpid(), signal.SIGSEGV)
 
-    register_space_kind("sleepy", sleepy)
-    register_space_kind("crashing", crashing)
+    register_candidate_kind("sleepy", sleepy)
+    register_candidate_kind("crashing", crashing)
 
 
 @register_workload("test_measure_scaled_sum")

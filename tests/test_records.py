@@ -76,7 +76,7 @@ def test_migration_creates_schema_and_is_idempotent(db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0001"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0002"]
     engine.dispose()
 
 

@@ -21,7 +21,7 @@ class ApplyHistoryBest(DispatchContext):
         """The best record whose candidate still applies to this definition, or None."""
         for rec in self.store.best(opdef.workload_key(), str(target), k=self.k):
             try:
-                instantiate(opdef, rec.candidate)
+                instantiate(opdef, rec.candidate, target)
             except SpaceError:
                 continue
             return rec
@@ -31,5 +31,5 @@ class ApplyHistoryBest(DispatchContext):
         rec = self.best_record(opdef, target)
         if rec is None:
             return None
-        schedule, _ = instantiate(opdef, rec.candidate)
+        schedule, _ = instantiate(opdef, rec.candidate, target)
         return schedule

@@ -119,7 +119,7 @@ def cmd_best(args) -> int:
     print(f"workload {opdef.workload_key()}  {rec.gflops(opdef.flops):.1f} GFLOPS  "
           f"measured by {rec.result.measured_by} at {rec.created_at:%Y-%m-%d %H:%M}")
     print(f"candidate ({rec.candidate.kind}): {json.dumps(rec.candidate.payload)}")
-    schedule, tensors = instantiate(opdef, rec.candidate)
+    schedule, tensors = instantiate(opdef, rec.candidate, target)
     print(compiler.lower(schedule, tensors, args.op))
     return cli.EXIT_OK
 

@@ -494,7 +494,7 @@ def features_for(opdef, candidates, target=None) -> np.ndarray:
         try:
             func = cand.take_lowered()
             if func is None:
-                s, args = instantiate(opdef, cand)
+                s, args = instantiate(opdef, cand, tgt)
                 func = lower(s, args)
             out[i] = extract_features(func, tgt)
         except Exception:  # noqa: BLE001 - a broken candidate is marked, never fatal

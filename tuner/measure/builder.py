@@ -88,7 +88,7 @@ def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_c
             if cand_json is None:
                 sched, args = create_schedule(opdef.output), opdef.tensors
             else:
-                sched, args = instantiate(opdef, Candidate.from_json(cand_json))
+                sched, args = instantiate(opdef, Candidate.from_json(cand_json), target)
         except Exception as e:  # noqa: BLE001 - whatever stops instantiation is the candidate's
             return _failure(ErrorCode.INSTANTIATION_ERROR, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
         kernel = build(sched, args, target, name="main" if cand_json is not None else "reference")

@@ -63,7 +63,7 @@ def to_record(row: RecordRow, task: TaskRow, workload: WorkloadRow) -> Record:
     return Record(workload_key=workload.key, workload=Workload(workload.name, dict(workload.params)),
                   target=task.target, device_key=task.device_key,
                   candidate=Candidate.from_json(row.candidate), result=result,
-                  job_id=row.job_id, created_at=row.created_at, id=row.id)
+                  job_id=row.job_id, created_at=row.created_at, id=row.id, retimed_cost=row.retimed_cost)
 
 
 def to_line(record: Record) -> str:

@@ -66,6 +66,8 @@ class WorkloadRow(Base):
     params: Mapped[dict] = mapped_column(JSON)
     canonical: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # the compute DAG as JSON for workloads defined as data (NULL: an inventory operator)
+    definition: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class TaskRow(Base):
@@ -120,6 +122,9 @@ class RecordRow(Base):
     run_seconds: Mapped[float] = mapped_column(Float)
     measured_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # median cost of the interleaved re-measurement at the end of a run (top candidates only)
+    retimed_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    retimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class AgentRow(Base):

@@ -34,6 +34,8 @@ class RecordsStore(ABC):
     def add_records(self, task: Task, measured: Iterable[tuple[Candidate, MeasureResult]],
                     job_id: int | None = None) -> list[int]: ...
     @abstractmethod
+    def set_retimed(self, task: Task, costs: dict[str, float]) -> int: ...
+    @abstractmethod
     def measured_fingerprints(self, task: Task) -> set[str]: ...
     @abstractmethod
     def best(self, workload_key: str, target: str, k: int = 1) -> list[Record]: ...
@@ -41,7 +43,7 @@ class RecordsStore(ABC):
     def history(self, target: str | None = None, workload_key: str | None = None,
                 limit: int | None = None) -> list[Record]: ...
     @abstractmethod
-    def count(self, task: Task | None = None) -> int: ...
+    def count(self, task: Task | None = None, job_id: int | None = None) -> int: ...
     @abstractmethod
     def export_jsonl(self, fileobj: IO[str], workload_key: str | None = None, target: str | None = None) -> int: ...
     @abstractmethod
@@ -144,6 +146,20 @@ class SQLRecordsStore(RecordsStore):
                    for cand, res in measured]
         return [i for i in ids if i is not None]
 
+    def set_retimed(self, task, costs) -> int:
+        """Store re-measured costs (fingerprint -> seconds) of records of `task`; returns how
+        many records were updated. One transaction: all of a re-measurement round or none."""
+        now = utcnow()
+        with self._session(write=True) as s:
+            task_id = self._find_task_id(s, task)
+            if task_id is None:
+                return 0
+            n = 0
+            for fp, cost in costs.items():
+                n += s.execute(update(RecordRow).where(RecordRow.task_id == task_id, RecordRow.fingerprint == fp)
+                               .values(retimed_cost=float(cost), retimed_at=now)).rowcount
+            return n
+
     def measured_fingerprints(self, task) -> set[str]:
         """What a resumed run must not measure again."""
         key, _ = self._workload_key(task.workload)
@@ -163,11 +179,15 @@ class SQLRecordsStore(RecordsStore):
                 .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key))
 
     def best(self, workload_key, target, k=1) -> list[Record]:
-        """The k fastest valid records for (workload key, target), over all device keys."""
+        """The k fastest valid records for (workload key, target), over all device keys.
+
+        Re-measured records come first, by their re-measured cost: the fastest of many noisy
+        measurements during tuning is biased low, the interleaved re-measurement is not."""
         stmt = (self._joined()
                 .where(TaskRow.workload_key == workload_key, TaskRow.target == target,
                        RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
-                .order_by(RecordRow.mean_cost, RecordRow.id).limit(k))
+                .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
+                          RecordRow.id).limit(k))
         with self._session() as s:
             return self._records(s, stmt)
 
@@ -186,7 +206,8 @@ class SQLRecordsStore(RecordsStore):
             records = self._records(s, stmt)
         return records if limit is None else records[::-1]
 
-    def count(self, task=None) -> int:
+    def count(self, task=None, job_id=None) -> int:
+        """Records, of one task and/or one job if given."""
         with self._session() as s:
             stmt = select(func.count(RecordRow.id))
             if task is not None:
@@ -194,6 +215,8 @@ class SQLRecordsStore(RecordsStore):
                 if task_id is None:
                     return 0
                 stmt = stmt.where(RecordRow.task_id == task_id)
+            if job_id is not None:
+                stmt = stmt.where(RecordRow.job_id == job_id)
             return s.execute(stmt).scalar_one()
 
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:

@@ -55,6 +55,12 @@ class Record:
     job_id: int | None = None
     created_at: datetime = field(default_factory=utcnow)
     id: int | None = None
+    retimed_cost: float | None = None  # median of the end-of-run re-measurement, if it had one
+
+    @property
+    def cost(self) -> float:
+        """What apply-best ranks by: the re-measured cost when there is one, else the mean."""
+        return self.retimed_cost if self.retimed_cost is not None else self.result.mean_cost
 
     @property
     def task(self) -> Task:
@@ -64,7 +70,7 @@ class Record:
         """Throughput for an operator of `flops` floating-point operations; 0.0 for an error record."""
         if not self.result.ok or not self.result.costs:
             return 0.0
-        return flops / self.result.mean_cost / 1e9
+        return flops / self.cost / 1e9
 
 
 @dataclass(frozen=True)

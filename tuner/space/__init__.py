@@ -6,17 +6,20 @@ Two kinds, one interface (`SearchSpace`):
 - sketches (Ansor-style): generated from the compute definition alone; a candidate is a
   `Candidate("trace", {"sketch": name, "params": {...}, "steps": [...], "workload_key": key})`
   whose steps replay with `compiler.apply_steps` (params let the space mutate and cross it).
-`instantiate(task_or_opdef, candidate)` turns any candidate back into (schedule, args); it is what
-builder processes call, so it must only need the candidate's JSON.
+`instantiate(opdef, candidate, target)` turns any candidate (and "default", the operator's default
+schedule, every task's baseline) back into (schedule, args); it is what builder processes call,
+so it must only need the candidate's JSON.
 """
 
 from __future__ import annotations
 
-from .base import SearchSpace, SpaceError, instantiate, register_space_kind
+from .base import (SPACE_CANDIDATE_KIND, SearchSpace, SpaceError, default_candidate, instantiate,
+                   register_candidate_kind)
 from .template import (Config, ConfigSpace, TemplateSpace, default_template_for, get_template, list_templates,
                        template)
-from .sketch import Sketch, SketchSpace, generate_sketches  # also registers the checked "trace" replay
+from .sketch import Sketch, SketchSpace, generate_sketches
 
-__all__ = ["SearchSpace", "SpaceError", "instantiate", "register_space_kind",
+__all__ = ["SearchSpace", "SpaceError", "instantiate", "default_candidate", "SPACE_CANDIDATE_KIND",
+           "register_candidate_kind",
            "template", "get_template", "list_templates", "default_template_for", "ConfigSpace", "Config",
            "TemplateSpace", "SketchSpace", "Sketch", "generate_sketches"]

@@ -53,15 +53,50 @@ class SearchSpace(ABC):
         return cand.kind == self.kind
 
 
-_KINDS: dict = {}
+# One vocabulary: a space is a "template" or a "sketch" space; its candidates are "config"s and
+# "trace"s respectively. "default" is the operator's hand-written default schedule, measured in
+# every task as its baseline. The registry is explicit: nothing depends on import order.
+SPACE_CANDIDATE_KIND = {"template": "config", "sketch": "trace"}
+DEFAULT_KIND = "default"
 
 
-def register_space_kind(kind: str, instantiator):
-    """`instantiator(opdef, candidate) -> (schedule, args)` for candidates of `kind`."""
-    _KINDS[kind] = instantiator
+def default_candidate(workload_key: str) -> Candidate:
+    """The baseline of a task: its workload's default schedule."""
+    return Candidate(DEFAULT_KIND, {"workload_key": workload_key})
 
 
-def _replay_trace(opdef, cand: Candidate):
+def _instantiate_default(opdef, cand: Candidate, target):
+    from compiler.ops import default_schedule
+    key = cand.payload.get("workload_key") if isinstance(cand.payload, dict) else None
+    if key is not None and key != opdef.workload_key():
+        raise SpaceError(f"default-schedule candidate of workload {key} does not apply to {opdef.workload_key()}")
+    return default_schedule(opdef, target), opdef.tensors
+
+
+def _instantiate_config(opdef, cand: Candidate, target):
+    from .template import instantiate_config
+    return instantiate_config(opdef, cand, target)
+
+
+def _instantiate_trace(opdef, cand: Candidate, target):
+    from .sketch import replay_checked
+    return replay_checked(opdef, cand)
+
+
+_INSTANTIATORS = {"config": _instantiate_config, "trace": _instantiate_trace, DEFAULT_KIND: _instantiate_default}
+
+
+def register_candidate_kind(kind: str, instantiator) -> None:
+    """Add a candidate kind (an extension, or a test's): `instantiator(opdef, cand, target)`
+    returns (schedule, args). Build processes need it too: register it in the BuilderPool's
+    `initializer`."""
+    if kind in ("config", "trace", DEFAULT_KIND):
+        raise SpaceError(f"candidate kind {kind!r} is built in")
+    _INSTANTIATORS[kind] = instantiator
+
+
+def replay_trace(opdef, cand: Candidate):
+    """(schedule, args) of a trace's recorded steps replayed on `opdef` (no workload check)."""
     from compiler.errors import ScheduleError
     from compiler.schedule_steps import apply_steps
     try:
@@ -71,16 +106,11 @@ def _replay_trace(opdef, cand: Candidate):
     return s, opdef.tensors
 
 
-register_space_kind("trace", _replay_trace)
-
-
-def instantiate(opdef, cand: Candidate):
-    """(schedule, args) for any candidate; raises SpaceError when it does not apply."""
-    fn = _KINDS.get(cand.kind)
+def instantiate(opdef, cand: Candidate, target=None):
+    """(schedule, args) of any candidate for `target` (the host by default); SpaceError when it
+    does not apply. Needs nothing but the candidate's JSON: build processes call it."""
+    from compiler.target import resolve_target
+    fn = _INSTANTIATORS.get(cand.kind)
     if fn is None:
-        if cand.kind == "config":
-            from . import template  # noqa: F401 - registers the "config" kind on import
-            fn = _KINDS.get(cand.kind)
-        if fn is None:
-            raise SpaceError(f"unknown candidate kind {cand.kind!r}")
-    return fn(opdef, cand)
+        raise SpaceError(f"unknown candidate kind {cand.kind!r}; known: {', '.join(sorted(_INSTANTIATORS))}")
+    return fn(opdef, cand, resolve_target(target))

@@ -54,7 +54,7 @@ from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
 
 from ..candidate import Candidate
-from .base import SearchSpace, SpaceError, _replay_trace, register_space_kind
+from .base import SearchSpace, SpaceError, replay_trace
 
 NICE_SIZES = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
 AUTO_UNROLL_STEPS = (0, 16, 64, 512)
@@ -67,11 +67,6 @@ MAX_ACC_REGS = 12         # vector accumulators of a register tile (of 16 AVX2 r
 REGISTER_TILE_P = 0.8     # how often a sampled tile is held to MAX_ACC_REGS accumulators
 MAX_SKETCHES = 16
 MAX_TRIES = 24
-
-
-def has_rfactor() -> bool:
-    """rfactor is optional: sketches use it only when the compiler has the primitive."""
-    return hasattr(Schedule, "rfactor")
 
 
 # ----------------------------------------------------------------------------- DAG analysis
@@ -232,7 +227,7 @@ def generate_sketches(opdef, target=None) -> list:
                 choices.append(([i], ["tile"]))
         elif dag.is_reduce(i):
             opts = ["reduce"]
-            if has_rfactor() and _little_parallelism(dag.op(i), target):
+            if _little_parallelism(dag.op(i), target):
                 opts.append("rfactor")
             choices.append(([i], opts))
         else:
@@ -565,7 +560,7 @@ class SketchSpace(SearchSpace):
         return self._first_valid(gen, "crossover")
 
     def schedule(self, opdef, cand: Candidate):
-        return _replay_checked(opdef, cand)
+        return replay_checked(opdef, cand)
 
 
 def _loop_outer(axes, rule, inner, split) -> list:
@@ -792,7 +787,7 @@ class _Applier:
 
 # ----------------------------------------------------------------------------- replay
 
-def _replay_checked(opdef, cand: Candidate):
+def replay_checked(opdef, cand: Candidate):
     """`instantiate` for traces: the recorded steps replayed on `opdef`, after checking that the
     trace was recorded on this workload (when it says which)."""
     payload = cand.payload if isinstance(cand.payload, dict) else {}
@@ -804,10 +799,7 @@ def _replay_checked(opdef, cand: Candidate):
                              f"this is {getattr(opdef, 'name', '?')} with key {mine}")
     if not isinstance(payload.get("steps"), list):
         raise SpaceError("trace candidate has no 'steps' list")
-    return _replay_trace(opdef, cand)
+    return replay_trace(opdef, cand)
 
 
-register_space_kind("trace", _replay_checked)
-
-
-__all__ = ["SketchSpace", "Sketch", "generate_sketches", "has_rfactor"]
+__all__ = ["SketchSpace", "Sketch", "generate_sketches", "replay_checked"]

@@ -44,7 +44,7 @@ from compiler.errors import CompilerError
 from compiler.target import resolve_target
 
 from ..candidate import Candidate
-from .base import SearchSpace, SpaceError, register_space_kind
+from .base import SearchSpace, SpaceError
 
 _TEMPLATES: dict = {}
 MAX_REORDER_AXES = 7  # 5040 permutations; more must be given as candidates
@@ -532,15 +532,12 @@ def _payload(cand: Candidate):
     return p
 
 
-def _instantiate_config(opdef, cand: Candidate):
-    """`instantiate` for configs: the template's space on this workload and the host target."""
+def instantiate_config(opdef, cand: Candidate, target=None):
+    """`instantiate` for configs: the template's space on this workload and target."""
     p = _payload(cand)
-    target = resolve_target(None)
+    target = resolve_target(target)
     space = define_space(p["template"], opdef, target)
     return apply_config(space.config(p["knobs"]), opdef, target)
-
-
-register_space_kind("config", _instantiate_config)
 
 
 # ----------------------------------------------------------------------------- the search space
