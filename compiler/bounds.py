@@ -72,19 +72,57 @@ class _Checker:
         return TensorRead(read.tensor, tuple(indices))
 
     def _index_range(self, idx, guards: tuple):
-        base = arith.expr_range(idx, self.ranges)
+        ranges = _narrowed(self.ranges, guards)
+        if ranges is None:
+            return (0, 0)  # the guards never hold together: the read never happens
+        base = arith.expr_range(idx, ranges)
         if base is None:
             return None
         lo, hi = base
-        lin = arith.to_lin(idx, self.ranges)
+        lin = arith.to_lin(idx, ranges)
         for g in guards:
-            g_lo = arith.lin_range(lin.add(g, -1), self.ranges)  # I - G, with G >= 0
-            g_hi = arith.lin_range(lin.add(g, 1), self.ranges)   # I + G
-            if g_lo is not None:
-                lo = max(lo, g_lo[0])
-            if g_hi is not None:
-                hi = min(hi, g_hi[1])
+            for scale in _scales(lin, g):  # I = s·G + R with G >= 0: s > 0 bounds I below, s < 0 above
+                r = arith.lin_range(lin.add(g, -scale), ranges)
+                if r is None:
+                    continue
+                if scale > 0:
+                    lo = max(lo, r[0])
+                else:
+                    hi = min(hi, r[1])
         return lo, hi
+
+
+def _scales(lin, g) -> set:
+    """Integer factors s worth trying in I - s·G: ±1, and every ratio of a coefficient of I to
+    the same atom's in G that is a whole number (I = 2i + 1 under i <= 2 gives s = -2)."""
+    out = {1, -1}
+    for key, (_, c) in g.terms.items():
+        ci = lin.terms.get(key)
+        if ci is not None and ci[1] % c == 0:
+            out.add(ci[1] // c)
+    out.discard(0)
+    return out
+
+
+def _narrowed(ranges: dict, guards: tuple):
+    """The variable ranges with every single-variable guard (c·v + k >= 0) applied; None when
+    some range becomes empty."""
+    out = dict(ranges)
+    for g in guards:
+        if len(g.terms) != 1:
+            continue
+        ((atom, c),) = g.terms.values()
+        if atom not in out:
+            continue
+        lo, hi = out[atom]
+        if c > 0:
+            lo = max(lo, -(g.const // c))       # v >= ceil(-k / c)
+        else:
+            hi = min(hi, g.const // -c)         # v <= floor(k / -c)
+        if lo > hi:
+            return None
+        out[atom] = (lo, hi)
+    return out
 
 
 def _clamp(idx, dim: int):

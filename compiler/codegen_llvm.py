@@ -479,15 +479,16 @@ class FunctionEmitter:
             self.mask = saved
             t, f = self._broadcast(t), self._broadcast(f)
             return b.select(cond, t, f)
-        # scalar condition: real control flow so the untaken branch's loads never happen
+        # scalar condition: real control flow so the untaken branch's loads never happen. Inside
+        # a vector loop either branch may be per-lane: both are made vectors in their own block,
+        # so the phi that joins them comes first in the join block and sees equal types.
         with b.if_else(cond) as (then, otherwise):
             with then:
-                t = self.emit_expr(e.t)
+                t = self._broadcast(self.emit_expr(e.t))
                 tb = b.block
             with otherwise:
-                f = self.emit_expr(e.f)
+                f = self._broadcast(self.emit_expr(e.f))
                 fb = b.block
-        t, f = self._pair(t, f)
         phi = b.phi(t.type)
         phi.add_incoming(t, tb)
         phi.add_incoming(f, fb)

@@ -243,6 +243,46 @@ def test_guarded_reads_are_proven_in_bounds():
     np.testing.assert_array_equal(got, np.r_[a[1:], 0] + np.r_[0, a[:-1]])
 
 
+def test_reads_proven_in_bounds_through_scaled_and_one_variable_guards():
+    """Found by the fuzzer: valid guarded reads that the first bounds proof refused."""
+    A = C.placeholder((7,), "float32", "A")
+    a = np.arange(1, 8, dtype=np.float32)
+    got = np.full(8, np.nan, np.float32)
+    out = C.compute((8,), lambda i: C.if_then_else(i < 3, A[2 * i + 1], 0.0), name="out")
+    C.build(C.create_schedule(out), [A, out])(a, got)
+    np.testing.assert_array_equal(got, [2, 4, 6, 0, 0, 0, 0, 0])
+    out = C.compute((8,), lambda i: C.if_then_else(i >= 2, A[(i - 2) // 3], 0.0), name="out")
+    C.build(C.create_schedule(out), [A, out])(a, got)
+    np.testing.assert_array_equal(got, [0, 0, 1, 1, 1, 2, 2, 2])
+    B = C.placeholder((30,), "float32", "B")
+    k = C.reduce_axis(15, "k")
+    total = C.compute((1,), lambda i: C.sum(B[2 * k + 1], axis=k), name="total")
+    s = C.create_schedule(total)
+    _, ki = s[total].split(s[total].op.reduce_axis[0], factor=2)  # 15 = 8 x 2 with a guarded tail
+    s.rfactor(total, ki)
+    b = np.arange(30, dtype=np.float32)
+    t = np.full(1, np.nan, np.float32)
+    C.build(s, [B, total])(b, t)
+    assert t[0] == b[1::2].sum()
+    bad = C.compute((8,), lambda i: C.if_then_else(i < 4, A[2 * i + 1], 0.0), name="bad")
+    with pytest.raises(LoweringError, match="can leave the tensor"):
+        C.build(C.create_schedule(bad), [A, bad])
+
+
+def test_vectorized_select_with_a_uniform_condition_and_a_reading_branch():
+    """Found by the fuzzer (seed 298): invalid LLVM IR (a broadcast between the branches and the phi)."""
+    A = C.placeholder((3,), "int64", "A")
+    B = C.placeholder((4, 15), "int64", "B")
+    out = C.compute((4, 15), lambda i, j: C.if_then_else(C.equal(i % 2, 0), A[i % 3], B[i, j]), name="out")
+    s = C.create_schedule(out)
+    s[out].vectorize(out.op.axis[1])
+    k = C.build(s, [A, B, out])
+    a, b = np.array([5, 6, 7]), np.arange(60).reshape(4, 15)
+    got = np.full((4, 15), -1, np.int64)
+    k(a, b, got)
+    np.testing.assert_array_equal(got, np.where((np.arange(4) % 2 == 0)[:, None], a[np.arange(4) % 3][:, None], b))
+
+
 def test_data_dependent_indices_are_clamped_into_the_tensor():
     A = C.placeholder((8,), "float32", "A")
     idx = C.placeholder((5,), "int32", "idx")
