@@ -240,7 +240,8 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
     assert res.trials == 6 and res.best_gflops > 0
     farm_records = farm_store.history(workload_key=task.workload.key)
     local_records = local_store.history(workload_key=task.workload.key)
-    assert len(farm_records) == 6 and len(local_records) == 3
+    assert len(farm_records) == 6 + 1 and len(local_records) == 3 + 1  # and the default schedule
+    assert any(r.retimed_cost is not None for r in farm_records)  # re-measured on the farm as well
     for rec in farm_records:
         assert rec.device_key == KEY and rec.target == task.target
         assert rec.result.measured_by in agents, rec.result.measured_by
@@ -266,7 +267,7 @@ def test_cli_tune_through_the_farm(farm, tmp_path, capsys):
                  "--tracker", address, "--token", TUNER_TOKEN]) == 0
     assert "2 trials measured now" in capsys.readouterr().out
     records = open_store(db).history()
-    assert len(records) == 2 and all(r.result.measured_by in agents and r.device_key == KEY for r in records)
+    assert len(records) == 2 + 1 and all(r.result.measured_by in agents and r.device_key == KEY for r in records)
     assert main(["tune", "matmul", *args, "--tracker", address, "--token", "wrong", "--trials", "3"]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
 

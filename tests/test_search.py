@@ -17,7 +17,7 @@ import pytest
 from compiler.ops.matmul import matmul
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.search import (Budget, EarlyStopping, EvolutionarySearch, GeneticSearch, GridSearch,
-                          ModelBasedSearch, RandomSearch, run_search)
+                          ModelBasedSearch, RandomSearch)
 from tuner.space.base import SearchSpace, SpaceError, instantiate
 
 from matmul_trace import matmul_knob_trace
@@ -134,6 +134,23 @@ def make(name, space, op, seed, visited=()):
                                   num_generations=3)
     raise KeyError(name)
 
+
+
+def run_search(strategy, measure, budget, batch_size=16, early_stopping=None):
+    """The ask/tell loop over a synthetic `measure(candidates)`: strategies alone, without
+    builds, runners or records (tuner.engine.TaskTuner is the real loop)."""
+    budget.start()
+    while strategy.has_next():
+        n = budget.take(batch_size)
+        batch = strategy.next_batch(n) if n > 0 else []
+        if not batch:
+            break
+        results = measure(batch)
+        strategy.update(batch, results)
+        budget.consume(len(batch))
+        if early_stopping is not None and early_stopping.update(results):
+            break
+    return strategy.best_candidate, strategy.best_cost, budget.used_trials
 
 # ----------------------------------------------------------------------------- the seam
 

@@ -35,19 +35,73 @@ def _task():
 
 @pytest.mark.parametrize("space,strategy", [("template", "random"), ("sketch", "random"),
                                             ("template", "model"), ("sketch", "evolutionary")])
-def test_tune_records_every_trial_and_resumes_without_repeats(tmp_path, machinery, space, strategy):
+def test_tune_records_every_trial_and_a_second_run_measures_new_ones(tmp_path, machinery, space, strategy):
     builder, runner = machinery
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     task = _task()
     first = tune(task, store, space=space, strategy=strategy, trials=6, batch_size=3,
-                 builder=builder, runner=runner)
-    assert first.trials == 6 and store.count(task) == 6
-    assert first.best_gflops > 0
-    again = tune(task, store, space=space, strategy=strategy, trials=9, batch_size=3,
-                 builder=builder, runner=runner)
-    assert again.resumed_trials == 6 and again.trials == 3
+                 builder=builder, runner=runner, top_k=2, retime_rounds=2)
+    assert first.trials == 6 and store.count(task) == 6 + 1  # and the baseline
+    assert first.best_gflops > 0 and first.baseline_gflops > 0
+    assert first.resumed_trials == 0
+    again = tune(task, store, space=space, strategy=strategy, trials=6, batch_size=3,
+                 builder=builder, runner=runner, top_k=2, retime_rounds=2)
+    assert again.resumed_trials == 6 and again.trials == 6  # `trials` means new measurements
     fps = [r.candidate.fingerprint for r in store.history(workload_key=task.workload.key)]
-    assert len(fps) == len(set(fps)) == 9
+    assert len(fps) == len(set(fps)) == 13  # nothing measured twice, the baseline once
+
+
+def test_finish_remeasures_the_top_candidates_and_the_baseline(tmp_path, machinery):
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    task = _task()
+    res = tune(task, store, space="sketch", strategy="random", trials=6, batch_size=3, builder=builder,
+               runner=runner, top_k=3, retime_rounds=3)
+    assert len(res.retimed) == 4  # three candidates and the default schedule
+    retimed = [r for r in store.history(workload_key=task.workload.key) if r.retimed_cost is not None]
+    assert {r.candidate.fingerprint for r in retimed} == set(res.retimed)
+    assert any(r.candidate.kind == "default" for r in retimed)
+    best = store.best(task.workload.key, task.target, k=1)[0]
+    assert best.retimed_cost == min(res.retimed.values()) == res.best_cost
+    assert res.speedup_over_default == pytest.approx(res.baseline_cost / res.best_cost)
+    assert res.best_cost <= res.baseline_cost  # the default is a candidate too: never worse
+
+
+def test_a_stop_request_ends_the_run_after_the_current_batch(tmp_path, machinery):
+    from tuner.engine import Callbacks, TaskTuner
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    seen = []
+
+    def on_batch(report):
+        seen.append(report.kind)
+        if report.kind == "search":
+            tuner.request_stop()
+    heartbeats = []
+    tuner = TaskTuner(_task(), store, builder=builder, runner=runner, space="sketch", strategy="random",
+                      trials=30, batch_size=2, callbacks=Callbacks(on_batch=on_batch,
+                                                                   on_heartbeat=heartbeats.append))
+    reports = []
+    while (r := tuner.step()) is not None:
+        reports.append(r)
+    result = tuner.finish()
+    assert seen == ["baseline", "search"] and [r.kind for r in reports] == ["baseline", "search"]
+    assert result.stopped and result.trials == 2 and not result.retimed
+    assert len(heartbeats) == 2 and heartbeats[0] is tuner
+    assert tuner.finish() is result
+
+
+def test_job_trials_count_the_jobs_own_records(tmp_path, machinery):
+    """A job interrupted after some batches and run again measures only what its budget has left."""
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    task = _task()
+    job = store.create_job(task, "sketch", "random", 6)
+    tune(task, store, space="sketch", strategy="random", trials=4, batch_size=2, builder=builder,
+         runner=runner, job_id=job, top_k=0)
+    resumed = tune(task, store, space="sketch", strategy="random", trials=6, batch_size=2, builder=builder,
+                   runner=runner, job_id=job, top_k=0)
+    assert resumed.trials == 1 and store.count(task, job_id=job) == 6  # 4 + baseline, then 1 more
 
 
 def test_tune_on_postgresql(db_url, machinery):
@@ -55,8 +109,9 @@ def test_tune_on_postgresql(db_url, machinery):
     store = open_store(db_url)
     task = _task()
     res = tune(task, store, space="sketch", strategy="random", trials=4, batch_size=2,
-               builder=builder, runner=runner)
-    assert res.trials == 4 and store.count(task) == 4
+               builder=builder, runner=runner, top_k=2, retime_rounds=1)
+    assert res.trials == 4 and store.count(task) == 5
+    assert store.best(task.workload.key, task.target, k=1)[0].retimed_cost is not None
     assert store.best(task.workload.key, task.target, k=1)[0].result.ok
 
 
@@ -64,7 +119,8 @@ def test_apply_best_builds_the_best_record_and_ignores_other_targets(tmp_path, m
     builder, runner = machinery
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     task = _task()
-    tune(task, store, space="sketch", strategy="random", trials=4, batch_size=4, builder=builder, runner=runner)
+    tune(task, store, space="sketch", strategy="random", trials=4, batch_size=4, builder=builder, runner=runner,
+         top_k=1, retime_rounds=1)
     opdef = task.workload.opdef()
     best = ApplyHistoryBest(store).best_record(opdef, C.Target.host())
     assert best is not None
@@ -94,13 +150,14 @@ def test_cli_tune_best_and_records_round_trip(tmp_path, capsys):
                  "--strategy", "random", "--plain", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "4 trials measured now" in out and "tuned kernel:" in out and "check OK" in out
+    assert "over the default schedule" in out
     assert main(["best", "matmul", *args]) == 0
     out = capsys.readouterr().out
     assert "GFLOPS" in out and "for (" in out
     dump = tmp_path / "records.jsonl"
     assert main(["records", "export", str(dump), "--db", db]) == 0
     lines = dump.read_text().splitlines()
-    assert len(lines) == 4 and all(json.loads(line) for line in lines)
+    assert len(lines) == 5 and all(json.loads(line) for line in lines)
     db2 = f"sqlite:///{tmp_path / 'other.db'}"
     assert main(["records", "import", str(dump), "--db", db2]) == 0
     assert main(["best", "matmul", *args[:-1], db2]) == 0
@@ -121,20 +178,43 @@ def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery)
     """Records of other workloads warm the cost model only when their candidates come from the
     same sketches (or template): a matmul's model learns from another matmul, not from a conv."""
     from compiler.target import resolve_target
-    from tuner.tune import _warm_cost_model, make_space
+    from tuner.engine import make_space
+    from tuner.engine.task_tuner import warm_cost_model
 
     builder, runner = machinery
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     sibling = Task.create(Workload("matmul", dict(M=32, N=24, K=16)))
     conv = Task.create(Workload("conv2d_nchw", dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=[1, 1])))
     for t, n in ((sibling, 16), (conv, 8)):
-        tune(t, store, space="sketch", strategy="random", trials=n, batch_size=8, builder=builder, runner=runner)
+        tune(t, store, space="sketch", strategy="random", trials=n, batch_size=8, builder=builder, runner=runner,
+             top_k=0)
     task = _task()
     target = resolve_target(task.target)
-    space = make_space("sketch", task.workload.opdef(), target)
-    model = _warm_cost_model(store, task, target, space)
+    key = task.workload.key
+    model = warm_cost_model(store, task.target, {key}, [make_space("sketch", task.workload.opdef(), target)])
     assert model is not None and model.trained
     assert set(model._hg.tolist()) == {sibling.workload.key}
     # nothing of a template's structure in the store: no warm start for a template search
-    assert _warm_cost_model(store, task, target, make_space("template", task.workload.opdef(), target)) is None
+    assert warm_cost_model(store, task.target, {key}, [make_space("template", task.workload.opdef(), target)]) is None
+    store.close()
+
+
+def test_task_scheduler_shares_one_budget_and_one_cost_model(tmp_path, machinery):
+    from tuner.tune import tune_tasks
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    tasks = [_task(), Task.create(Workload("matmul", dict(M=32, N=24, K=16))),
+             Task.create(Workload("relu", dict(shape=(64, 48))))]
+    for scheduler in ("round-robin", "gradient"):
+        out = tune_tasks(tasks, store, weights=[1, 2, 1], scheduler=scheduler, space="sketch",
+                         strategy="evolutionary", trials=18, batch_size=3, builder=builder, runner=runner,
+                         top_k=1, retime_rounds=1)
+        assert out.trials == 18 and sum(r.trials for r in out.results) == 18
+        assert sorted(set(out.allocations)) == [0, 1, 2]  # the warm-up round gives each task a batch
+        assert all(r.best_cost < float("inf") and r.baseline_cost < float("inf") for r in out.results)
+        assert out.weighted_latency == pytest.approx(sum(w * r.best_cost for w, r in zip([1, 2, 1], out.results)))
+    with pytest.raises(ValueError, match="weights must be positive"):
+        tune_tasks(tasks, store, weights=[1, 0, 1], trials=3, builder=builder, runner=runner)
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        tune_tasks(tasks, store, scheduler="fastest", trials=3, builder=builder, runner=runner)
     store.close()

@@ -62,6 +62,8 @@ def cmd_tune(args) -> int:
     if result.best_candidate is None:
         print("no valid candidate measured", file=sys.stderr)
         return cli.EXIT_FAIL
+    print(f"best {result.best_gflops:.1f} GFLOPS, {result.speedup_over_default:.2f}x over the default schedule "
+          f"({result.baseline_gflops:.1f} GFLOPS; both re-measured together)")
     return _report_best(store, opdef, target, args.repeat)
 
 
@@ -163,8 +165,9 @@ class _Progress:
             self._bar = None
         return self
 
-    def update(self, result):
-        done = result.resumed_trials + result.trials
+    def update(self, report):
+        result = report.result
+        done = result.trials
         info = f"best {result.best_gflops:.1f} GFLOPS, {result.errors} errors"
         if self._bar is not None:
             self._bar.update(self._id, completed=done, info=info)
@@ -194,7 +197,8 @@ def register(sub):
     p.add_argument("--strategy", default=None,
                    help="random, grid, genetic, model, evolutionary (default: model for templates, "
                         "evolutionary for sketches)")
-    p.add_argument("--trials", type=int, default=64, help="trial budget, counting earlier runs' records")
+    p.add_argument("--trials", type=int, default=64,
+                   help="new measurements of this run (earlier records are reused, never measured again)")
     p.add_argument("--seconds", type=float, default=None, help="time budget in seconds")
     p.add_argument("--batch", type=int, default=8, help="candidates built and measured per round")
     p.add_argument("--early-stopping", type=int, default=None, metavar="TRIALS",

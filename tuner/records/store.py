@@ -38,7 +38,7 @@ class RecordsStore(ABC):
     @abstractmethod
     def measured_fingerprints(self, task: Task) -> set[str]: ...
     @abstractmethod
-    def best(self, workload_key: str, target: str, k: int = 1) -> list[Record]: ...
+    def best(self, workload_key: str, target: str, k: int = 1, device_key: str | None = None) -> list[Record]: ...
     @abstractmethod
     def history(self, target: str | None = None, workload_key: str | None = None,
                 limit: int | None = None) -> list[Record]: ...
@@ -178,8 +178,9 @@ class SQLRecordsStore(RecordsStore):
                 .join(TaskRow, RecordRow.task_id == TaskRow.id)
                 .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key))
 
-    def best(self, workload_key, target, k=1) -> list[Record]:
-        """The k fastest valid records for (workload key, target), over all device keys.
+    def best(self, workload_key, target, k=1, device_key=None) -> list[Record]:
+        """The k fastest valid records for (workload key, target), over all device keys unless
+        `device_key` is given.
 
         Re-measured records come first, by their re-measured cost: the fastest of many noisy
         measurements during tuning is biased low, the interleaved re-measurement is not."""
@@ -188,6 +189,8 @@ class SQLRecordsStore(RecordsStore):
                        RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
                 .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
                           RecordRow.id).limit(k))
+        if device_key is not None:
+            stmt = stmt.where(TaskRow.device_key == device_key)
         with self._session() as s:
             return self._records(s, stmt)
 

@@ -4,10 +4,10 @@
 - `ModelBasedSearch` (cost model + simulated annealing, for templates) and `EvolutionarySearch`
   (cost model + evolution, Ansor-like, for sketches): rank many candidates, measure few, with
   ε-greedy exploration, retraining the model after every batch;
-- `EarlyStopping`, `Budget` (trials and seconds) and `run_search`, a minimal local loop.
+- `EarlyStopping`, `Budget` (trials and seconds); the loop itself is tuner.engine's TaskTuner.
 """
 
-from .base import Budget, EarlyStopping, Strategy, as_generator, run_search, throughput
+from .base import Budget, EarlyStopping, Strategy, as_generator, throughput
 from .basic import GeneticSearch, GridSearch, RandomSearch
 from .model_guided import EvolutionarySearch, ModelBasedSearch
 
@@ -20,5 +20,5 @@ STRATEGIES = {
 }
 
 __all__ = ["Strategy", "RandomSearch", "GridSearch", "GeneticSearch", "ModelBasedSearch",
-           "EvolutionarySearch", "EarlyStopping", "Budget", "run_search", "as_generator", "throughput",
+           "EvolutionarySearch", "EarlyStopping", "Budget", "as_generator", "throughput",
            "STRATEGIES"]

@@ -1,7 +1,7 @@
 """The ask/tell seam every search strategy implements, plus early stopping and budgets.
 
-A tuning loop does, until the budget is spent, the strategy has nothing left or early stopping
-says so:
+A tuning loop (tuner.engine.TaskTuner) does, until the budget is spent, the strategy has nothing
+left or early stopping says so:
 
     batch = strategy.next_batch(budget.take(batch_size))   # ask
     results = measure(batch)                                # build + run (local or the farm)
@@ -229,28 +229,3 @@ class Budget:
     def __repr__(self):
         return (f"Budget(trials={self.used_trials}/{self.max_trials}, "
                 f"seconds={self.elapsed:.1f}/{self.max_seconds})")
-
-
-def run_search(strategy: Strategy, measure, budget: Budget, batch_size: int = 16,
-               early_stopping: EarlyStopping | None = None, on_batch=None):
-    """A minimal local tuning loop over the seam: `measure(candidates) -> [MeasureResult]`.
-
-    Returns (best candidate, best cost, trials). The service's job loop does the same with the
-    farm, records and heartbeats; this one is for tests, benchmarks and notebooks.
-    """
-    budget.start()
-    while strategy.has_next():
-        n = budget.take(batch_size)
-        if n <= 0:
-            break
-        batch = strategy.next_batch(n)
-        if not batch:
-            break
-        results = measure(batch)
-        strategy.update(batch, results)
-        budget.consume(len(batch))
-        if on_batch is not None:
-            on_batch(batch, results)
-        if early_stopping is not None and early_stopping.update(results):
-            break
-    return strategy.best_candidate, strategy.best_cost, budget.used_trials

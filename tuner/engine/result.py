@@ -1,0 +1,44 @@
+"""What one task's tuning run found."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TuneResult:
+    task: object                    # Task
+    trials: int = 0                 # new measurements of this run (the baseline not included)
+    resumed_trials: int = 0         # records of this space already stored when the run started
+    errors: int = 0
+    best_cost: float = math.inf     # seconds; the re-measured cost once finish() ran
+    best_candidate: object = None
+    baseline_cost: float = math.inf  # the operator's default schedule (re-measured at the end)
+    retimed: dict = field(default_factory=dict)  # fingerprint -> re-measured cost
+    flops: int = 0
+    tune_seconds: float = 0.0
+    tuner_seconds: float = 0.0      # strategy + cost model time (ask/tell), not build or run
+    stopped: bool = False           # ended by a stop request
+    exhausted: bool = False         # the space (or early stopping) had nothing more to offer
+    history: list = field(default_factory=list)  # (trial index, cost or inf) in measuring order
+
+    @property
+    def best_gflops(self) -> float:
+        return self.flops / self.best_cost / 1e9 if math.isfinite(self.best_cost) else 0.0
+
+    @property
+    def baseline_gflops(self) -> float:
+        return self.flops / self.baseline_cost / 1e9 if math.isfinite(self.baseline_cost) else 0.0
+
+    @property
+    def speedup_over_default(self) -> float:
+        """Default schedule's time / best time (both re-measured together at the end when
+        finish() ran); NaN when either is unknown."""
+        if math.isfinite(self.best_cost) and math.isfinite(self.baseline_cost) and self.best_cost > 0:
+            return self.baseline_cost / self.best_cost
+        return math.nan
+
+    @property
+    def tuner_overhead_fraction(self) -> float:
+        return self.tuner_seconds / self.tune_seconds if self.tune_seconds else 0.0

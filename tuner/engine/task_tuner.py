@@ -1,0 +1,276 @@
+"""One task's tuning as an object: `step()` measures one batch, `finish()` re-measures the best.
+
+Records are the source of truth. A tuner starting on a task that already has records reloads
+them: nothing measured before is measured again, the strategy learns from them, and they are
+reported as resumed. `trials` counts new measurements of this run; inside a job (`job_id`) it
+counts the job's own records, so a job that was interrupted and resumed still measures
+`trials` candidates in all.
+
+Every task measures the operator's default schedule once (the baseline). At the end the top
+`top_k` candidates and the baseline are re-measured interleaved over `retime_rounds` rounds:
+the maximum of many noisy measurements is biased upward, so those medians are what the records
+rank by, and the speed-up over the default comes from one comparable set of timings.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+
+from ..candidate import MeasureResult
+from ..search import STRATEGIES, Budget, EarlyStopping
+from ..space import SearchSpace, default_candidate
+from ..workload import Task
+from .callbacks import BatchReport, Callbacks
+from .result import TuneResult
+
+DEFAULT_STRATEGY = {"template": "model", "sketch": "evolutionary"}
+MODEL_GUIDED = ("model", "evolutionary")
+
+
+def make_space(kind: str, opdef, target) -> SearchSpace:
+    if kind == "template":
+        from ..space.template import TemplateSpace
+        return TemplateSpace(opdef, None, target)
+    if kind == "sketch":
+        from ..space.sketch import SketchSpace
+        return SketchSpace(opdef, target)
+    raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
+
+
+def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_model=None, group: str = "current"):
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+    cls = STRATEGIES[name]
+    if name in MODEL_GUIDED:
+        # Search effort per batch sized so ranking costs a fraction of measuring the batch
+        # (a few hundred feature extractions, ~1 ms each) rather than dominating the run.
+        effort = {"model": dict(n_parallel=16, sa_iters=12),
+                  "evolutionary": dict(population_size=64, num_generations=2)}[name]
+        return cls(space, opdef=opdef, target=target, cost_model=cost_model, rng=seed, visited=visited,
+                   group=group, **effort)
+    return cls(space, rng=seed, visited=visited)
+
+
+class TaskTuner:
+    """Space, strategy, cost model, records and budget of one task.
+
+    `builder`/`runner` are shared and owned by the caller. `cost_model` may be shared with other
+    tasks (a TaskScheduler does that); its rows of this task are grouped under the workload key.
+    `trials=None` means no trial limit of its own (a scheduler holds the budget).
+    """
+
+    def __init__(self, task: Task, store, *, builder, runner, space: str = "sketch", strategy: str | None = None,
+                 trials: int | None = 64, seconds: float | None = None, batch_size: int = 8, seed: int = 0,
+                 cost_model=None, early_stopping: int | None = None, job_id: int | None = None, top_k: int = 5,
+                 retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None):
+        from compiler.target import resolve_target
+        if trials is not None and trials < 0:
+            raise ValueError(f"trials must be >= 0, got {trials}")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        if top_k < 0 or retime_rounds < 0:
+            raise ValueError("top_k and retime_rounds must be >= 0")
+        t_start = time.perf_counter()
+        self.task, self.store = task, store
+        self.builder, self.runner = builder, runner
+        self.batch_size, self.job_id = int(batch_size), job_id
+        self.top_k, self.retime_rounds, self.baseline = int(top_k), int(retime_rounds), bool(baseline)
+        self.callbacks = callbacks or Callbacks()
+        self.opdef = task.workload.opdef()
+        self.workload_key = self.opdef.workload_key()
+        self.target = resolve_target(task.target)
+        self.space = make_space(space, self.opdef, self.target)
+        self.strategy_name = strategy or DEFAULT_STRATEGY[space]
+        self._stop = threading.Event()
+        self._finished: TuneResult | None = None
+        self._baseline_done = not self.baseline
+        self.exhausted = False
+        prior = [r for r in store.history(workload_key=self.workload_key, target=task.target)
+                 if r.device_key == task.device_key]
+        relevant = [r for r in prior if r.candidate.kind == self.space.kind]
+        self.result = TuneResult(task, resumed_trials=len(relevant), flops=self.opdef.flops)
+        t0 = time.perf_counter()
+        if cost_model is None and self.strategy_name in MODEL_GUIDED:
+            cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space])
+        self.cost_model = cost_model
+        self.strategy = make_strategy(self.strategy_name, self.space, self.opdef, self.target, seed,
+                                      visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model,
+                                      group=self.workload_key)
+        if relevant:
+            self.strategy.update([r.candidate for r in relevant], [r.result for r in relevant])
+        self.result.tuner_seconds += time.perf_counter() - t0
+        for r in prior:
+            if r.result.ok and r.cost < self.result.best_cost:
+                self.result.best_cost, self.result.best_candidate = r.cost, r.candidate
+            if r.candidate.kind == "default":  # measured before (even if it failed): not again
+                self._baseline_done = True
+                if r.result.ok:
+                    self.result.baseline_cost = r.cost
+        used = store.count(task, job_id=job_id) if job_id is not None else 0
+        self.budget = Budget(trials, seconds, used_trials=used).start()
+        self.stopper = EarlyStopping(early_stopping) if early_stopping else None
+        self._t_start = t_start
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """End the run after the current batch (safe from any thread or a callback)."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def done(self) -> bool:
+        return (self._finished is not None or self._stop.is_set() or self.exhausted
+                or self.budget.exhausted or not self.strategy.has_next())
+
+    # ------------------------------------------------------------------ one batch
+    def step(self, max_trials: int | None = None) -> BatchReport | None:
+        """Measure one batch (at most `max_trials` candidates); None when the run is over.
+        The first step measures the baseline, unless the records already hold it."""
+        baseline = self.ensure_baseline()
+        if baseline is not None:
+            return baseline
+        if self.done:
+            return None
+        n = self.budget.take(self.batch_size if max_trials is None else min(self.batch_size, max_trials))
+        if n <= 0:
+            return None
+        t0 = time.perf_counter()
+        batch = self.strategy.next_batch(n)
+        self.result.tuner_seconds += time.perf_counter() - t0
+        if not batch:
+            self.exhausted = self.result.exhausted = True
+            return None
+        results = self._measure(batch)
+        ids = self.store.add_records(self.task, list(zip(batch, results)), job_id=self.job_id)
+        t0 = time.perf_counter()
+        self.strategy.update(batch, results)
+        self.result.tuner_seconds += time.perf_counter() - t0
+        self.budget.consume(len(batch))
+        self._account(batch, results)
+        report = BatchReport(self.task, tuple(batch), tuple(results), tuple(ids), self.result)
+        self.callbacks.batch(report)
+        if self.stopper is not None and self.stopper.update(results):
+            self.exhausted = self.result.exhausted = True
+        self.callbacks.heartbeat(self)
+        return report
+
+    def _measure(self, candidates) -> list[MeasureResult]:
+        return self.runner.run(self.task, self.builder.build(self.task, candidates))
+
+    def ensure_baseline(self) -> BatchReport | None:
+        """Measure the default schedule if this task has no record of it (None otherwise)."""
+        if self._baseline_done or self._stop.is_set():
+            return None
+        self._baseline_done = True
+        cand = default_candidate(self.workload_key)
+        (res,) = self._measure([cand])
+        ids = self.store.add_records(self.task, [(cand, res)], job_id=self.job_id)
+        if res.ok:
+            self.result.baseline_cost = res.mean_cost
+            if res.mean_cost < self.result.best_cost:
+                self.result.best_cost, self.result.best_candidate = res.mean_cost, cand
+        self.strategy.visited.add(cand.fingerprint)
+        report = BatchReport(self.task, (cand,), (res,), tuple(ids), self.result, kind="baseline")
+        self.callbacks.batch(report)
+        self.callbacks.heartbeat(self)
+        return report
+
+    def _account(self, batch, results):
+        r = self.result
+        for cand, res in zip(batch, results):
+            r.trials += 1
+            if not res.ok:
+                r.errors += 1
+            elif res.mean_cost < r.best_cost:
+                r.best_cost, r.best_candidate = res.mean_cost, cand
+            r.history.append((r.resumed_trials + r.trials, res.mean_cost))
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> TuneResult:
+        """Re-measure the best candidates and the baseline (unless stopped), store those times,
+        and return the result. Idempotent."""
+        if self._finished is not None:
+            return self._finished
+        r = self.result
+        r.stopped = self._stop.is_set()
+        if not r.stopped and self.top_k > 0 and self.retime_rounds > 0:
+            self._retime()
+        r.tune_seconds = time.perf_counter() - self._t_start
+        self._finished = r
+        return r
+
+    def _retime(self):
+        """Top-k of this task's records plus the baseline, measured round-robin `retime_rounds`
+        times (so slow minutes of a shared machine hit all of them alike); median per candidate."""
+        records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=self.top_k + 1,
+                                                  device_key=self.task.device_key)
+                   if rec.candidate.kind != "default"][: self.top_k]
+        cands = [rec.candidate for rec in records]
+        if self.baseline:
+            cands.append(default_candidate(self.workload_key))
+        if not cands:
+            return
+        builds = self.builder.build(self.task, cands)
+        rounds: dict = {c.fingerprint: [] for c in cands}
+        for _ in range(self.retime_rounds):
+            results = self.runner.run(self.task, builds)
+            for c, res in zip(cands, results):
+                if res.ok and math.isfinite(res.mean_cost):
+                    rounds[c.fingerprint].append(res.mean_cost)
+            self.callbacks.batch(BatchReport(self.task, tuple(cands), tuple(results), (), self.result, kind="retime"))
+            self.callbacks.heartbeat(self)
+        costs = {fp: statistics.median(v) for fp, v in rounds.items() if v}
+        if not costs:
+            return
+        self.store.set_retimed(self.task, costs)
+        r = self.result
+        r.retimed = costs
+        base_fp = default_candidate(self.workload_key).fingerprint
+        if base_fp in costs:
+            r.baseline_cost = costs[base_fp]
+        best_fp = min(costs, key=costs.get)
+        r.best_cost = costs[best_fp]
+        r.best_candidate = next(c for c in cands if c.fingerprint == best_fp)
+
+
+def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None):
+    """A cost model (`model`, or a new one) pre-trained on other workloads' records for this
+    target whose candidates have the structure of one of `spaces` (same template or sketches);
+    None if there are none."""
+    import numpy as np
+
+    from ..cost_model import XGBCostModel, throughputs_from_results
+    from ..features import features_for
+    from ..space import SpaceError
+
+    others = [r for r in store.history(target=target, limit=limit)
+              if r.workload_key not in exclude_keys and any(sp.same_structure(r.candidate) for sp in spaces)]
+    if not others:
+        return None
+    feats, thr, groups = [], [], []
+    by_key: dict = {}
+    for r in others:
+        by_key.setdefault(r.workload_key, []).append(r)
+    for key, recs in by_key.items():
+        try:
+            opdef = recs[0].workload.opdef()
+        except Exception:  # noqa: BLE001 - a custom workload not registered here: skip it
+            continue
+        try:
+            X = features_for(opdef, [r.candidate for r in recs], target)
+        except SpaceError:
+            continue
+        feats.append(X)
+        thr.append(throughputs_from_results([r.result for r in recs], opdef.flops))
+        groups.extend([key] * len(recs))
+    if not feats:
+        return None
+    model = model if model is not None else XGBCostModel()
+    model.warm_start(np.concatenate(feats), np.concatenate(thr), groups)
+    return model
