@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -218,3 +219,48 @@ def test_task_scheduler_shares_one_budget_and_one_cost_model(tmp_path, machinery
     with pytest.raises(ValueError, match="unknown scheduler"):
         tune_tasks(tasks, store, scheduler="fastest", trials=3, builder=builder, runner=runner)
     store.close()
+
+
+def test_cli_tunes_several_workloads_from_a_file_under_one_budget(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    spec = tmp_path / "workloads.json"
+    spec.write_text(json.dumps({"workloads": [
+        {"op": "matmul", "params": {"M": 16, "N": 16, "K": 16}, "weight": 2},
+        {"op": "relu", "params": {"shape": [32, 32]}}]}))
+    assert main(["tune", "--workloads", str(spec), "--trials", "6", "--batch", "3", "--db", db, "--plain",
+                 "--repeat", "1", "--top-k", "1", "--scheduler", "round-robin", "--strategy", "random"]) == 0
+    out = capsys.readouterr().out
+    assert "matmul (weight 2): 3 trials measured now" in out and "relu (weight 1): 3 trials measured now" in out
+    assert "weighted latency of the 2 tasks" in out and out.count("check OK") == 2
+    store = open_store(db)
+    assert store.count() == 6 + 2  # and one baseline each
+
+
+@pytest.mark.parametrize("entries,message", [
+    ("not json", "not valid JSON"),
+    ([], "non-empty list"),
+    ([{"op": "matmul", "weight": 0}], r"workloads\[0\].weight must be a positive number"),
+    ([{"op": "matmul", "weight": "2"}], r"workloads\[0\].weight"),
+    ([{"op": "nosuchop"}], "unknown operator"),
+    ([{"op": "matmul", "params": {"M": -1, "N": 4, "K": 4}}], r"workloads\[0\].*M must be an integer"),
+    ([{"op": "matmul", "params": [1, 2]}], r"workloads\[0\].params must be an object"),
+    ([{"op": "matmul", "shape": 3}], "unknown field"),
+])
+def test_cli_rejects_a_bad_workloads_file_naming_the_field(tmp_path, capsys, entries, message):
+    db_path = tmp_path / "x.db"
+    spec = tmp_path / "w.json"
+    spec.write_text(entries if isinstance(entries, str) else json.dumps(entries))
+    assert main(["tune", "--workloads", str(spec), "--db", f"sqlite:///{db_path}"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert not db_path.exists() or open_store(f"sqlite:///{db_path}").count() == 0  # nothing written
+
+
+def test_cli_rejects_bad_scheduler_and_trials(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["tune", "matmul", "relu", "--scheduler", "fastest", "--db", db]) == 2
+    assert "invalid choice: 'fastest'" in capsys.readouterr().err
+    assert main(["tune", "matmul", "--trials", "-3", "--db", db]) == 2
+    assert "--trials must be >= 0" in capsys.readouterr().err
+    assert main(["tune", "--db", db]) == 2
+    assert "give one or more operators" in capsys.readouterr().err

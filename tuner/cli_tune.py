@@ -14,6 +14,7 @@ import numpy as np
 
 
 def _task_from_args(args):
+    """The one task of `best` (OPNAME --param ...)."""
     from . import cli
     from .workload import Task, Workload
 
@@ -23,6 +24,37 @@ def _task_from_args(args):
     opdef = cli._make_op(args.op, params)  # validates the parameters (UsageError on bad ones)
     target = cli._resolve_target(args.target)
     return Task(Workload(args.op, params), str(target), args.key), opdef, target
+
+
+def _tasks_from_args(args):
+    """[(task, opdef, weight)] of `tune`: the listed operators (default sizes, --param applied to
+    each) and the entries of --workloads FILE; every one checked before anything is tuned."""
+    from . import cli
+    from .workload import Task, Workload, WorkloadError
+    from .workload_file import read_workloads
+
+    if not args.ops and not args.workloads:
+        raise cli.UsageError("give one or more operators (e.g. `tunefarm tune matmul`) or --workloads FILE")
+    target = cli._resolve_target(args.target)
+    cli._check_op_names(args.ops)
+    listed = []
+    for op in args.ops:
+        params = dict(cli.DEFAULT_PARAMS.get(op, {}))
+        params.update(cli._parse_param(p) for p in args.param)
+        listed.append((Workload(op, params), 1.0))
+    if args.workloads:
+        try:
+            listed += read_workloads(args.workloads)
+        except WorkloadError as e:
+            raise cli.UsageError(str(e)) from None
+    out = []
+    for workload, weight in listed:
+        opdef = cli._make_op(workload.name, workload.params)
+        out.append((Task(workload, str(target), args.key), opdef, weight))
+    keys = [opdef.workload_key() for _, opdef, _ in out]
+    if len(set(keys)) != len(keys):
+        raise cli.UsageError("the same workload is listed twice; give it a larger weight in --workloads instead")
+    return out, target
 
 
 def _open_store(url):
@@ -37,17 +69,25 @@ def _open_store(url):
 def cmd_tune(args) -> int:
     from . import cli
     from .measure import FarmError
-    from .tune import tune
+    from .tune import tune, tune_tasks
 
-    task, opdef, target = _task_from_args(args)
+    if args.trials < 0:
+        raise cli.UsageError(f"--trials must be >= 0, got {args.trials}")
+    entries, target = _tasks_from_args(args)
     store = _open_store(args.db)
-    progress = _Progress(args.trials, opdef.flops, plain=args.plain)
+    progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
     runner = _farm_runner(args)
+    common = dict(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
+                  batch_size=args.batch, seed=args.seed, on_batch=progress.update, runner=runner,
+                  top_k=args.top_k)
     try:
         with progress:
-            result = tune(task, store, space=args.space, strategy=args.strategy, trials=args.trials,
-                          seconds=args.seconds, batch_size=args.batch, seed=args.seed,
-                          early_stopping=args.early_stopping, on_batch=progress.update, runner=runner)
+            if len(entries) == 1:
+                results = [tune(entries[0][0], store, early_stopping=args.early_stopping, **common)]
+            else:
+                out = tune_tasks([t for t, _, _ in entries], store, weights=[w for _, _, w in entries],
+                                 scheduler=args.scheduler, **common)
+                results = out.results
     except ValueError as e:
         raise cli.UsageError(str(e)) from None
     except FarmError as e:
@@ -56,15 +96,29 @@ def cmd_tune(args) -> int:
     finally:
         if runner is not None:
             runner.close()
-    print(f"{args.op}: {result.trials} trials measured now, {result.resumed_trials} from earlier runs, "
+    status = cli.EXIT_OK
+    for (task, opdef, weight), result in zip(entries, results):
+        status = max(status, _summarize(task, opdef, weight, result, len(entries) > 1))
+        if result.best_candidate is not None:
+            status = max(status, _report_best(store, opdef, target, args.repeat))
+    if len(entries) > 1:
+        total = sum(w * r.best_cost for (_, _, w), r in zip(entries, results))
+        print(f"weighted latency of the {len(entries)} tasks: {1e3 * total:.3f} ms ({args.scheduler} scheduler)")
+    return status
+
+
+def _summarize(task, opdef, weight, result, several: bool) -> int:
+    from . import cli
+    label = f"{task.workload.name}{f' (weight {weight:g})' if several else ''}"
+    print(f"{label}: {result.trials} trials measured now, {result.resumed_trials} from earlier runs, "
           f"{result.errors} errors, {result.tune_seconds:.1f} s "
           f"(strategy and cost model {100 * result.tuner_overhead_fraction:.1f} %)")
     if result.best_candidate is None:
-        print("no valid candidate measured", file=sys.stderr)
+        print(f"{label}: no valid candidate measured", file=sys.stderr)
         return cli.EXIT_FAIL
-    print(f"best {result.best_gflops:.1f} GFLOPS, {result.speedup_over_default:.2f}x over the default schedule "
-          f"({result.baseline_gflops:.1f} GFLOPS; both re-measured together)")
-    return _report_best(store, opdef, target, args.repeat)
+    print(f"{label}: best {result.best_gflops:.3g} GFLOPS, {result.speedup_over_default:.2f}x over the default "
+          f"schedule ({result.baseline_gflops:.3g} GFLOPS; both re-measured together)")
+    return cli.EXIT_OK
 
 
 def _farm_runner(args):
@@ -146,33 +200,45 @@ def cmd_records(args) -> int:
 
 
 class _Progress:
-    """A rich progress bar (plain lines without rich or with --plain)."""
+    """One display for the whole run: a bar of new trials over the budget and a line per task
+    (rich; plain lines without rich or with --plain)."""
 
-    def __init__(self, total: int, flops: int, plain: bool):
-        self.total, self.flops, self.plain = total, flops, plain
+    def __init__(self, tasks, total: int, plain: bool):
+        self.total, self.plain = total, plain
+        self.flops = {t: opdef.flops for t, opdef in tasks}
+        self.labels = {t: t.workload.name for t, _ in tasks}
         self._bar = None
+        self._rows: dict = {}
+        self._trials: dict = {}  # task -> new trials so far
 
     def __enter__(self):
         try:
             if self.plain:
                 raise ImportError
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._bar = Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(),
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn())
             self._bar.__enter__()
-            self._id = self._bar.add_task("tune", total=self.total, info="")
+            self._id = self._bar.add_task("tuning", total=self.total, info="")
+            if len(self.labels) > 1:
+                self._rows = {t: self._bar.add_task(f"  {label}", total=None, info="") for t, label in self.labels.items()}
         except ImportError:
             self._bar = None
         return self
 
     def update(self, report):
         result = report.result
-        done = result.trials
-        info = f"best {result.best_gflops:.1f} GFLOPS, {result.errors} errors"
+        speedup = result.speedup_over_default
+        info = (f"best {result.best_gflops:.3g} GFLOPS" + (f" ({speedup:.2f}x default)" if speedup == speedup else "")
+                + f", {result.errors} errors")
+        self._trials[report.task] = result.trials
+        done = sum(self._trials.values())
         if self._bar is not None:
-            self._bar.update(self._id, completed=done, info=info)
-        else:
-            print(f"trials {done}/{self.total}  {info}", flush=True)
+            self._bar.update(self._id, completed=done, info=info if not self._rows else "")
+            if report.task in self._rows:
+                self._bar.update(self._rows[report.task], info=f"{result.trials} trials, {info}")
+        elif report.kind == "search":
+            print(f"trials {done}/{self.total}  {self.labels.get(report.task, '')}: {info}", flush=True)
 
     def __exit__(self, *exc):
         if self._bar is not None:
@@ -191,8 +257,25 @@ def register(sub):
         p.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
                                                   "sqlite:///~/.tunefarm/records.db)")
 
-    p = sub.add_parser("tune", help="tune an operator on this machine and record every measurement")
-    task_args(p)
+    p = sub.add_parser("tune", help="tune operators on this machine and record every measurement",
+                       description="Tune one or more operators under one trial budget. Operators listed "
+                                   "by name keep the sizes of `tunefarm ops` (--param changes them); "
+                                   "--workloads FILE (JSON or YAML) gives workloads with parameters "
+                                   "and weights. Several tasks share one cost model and a task "
+                                   "scheduler decides which one gets each batch.")
+    p.add_argument("ops", nargs="*", metavar="OPNAME", help="inventory operators, e.g. matmul conv2d_nchw")
+    p.add_argument("--workloads", default=None, metavar="FILE",
+                   help='JSON/YAML list of {"op": NAME, "params": {...}, "weight": W}')
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="parameter of the listed operators (default sizes are those of `tunefarm ops`)")
+    p.add_argument("--target", default=None, help="target string (default: host)")
+    p.add_argument("--key", default="local", help="device key the measurements belong to")
+    p.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
+                                              "sqlite:///~/.tunefarm/records.db)")
+    p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
+                   help="how several tasks share the budget (default: gradient, Ansor's rule)")
+    p.add_argument("--top-k", type=int, default=5, metavar="K",
+                   help="candidates re-measured at the end of each task (with the default schedule)")
     p.add_argument("--space", choices=("sketch", "template"), default="sketch")
     p.add_argument("--strategy", default=None,
                    help="random, grid, genetic, model, evolutionary (default: model for templates, "
