@@ -75,6 +75,9 @@ class _Checker:
         ranges = _narrowed(self.ranges, guards)
         if ranges is None:
             return (0, 0)  # the guards never hold together: the read never happens
+        if isinstance(idx, Binary) and idx.op == "floordiv" and isinstance(idx.b, Const) and idx.b.value > 0:
+            inner = self._index_range(idx.a, guards)  # (r_o*16 + r_i) // 2 under r_o*16 + r_i < 36
+            return None if inner is None else (inner[0] // idx.b.value, inner[1] // idx.b.value)
         base = arith.expr_range(idx, ranges)
         if base is None:
             return None

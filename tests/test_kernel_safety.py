@@ -264,6 +264,16 @@ def test_reads_proven_in_bounds_through_scaled_and_one_variable_guards():
     t = np.full(1, np.nan, np.float32)
     C.build(s, [B, total])(b, t)
     assert t[0] == b[1::2].sum()
+    halves = C.placeholder((18,), "float32", "halves")
+    r = C.reduce_axis(36, "r")
+    pairs = C.compute((1,), lambda i: C.sum(halves[r // 2], axis=r), name="pairs")
+    s = C.create_schedule(pairs)
+    _, ri = s[pairs].split(s[pairs].op.reduce_axis[0], factor=16)  # 36 = 3 x 16, guarded: r // 2 < 18
+    s.rfactor(pairs, ri)
+    h = np.arange(18, dtype=np.float32)
+    t = np.full(1, np.nan, np.float32)
+    C.build(s, [halves, pairs])(h, t)
+    assert t[0] == 2 * h.sum()
     bad = C.compute((8,), lambda i: C.if_then_else(i < 4, A[2 * i + 1], 0.0), name="bad")
     with pytest.raises(LoweringError, match="can leave the tensor"):
         C.build(C.create_schedule(bad), [A, bad])
