@@ -40,6 +40,11 @@ class _Checker:
         self.ranges = ranges
 
     def visit(self, e, guards: tuple):
+        if isinstance(e, Logical):  # codegen evaluates b only where a decides nothing yet
+            a = self.visit(e.a, guards)
+            b = self.visit(e.b, guards + (_conjuncts(e.a, self.ranges) if e.op == "and"
+                                          else _negated(e.a, self.ranges)))
+            return e if a is e.a and b is e.b else Logical(e.op, a, b)
         if isinstance(e, Select):
             cond = self.visit(e.cond, guards)
             t = self.visit(e.t, guards + _conjuncts(e.cond, self.ranges))

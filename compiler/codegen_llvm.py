@@ -444,6 +444,11 @@ class FunctionEmitter:
                 return self.builder.fcmp_unordered(op, a, b) if e.op == "ne" else self.builder.fcmp_ordered(op, a, b)
             return self.builder.icmp_signed(_ICMP[e.op], a, b)
         if isinstance(e, Logical):
+            if any(isinstance(n, Load) for n in walk(e.b)):
+                # `a && b` reads in b only where a holds (and `a || b` only where it does not):
+                # guards such as `i < n && A[i] > 0` are written that way and proven so
+                on_true, on_false = (e.b, Const(False, "bool")) if e.op == "and" else (Const(True, "bool"), e.b)
+                return self.emit_select(Select(e.a, on_true, on_false))
             a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
             return self.builder.and_(a, b) if e.op == "and" else self.builder.or_(a, b)
         if isinstance(e, Not):

@@ -391,9 +391,9 @@ class Schedule:
         where = body.where
         if where is not None:
             where = E.substitute(E.substitute(where, root_vals), mapping)
-        for g in guards:
+        for g in guards:  # the split's bound first: the user's condition may read with the index
             g = E.substitute(g, mapping)
-            where = g if where is None else where & g
+            where = g if where is None else g & where
         if not others:  # nothing left to reduce: the factored stage is elementwise
             rf_body = src if where is None else E.if_then_else(
                 where, src, Const(reduce_identity(body.combiner, body.dtype), body.dtype))

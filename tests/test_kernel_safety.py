@@ -279,6 +279,32 @@ def test_reads_proven_in_bounds_through_scaled_and_one_variable_guards():
         C.build(C.create_schedule(bad), [A, bad])
 
 
+def test_a_conjunction_reads_its_right_side_only_where_the_left_side_holds():
+    """`i < 7 && A[i + 1] > 0` is a guard; rfactor of a split reduction puts its bound first, so a
+    `where` that reads with the reduction index never reads past the tensor (found by the fuzzer)."""
+    A = C.placeholder((8,), "float32", "A")
+    out = C.compute((8,), lambda i: C.if_then_else((i < 7) & (A[i + 1] > 0.0), 1.0, 0.0), name="out")
+    s = C.create_schedule(out)
+    _, inner = s[out].split(out.op.axis[0], factor=4)
+    s[out].vectorize(inner)
+    a = np.array([1, -1, 2, -2, 3, -3, 4, -4], np.float32)
+    got = np.full(8, np.nan, np.float32)
+    C.build(s, [A, out])(a, got)
+    np.testing.assert_array_equal(got, np.r_[(a[1:] > 0).astype(np.float32), 0])
+    B = C.placeholder((11,), "int32", "B")
+    X = C.placeholder((11,), "float32", "X")
+    r = C.reduce_axis(11, "r")
+    low = C.compute((1,), lambda i: C.min(X[r], axis=r, where=C.not_equal(B[10 - r], -2)), name="low")
+    s = C.create_schedule(low)
+    _, ri = s[low].split(s[low].op.reduce_axis[0], factor=8)  # 11 = 2 x 8 with a guarded tail
+    s.rfactor(low, ri)
+    b = np.array([1, -2, 3, 4, -2, 5, 6, 7, 8, 9, 10], np.int32)
+    x = np.arange(11, 0, -1).astype(np.float32)
+    t = np.full(1, np.nan, np.float32)
+    C.build(s, [B, X, low])(b, x, t)
+    assert t[0] == x[b[::-1] != -2].min()
+
+
 def test_vectorized_select_with_a_uniform_condition_and_a_reading_branch():
     """Found by the fuzzer (seed 298): invalid LLVM IR (a broadcast between the branches and the phi)."""
     A = C.placeholder((3,), "int64", "A")
