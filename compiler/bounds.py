@@ -83,6 +83,12 @@ class _Checker:
         if isinstance(idx, Binary) and idx.op == "floordiv" and isinstance(idx.b, Const) and idx.b.value > 0:
             inner = self._index_range(idx.a, guards)  # (r_o*16 + r_i) // 2 under r_o*16 + r_i < 36
             return None if inner is None else (inner[0] // idx.b.value, inner[1] // idx.b.value)
+        if isinstance(idx, Binary) and idx.op in ("min", "max") and idx.dtype == INDEX_DTYPE:
+            a, b = self._index_range(idx.a, guards), self._index_range(idx.b, guards)  # max(j - 1, 0) under j < 16
+            if a is None or b is None:
+                return None
+            pick = min if idx.op == "min" else max
+            return pick(a[0], b[0]), pick(a[1], b[1])
         base = arith.expr_range(idx, ranges)
         if base is None:
             return None

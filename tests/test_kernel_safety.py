@@ -305,6 +305,15 @@ def test_a_conjunction_reads_its_right_side_only_where_the_left_side_holds():
     assert t[0] == x[b[::-1] != -2].min()
 
 
+def test_padded_depthwise_conv_default_schedule_is_proven_in_bounds():
+    """The packed, padded input of a depthwise conv reads `max(j - 1, 0)` under `j < 16`
+    (fuzzer seed 91): refusing it would leave the operator without its default schedule."""
+    op = get_op("depthwise_conv2d_nchw", N=2, C=2, H=11, W=15, KH=5, KW=3, stride=(3, 3), padding=(0, 1, 0, 0),
+                multiplier=3)
+    x = random_inputs(op, np.random.default_rng(91))
+    np.testing.assert_allclose(_run_op(op, x), op.reference(*x), rtol=1e-5, atol=1e-6)
+
+
 def test_vectorized_select_with_a_uniform_condition_and_a_reading_branch():
     """Found by the fuzzer (seed 298): invalid LLVM IR (a broadcast between the branches and the phi)."""
     A = C.placeholder((3,), "int64", "A")
