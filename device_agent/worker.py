@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.verify import as_comparable, compare_output, poisoned, same_as_poison
+
 # Same values as tuner.candidate.ErrorCode (checked by the tests).
 NO_ERROR = 0
 RUNTIME_ERROR = 4
@@ -99,73 +101,8 @@ def random_arrays(specs, seed: int) -> list:
     return out
 
 
-def _poisoned(spec, variant: int) -> np.ndarray:
-    """An output buffer filled with a value a correct kernel overwrites: NaN or a sentinel.
-
-    Two variants, so an element a kernel never writes cannot match the reference by chance
-    (the reference cannot equal both sentinels at one position).
-    """
-    dt = np.dtype(spec.dtype)
-    shape = tuple(spec.shape)
-    if dt.kind == "f":
-        return np.full(shape, np.nan if variant == 0 else -1.2345678e-7, dt)
-    if dt.kind in "iu":
-        info = np.iinfo(dt)
-        return np.full(shape, info.min + 3 if variant == 0 else info.max - 5, dt)
-    arr = np.empty(shape, dt)  # bool: bytes that are neither 0 nor 1 (compared as raw bytes)
-    arr.view(np.uint8).fill(0xAB if variant == 0 else 0x5C)
-    return arr
-
-
-def _as_comparable(a: np.ndarray) -> np.ndarray:
-    return a.view(np.uint8) if a.dtype.kind == "b" else a
-
-
-def _same_as_poison(ref: np.ndarray, spec, variant: int) -> bool:
-    """Does the reference hold the poison value somewhere (so an unwritten element could pass)?"""
-    p = _as_comparable(_poisoned(spec, variant)).reshape(-1)[:1]
-    r = _as_comparable(ref)
-    if r.dtype.kind == "f" and np.isnan(p[0]):
-        return bool(np.isnan(r).any())
-    return bool((r == p[0]).any())
-
-
-def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> str:
-    """'' when `got` matches `ref`, otherwise a message saying where and by how much it differs.
-
-    Integers and bools must match exactly. Floats may differ by atol + rtol * max|ref| (the
-    largest finite reference magnitude of this output: kernels reorder sums, and an element near
-    zero has no meaningful relative error); NaN and ±inf must match exactly.
-    """
-    g, r = _as_comparable(got), _as_comparable(ref)
-    if g.dtype.kind != "f":
-        bad = g != r
-        if not bad.any():
-            return ""
-        idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-        return (f"output {name}: {int(bad.sum())} of {bad.size} elements differ (exact match required "
-                f"for {ref.dtype}); first at {tuple(int(i) for i in idx)}: expected {r[idx].item()!r}, "
-                f"got {g[idx].item()!r}")
-    g64, r64 = g.astype(np.float64), r.astype(np.float64)
-    same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
-    finite = np.isfinite(r64)
-    scale = float(np.max(np.abs(r64[finite]))) if finite.any() else 0.0
-    tol = atol + rtol * scale
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(g64 - r64)
-    diff[same] = 0.0
-    bad = ~same & ~(diff <= tol)  # NaN / inf differences are never within tolerance
-    if not bad.any():
-        return ""
-    worst = np.where(bad, np.nan_to_num(diff, nan=np.inf), -1.0)
-    idx = np.unravel_index(int(np.argmax(worst)), bad.shape)
-    return (f"output {name}: {int(bad.sum())} of {bad.size} elements differ beyond tolerance "
-            f"{tol:.3g} (atol {atol:g} + rtol {rtol:g} × max|ref| {scale:.3g}); worst at "
-            f"{tuple(int(i) for i in idx)}: expected {float(r64[idx]):.7g}, got {float(g64[idx]):.7g}")
-
-
 def _run_kernel(kernel, inputs, out_specs, variant: int) -> list:
-    outs = [_poisoned(s, variant) for s in out_specs]
+    outs = [poisoned(s.shape, s.dtype, variant) for s in out_specs]
     kernel(*[a.copy() for a in inputs], *outs)
     return outs
 
@@ -173,13 +110,13 @@ def _run_kernel(kernel, inputs, out_specs, variant: int) -> list:
 def _check(cand, refs, inputs, out_specs, rtol, atol) -> str:
     """'' when the candidate computes what the reference outputs `refs` hold, else why not."""
     for variant in (0, 1):
-        if variant == 1 and not any(_same_as_poison(r, s, 0) for r, s in zip(refs, out_specs)):
+        if variant == 1 and not any(same_as_poison(r, s.dtype, 0) for r, s in zip(refs, out_specs)):
             break  # no reference value equals the first poison: a missed element cannot hide
         ins = [a.copy() for a in inputs]
-        outs = [_poisoned(s, variant) for s in out_specs]
+        outs = [poisoned(s.shape, s.dtype, variant) for s in out_specs]
         cand(*ins, *outs)
         for spec, a, b in zip(cand.args, ins, inputs):
-            if not np.array_equal(_as_comparable(a), _as_comparable(b), equal_nan=a.dtype.kind == "f"):
+            if not np.array_equal(as_comparable(a), as_comparable(b), equal_nan=a.dtype.kind == "f"):
                 return f"the kernel wrote to its input {spec.name}"
         for spec, got, ref in zip(out_specs, outs, refs):
             msg = compare_output(spec.name, got, ref, rtol, atol)
@@ -245,7 +182,7 @@ def measure_one(request: MeasureRequest | dict) -> dict:
             msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
             if msg:
                 return done(WRONG_ANSWER, msg)
-            arrays = [a.copy() for a in inputs] + [_poisoned(s, 0) for s in out_specs]
+            arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
             timer = cand.time_evaluator(number=request.number, repeat=request.repeat,
                                         min_repeat_ms=request.min_repeat_ms, cooldown_ms=request.cooldown_ms)
             costs = timer(*arrays).results

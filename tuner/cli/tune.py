@@ -12,69 +12,60 @@ import time
 
 import numpy as np
 
+from .common import (DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, check_op_names, check_output, make_op,
+                     open_store, parse_param, poisoned_output, resolve_target)
+
 
 def _task_from_args(args):
     """The one task of `best` (OPNAME --param ...)."""
-    from . import cli
-    from .workload import Task, Workload
+    from ..workload import Task, Workload
 
-    cli._check_op_names([args.op])
-    params = dict(cli.DEFAULT_PARAMS[args.op])
-    params.update(cli._parse_param(p) for p in args.param)
-    opdef = cli._make_op(args.op, params)  # validates the parameters (UsageError on bad ones)
-    target = cli._resolve_target(args.target)
+    check_op_names([args.op])
+    params = dict(DEFAULT_PARAMS[args.op])
+    params.update(parse_param(p) for p in args.param)
+    opdef = make_op(args.op, params)  # validates the parameters (UsageError on bad ones)
+    target = resolve_target(args.target)
     return Task(Workload(args.op, params), str(target), args.key), opdef, target
 
 
 def _tasks_from_args(args):
     """[(task, opdef, weight)] of `tune`: the listed operators (default sizes, --param applied to
     each) and the entries of --workloads FILE; every one checked before anything is tuned."""
-    from . import cli
-    from .workload import Task, Workload, WorkloadError
-    from .workload_file import read_workloads
+    from ..workload import Task, Workload, WorkloadError
+    from ..workload_file import read_workloads
 
     if not args.ops and not args.workloads:
-        raise cli.UsageError("give one or more operators (e.g. `tunefarm tune matmul`) or --workloads FILE")
-    target = cli._resolve_target(args.target)
-    cli._check_op_names(args.ops)
+        raise UsageError("give one or more operators (e.g. `tunefarm tune matmul`) or --workloads FILE")
+    target = resolve_target(args.target)
+    check_op_names(args.ops)
     listed = []
     for op in args.ops:
-        params = dict(cli.DEFAULT_PARAMS.get(op, {}))
-        params.update(cli._parse_param(p) for p in args.param)
+        params = dict(DEFAULT_PARAMS.get(op, {}))
+        params.update(parse_param(p) for p in args.param)
         listed.append((Workload(op, params), 1.0))
     if args.workloads:
         try:
             listed += read_workloads(args.workloads)
         except WorkloadError as e:
-            raise cli.UsageError(str(e)) from None
+            raise UsageError(str(e)) from None
     out = []
     for workload, weight in listed:
-        opdef = cli._make_op(workload.name, workload.params)
+        opdef = make_op(workload.name, workload.params)
         out.append((Task(workload, str(target), args.key), opdef, weight))
     keys = [opdef.workload_key() for _, opdef, _ in out]
     if len(set(keys)) != len(keys):
-        raise cli.UsageError("the same workload is listed twice; give it a larger weight in --workloads instead")
+        raise UsageError("the same workload is listed twice; give it a larger weight in --workloads instead")
     return out, target
 
 
-def _open_store(url):
-    from . import cli
-    from .records import StoreError, open_store
-    try:
-        return open_store(url)
-    except StoreError as e:
-        raise cli.UsageError(str(e)) from None
-
-
 def cmd_tune(args) -> int:
-    from . import cli
-    from .measure import FarmError
-    from .tune import tune, tune_tasks
+    from ..measure import FarmError
+    from ..tune import tune, tune_tasks
 
     if args.trials < 0:
-        raise cli.UsageError(f"--trials must be >= 0, got {args.trials}")
+        raise UsageError(f"--trials must be >= 0, got {args.trials}")
     entries, target = _tasks_from_args(args)
-    store = _open_store(args.db)
+    store = open_store(args.db)
     progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
     runner = _farm_runner(args)
     common = dict(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
@@ -89,14 +80,14 @@ def cmd_tune(args) -> int:
                                  scheduler=args.scheduler, **common)
                 results = out.results
     except ValueError as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     except FarmError as e:
         print(f"tunefarm tune: the farm refused the run: {e}", file=sys.stderr)
-        return cli.EXIT_FAIL
+        return EXIT_FAIL
     finally:
         if runner is not None:
             runner.close()
-    status = cli.EXIT_OK
+    status = EXIT_OK
     for (task, opdef, weight), result in zip(entries, results):
         status = max(status, _summarize(task, opdef, weight, result, len(entries) > 1))
         if result.best_candidate is not None:
@@ -108,27 +99,25 @@ def cmd_tune(args) -> int:
 
 
 def _summarize(task, opdef, weight, result, several: bool) -> int:
-    from . import cli
     label = f"{task.workload.name}{f' (weight {weight:g})' if several else ''}"
     print(f"{label}: {result.trials} trials measured now, {result.resumed_trials} from earlier runs, "
           f"{result.errors} errors, {result.tune_seconds:.1f} s "
           f"(strategy and cost model {100 * result.tuner_overhead_fraction:.1f} %)")
     if result.best_candidate is None:
         print(f"{label}: no valid candidate measured", file=sys.stderr)
-        return cli.EXIT_FAIL
+        return EXIT_FAIL
     print(f"{label}: best {result.best_gflops:.3g} GFLOPS, {result.speedup_over_default:.2f}x over the default "
           f"schedule ({result.baseline_gflops:.3g} GFLOPS; both re-measured together)")
-    return cli.EXIT_OK
+    return EXIT_OK
 
 
 def _farm_runner(args):
     """An RPCRunner when --tracker is given (measure on the farm's agents of --key), else None (local)."""
     if not args.tracker:
         return None
-    from . import cli
-    from .measure import RPCRunner
+    from ..measure import RPCRunner
     if args.key == "local":
-        raise cli.UsageError("--tracker needs --key: the device key of the agents to measure on")
+        raise UsageError("--tracker needs --key: the device key of the agents to measure on")
     return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca)
 
 
@@ -137,24 +126,23 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     from compiler.ops import build_op
     from compiler.ops.base import random_inputs
 
-    from . import cli
-    from .apply_best import ApplyHistoryBest
-    from .numpy_baselines import numpy_baseline, time_callable
+    from ..apply_best import ApplyHistoryBest
+    from ..numpy_baselines import numpy_baseline, time_callable
 
     with ApplyHistoryBest(store):
         kernel = build_op(opdef, target)
     ins = random_inputs(opdef, np.random.default_rng(0))
-    out = cli._poisoned(opdef.output)
+    out = poisoned_output(opdef.output)
     kernel(*ins, out)
-    ok = cli.check_output(out, opdef.reference(*ins), opdef.output.dtype)
+    ok, why = check_output(out, opdef.reference(*ins), opdef.output.dtype)
     ours = kernel.time_evaluator(number=1, repeat=repeat, min_repeat_ms=50)(*ins, out).median
     ref_fn = numpy_baseline(opdef)
     time.sleep(0.2)  # let our idle libgomp threads stop spinning before numpy's threads start
     theirs = time_callable(lambda *a: ref_fn(*a), ins, repeat=repeat, min_repeat_ms=50).median
     gf = lambda t: opdef.flops / t / 1e9  # noqa: E731
     print(f"tuned kernel: {gf(ours):.1f} GFLOPS   numpy: {gf(theirs):.1f} GFLOPS   "
-          f"ratio {theirs / ours:.2f}x   check {'OK' if ok else 'FAIL'}")
-    return cli.EXIT_OK if ok else cli.EXIT_FAIL
+          f"ratio {theirs / ours:.2f}x   check {'OK' if ok else 'FAIL: ' + why}")
+    return EXIT_OK if ok else EXIT_FAIL
 
 
 def cmd_best(args) -> int:
@@ -162,29 +150,27 @@ def cmd_best(args) -> int:
 
     import compiler
 
-    from . import cli
-    from .apply_best import ApplyHistoryBest
-    from .space import instantiate
+    from ..apply_best import ApplyHistoryBest
+    from ..space import instantiate
 
     task, opdef, target = _task_from_args(args)
-    store = _open_store(args.db)
+    store = open_store(args.db)
     rec = ApplyHistoryBest(store).best_record(opdef, target)
     if rec is None:
         print(f"no valid record for {args.op} ({opdef.workload_key()}) on this target", file=sys.stderr)
-        return cli.EXIT_FAIL
+        return EXIT_FAIL
     print(f"workload {opdef.workload_key()}  {rec.gflops(opdef.flops):.1f} GFLOPS  "
           f"measured by {rec.result.measured_by} at {rec.created_at:%Y-%m-%d %H:%M}")
     print(f"candidate ({rec.candidate.kind}): {json.dumps(rec.candidate.payload)}")
     schedule, tensors = instantiate(opdef, rec.candidate, target)
     print(compiler.lower(schedule, tensors, args.op))
-    return cli.EXIT_OK
+    return EXIT_OK
 
 
 def cmd_records(args) -> int:
-    from . import cli
-    from .records import StoreError
+    from ..records import StoreError
 
-    store = _open_store(args.db)
+    store = open_store(args.db)
     try:
         if args.action == "export":
             with (sys.stdout if args.file == "-" else open(args.file, "w")) as f:
@@ -195,8 +181,8 @@ def cmd_records(args) -> int:
                 n = store.import_jsonl(f)
             print(f"imported {n} new records", file=sys.stderr)
     except (StoreError, OSError) as e:
-        raise cli.UsageError(str(e)) from None
-    return cli.EXIT_OK
+        raise UsageError(str(e)) from None
+    return EXIT_OK
 
 
 class _Progress:

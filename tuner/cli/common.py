@@ -1,0 +1,137 @@
+"""What every `tunefarm` subcommand shares: exit codes, usage errors, default operator sizes,
+parsing operators, parameters and targets, and judging a kernel's output."""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+
+from compiler.verify import check_output as _check, poisoned
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+# Moderate, realistic sizes: layers of ResNet-50 / MobileNet / BERT-base, big enough that
+# timings mean something, small enough that the whole demo runs in about a minute.
+DEFAULT_PARAMS = {
+    "matmul": dict(M=512, N=512, K=512),
+    "matmul_int8": dict(M=512, N=512, K=512),
+    "dense": dict(batch=128, in_dim=1024, out_dim=1024, epilogue="relu"),
+    "batch_matmul": dict(B=12, M=128, N=128, K=64),  # BERT-base attention scores
+    "conv2d_nchw": dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=1),  # ResNet-50 conv2_x
+    "conv2d_nhwc": dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=1),
+    "depthwise_conv2d_nchw": dict(N=1, C=128, H=56, W=56, KH=3, KW=3, padding=1),  # MobileNet
+    "max_pool2d": dict(N=1, C=64, H=112, W=112, kernel=3, stride=2, padding=1),  # ResNet stem
+    "avg_pool2d": dict(N=1, C=256, H=56, W=56, kernel=2, stride=2),
+    "softmax": dict(shape=(1024, 1024)),
+    "layer_norm": dict(shape=(512, 768)),
+    "add": dict(shape_a=(1024, 1024)),
+    "mul": dict(shape_a=(1024, 1024)),
+    "relu": dict(shape=(1024, 1024)),
+    "gelu": dict(shape=(512, 3072)),  # BERT-base FFN
+    "bias_add": dict(shape=(1, 256, 56, 56), axis=1),
+    "reduce_sum": dict(shape=(1024, 1024), axis=1),
+    "reduce_max": dict(shape=(1024, 1024), axis=1),
+    "reduce_min": dict(shape=(1024, 1024), axis=1),
+    "transpose": dict(shape=(1024, 1024)),
+    "pad": dict(shape=(1, 64, 56, 56), pad_before=(0, 0, 1, 1), pad_after=(0, 0, 1, 1)),
+}
+
+# `--small`: the same operators at sizes that build and run in milliseconds (tests, smoke checks).
+SMALL_PARAMS = {
+    "matmul": dict(M=32, N=32, K=32),
+    "matmul_int8": dict(M=32, N=32, K=32),
+    "dense": dict(batch=8, in_dim=32, out_dim=16, epilogue="relu"),
+    "batch_matmul": dict(B=2, M=16, N=16, K=8),
+    "conv2d_nchw": dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=1),
+    "conv2d_nhwc": dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=1),
+    "depthwise_conv2d_nchw": dict(N=1, C=4, H=8, W=8, KH=3, KW=3, padding=1),
+    "max_pool2d": dict(N=1, C=4, H=8, W=8, kernel=3, stride=2, padding=1),
+    "avg_pool2d": dict(N=1, C=4, H=8, W=8, kernel=2, stride=2),
+    "softmax": dict(shape=(8, 32)),
+    "layer_norm": dict(shape=(8, 32)),
+    "add": dict(shape_a=(16, 32)),
+    "mul": dict(shape_a=(16, 32)),
+    "relu": dict(shape=(16, 32)),
+    "gelu": dict(shape=(16, 32)),
+    "bias_add": dict(shape=(1, 4, 8, 8), axis=1),
+    "reduce_sum": dict(shape=(16, 32), axis=1),
+    "reduce_max": dict(shape=(16, 32), axis=1),
+    "reduce_min": dict(shape=(16, 32), axis=1),
+    "transpose": dict(shape=(16, 32)),
+    "pad": dict(shape=(1, 4, 8, 8), pad_before=(0, 0, 1, 1), pad_after=(0, 0, 1, 1)),
+}
+
+# What `tunefarm ops` runs without --only: one representative of each kernel family.
+DEMO_OPS = ("matmul", "dense", "batch_matmul", "conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw",
+            "max_pool2d", "avg_pool2d", "softmax", "layer_norm", "add", "relu", "gelu", "reduce_sum",
+            "transpose", "pad")
+
+# Largest error allowed, relative to the largest magnitude in the reference output. Generous
+# against float32 rounding over long reductions, far below what any indexing bug produces.
+class UsageError(Exception):
+    """A mistake in the command line: reported in one line, exit status 2."""
+
+
+def resolve_target(text):
+    from compiler.errors import TargetError
+    from compiler.target import resolve_target
+    try:
+        return resolve_target(text)
+    except TargetError as e:
+        raise UsageError(f"bad --target: {e}") from None
+
+
+def check_op_names(names):
+    from compiler.ops import INVENTORY
+    unknown = [n for n in names if n not in INVENTORY]
+    if unknown:
+        raise UsageError(f"unknown operator{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"known operators: {', '.join(sorted(INVENTORY))}")
+
+
+def make_op(name, params):
+    from compiler.errors import ExprError
+    from compiler.ops import get_op
+    try:
+        return get_op(name, **params)
+    except ExprError as e:  # includes UnknownOpError
+        raise UsageError(str(e)) from None
+
+
+def parse_param(text: str):
+    """`k=v` → (k, v); v is a Python literal when it parses as one (16, (1, 64), True), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise UsageError(f"--param {text!r}: expected NAME=VALUE, e.g. --param M=512 or --param shape=64,128")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return key, value
+
+
+def shape_text(opdef) -> str:
+    dims = ["x".join(map(str, t.shape)) for t in opdef.inputs]
+    return f"{', '.join(dims)} -> {'x'.join(map(str, opdef.output.shape))}"
+
+
+def poisoned_output(tensor) -> np.ndarray:
+    """An output buffer a correct kernel overwrites everywhere (see compiler.verify)."""
+    return poisoned(tensor.shape, tensor.dtype)
+
+
+def check_output(out: np.ndarray, ref: np.ndarray, dtype: str) -> tuple[bool, str]:
+    """(ok, why not): the measuring worker's checker, with the dtype's default tolerance."""
+    msg = _check(out, ref, dtype)
+    return not msg, msg
+
+
+def open_store(url):
+    """The records store at `url` (default: $TUNEFARM_DB_URL or ~/.tunefarm/records.db)."""
+    from ..records import StoreError
+    from ..records import open_store as _open
+    try:
+        return _open(url)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
