@@ -173,10 +173,7 @@ def cmd_lower(args) -> int:
     params.update(parse_param(p) for p in args.param)
     opdef = make_op(args.op, params)
     target = resolve_target(args.target)
-    try:  # imported lazily, like build_op, so this module loads even without the default schedules
-        from compiler.ops import default_schedule
-    except ImportError:
-        from compiler.ops.default_schedules import default_schedule
+    from compiler.ops import default_schedule
     try:
         s = default_schedule(opdef, target)
         print(compiler.lower(s, opdef.tensors, args.op))
