@@ -102,7 +102,8 @@ def test_job_trials_count_the_jobs_own_records(tmp_path, machinery):
          runner=runner, job_id=job, top_k=0)
     resumed = tune(task, store, space="sketch", strategy="random", trials=6, batch_size=2, builder=builder,
                    runner=runner, job_id=job, top_k=0)
-    assert resumed.trials == 1 and store.count(task, job_id=job) == 6  # 4 + baseline, then 1 more
+    assert resumed.trials == 2 and store.count(task, job_id=job, search_only=True) == 6
+    assert store.count(task, job_id=job) == 7  # and the baseline, measured once
 
 
 def test_tune_on_postgresql(db_url, machinery):
@@ -264,3 +265,17 @@ def test_cli_rejects_bad_scheduler_and_trials(tmp_path, capsys):
     assert "--trials must be >= 0" in capsys.readouterr().err
     assert main(["tune", "--db", db]) == 2
     assert "give one or more operators" in capsys.readouterr().err
+
+
+def test_a_resumed_multi_task_job_measures_only_what_its_budget_has_left(tmp_path, machinery):
+    from tuner.tune import tune_tasks
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    tasks = [_task(), Task.create(Workload("relu", dict(shape=(64, 48))))]
+    job = store.create_job(tasks[0], "sketch", "random", 9)
+    first = tune_tasks(tasks, store, scheduler="round-robin", strategy="random", trials=4, batch_size=2,
+                       builder=builder, runner=runner, job_id=job, top_k=0)
+    again = tune_tasks(tasks, store, scheduler="round-robin", strategy="random", trials=9, batch_size=2,
+                       builder=builder, runner=runner, job_id=job, top_k=0)
+    assert first.trials == 4 and again.trials == 5
+    assert store.count(job_id=job, search_only=True) == 9 and store.count(job_id=job) == 11

@@ -52,10 +52,12 @@ class TaskScheduler:
 
     def __init__(self, tuners: list, weights=None, scheduler: str = "gradient", trials: int = 64,
                  seconds: float | None = None, seed: int = 0, alpha: float = 0.2, beta: float = 2.0,
-                 backward_window: int = 3, eps: float = 0.05, callbacks: Callbacks | None = None):
+                 backward_window: int = 3, eps: float = 0.05, callbacks: Callbacks | None = None,
+                 used_trials: int = 0):
+        """`used_trials`: measurements a resumed job already made; they count against `trials`."""
         weights = check_arguments(len(tuners), weights, scheduler, trials)
         self.tuners, self.weights, self.scheduler = list(tuners), weights, scheduler
-        self.trials, self.seconds = int(trials), seconds
+        self.trials, self.seconds = max(int(trials) - int(used_trials), 0), seconds
         self.alpha, self.beta, self.window, self.eps = alpha, beta, int(backward_window), eps
         self.rng = np.random.default_rng(seed)
         self.callbacks = callbacks or Callbacks()

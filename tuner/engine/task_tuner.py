@@ -109,7 +109,7 @@ class TaskTuner:
                 self._baseline_done = True
                 if r.result.ok:
                     self.result.baseline_cost = r.cost
-        used = store.count(task, job_id=job_id) if job_id is not None else 0
+        used = store.count(task, job_id=job_id, search_only=True) if job_id is not None else 0
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None
         self._t_start = t_start

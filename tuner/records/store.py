@@ -43,7 +43,7 @@ class RecordsStore(ABC):
     def history(self, target: str | None = None, workload_key: str | None = None,
                 limit: int | None = None) -> list[Record]: ...
     @abstractmethod
-    def count(self, task: Task | None = None, job_id: int | None = None) -> int: ...
+    def count(self, task: Task | None = None, job_id: int | None = None, search_only: bool = False) -> int: ...
     @abstractmethod
     def export_jsonl(self, fileobj: IO[str], workload_key: str | None = None, target: str | None = None) -> int: ...
     @abstractmethod
@@ -209,8 +209,9 @@ class SQLRecordsStore(RecordsStore):
             records = self._records(s, stmt)
         return records if limit is None else records[::-1]
 
-    def count(self, task=None, job_id=None) -> int:
-        """Records, of one task and/or one job if given."""
+    def count(self, task=None, job_id=None, search_only=False) -> int:
+        """Records, of one task and/or one job if given; `search_only` leaves out the baselines
+        (the default schedule's records), which no trial budget counts."""
         with self._session() as s:
             stmt = select(func.count(RecordRow.id))
             if task is not None:
@@ -220,6 +221,8 @@ class SQLRecordsStore(RecordsStore):
                 stmt = stmt.where(RecordRow.task_id == task_id)
             if job_id is not None:
                 stmt = stmt.where(RecordRow.job_id == job_id)
+            if search_only:
+                stmt = stmt.where(RecordRow.candidate_kind != "default")
             return s.execute(stmt).scalar_one()
 
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:
@@ -316,7 +319,7 @@ class SQLRecordsStore(RecordsStore):
     def _job(s: Session, row: JobRow) -> Job:
         t = s.get(TaskRow, row.task_id)
         w = s.get(WorkloadRow, t.workload_key)
-        return Job(id=row.id, task=Task(Workload(w.name, dict(w.params)), t.target, t.device_key),
+        return Job(id=row.id, task=Task(codec.to_workload(w), t.target, t.device_key),
                    state=JobState(row.state), space=row.space, strategy=row.strategy, trials=row.trials,
                    created_at=row.created_at, updated_at=row.updated_at, heartbeat_at=row.heartbeat_at,
                    error=row.error)
