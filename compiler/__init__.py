@@ -1,21 +1,44 @@
-"""tunefarm's tensor compiler: tensor expressions → schedules → loop IR → LLVM → native kernels."""
+"""tunefarm's tensor compiler: tensor expressions → schedules → loop IR → LLVM → native kernels.
+
+The pure-Python front end (expressions, tensors, schedules, lowering, targets) is imported here;
+the names that need numpy or llvmlite (build, Kernel, export_library, ...) are loaded on first
+use (PEP 562), so `import compiler.target_string` — the farm's tracker reads target strings with
+it — runs this file without pulling in either. (The front end stays eager because the function
+`compiler.lower` shares its name with the submodule `compiler.lower`: importing that submodule
+first would leave the module where `C.lower(...)` expects the function.)
+"""
+
+from importlib import import_module
 
 from . import expr
 from .canonical import canonical_text, workload_key
-from .errors import (ArgumentError, CompilerError, DTypeError, ExprError, KernelLoadError,
-                     LoweringError, ScheduleError, TargetError)
+from .errors import (ArgumentError, CompilerError, DTypeError, ExportError, ExprError, KernelLoadError,
+                     KernelRuntimeError, LoweringError, ScheduleError, TargetError)
 from .expr import (cast, ceil, const, equal, erf, exp, floor, floordiv, floormod, gelu, if_then_else,
                    log, maximum, minimum, not_equal, power, select, sigmoid, sqrt, tanh)
 from .expr import abs  # noqa: A004
 from .lower import lower
 from .schedule import Schedule, Stage, create_schedule
+from .schedule_steps import apply_steps, steps_from_json, steps_to_json
+from .target import Target
 from .tensor import Tensor, compute, placeholder, reduce_axis
 from .tensor import max, min, sum  # noqa: A004
 
 __version__ = "0.1.0"
-from .runtime import Kernel, TimingResult, build, load_kernel, set_num_threads  # noqa: E402
-from .errors import KernelRuntimeError  # noqa: E402
-from .target import Target  # noqa: E402
-from .export import export_library  # noqa: E402
-from .errors import ExportError  # noqa: E402
-from .schedule_steps import apply_steps, steps_from_json, steps_to_json  # noqa: E402
+
+# name -> the submodule that defines it, imported on first access
+_LAZY = {"Kernel": "runtime", "TimingResult": "runtime", "build": "runtime", "load_kernel": "runtime",
+         "set_num_threads": "runtime", "export_library": "export"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -17,7 +17,8 @@ import struct
 
 from .dtypes import ALL_DTYPES
 from .errors import KernelLoadError
-from .target import _CPU_IMPLIED, Target
+from .target import Target
+from .target_string import enabled_features
 
 MAGIC = b"TFK1"
 FORMAT_VERSION = 2
@@ -142,10 +143,7 @@ def check_runnable(target: Target):
     if fmt != host_fmt:
         raise KernelLoadError(f"kernel was compiled for {target.triple} ({fmt} objects); this machine "
                               f"({host.triple}) loads {host_fmt} objects")
-    host_feats = {f[1:] for f in host.features.split(",") if f.startswith("+")}
-    need = {f[1:] for f in target.features.split(",") if f.startswith("+")}
-    need |= set(_CPU_IMPLIED.get(target.cpu, ()))
-    missing = sorted(need - host_feats)
+    missing = sorted(target.assumed_features() - enabled_features(host.features))
     if missing:
         raise KernelLoadError(f"kernel needs CPU features this machine lacks: {', '.join(missing)}")
 

@@ -2,6 +2,10 @@
 
 `llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -mattr=+avx2,+fma -num-cores=2`. Without options the
 host is described. A target string round-trips through `str()`, which is what records store.
+The grammar is `target_string`'s (shared with the farm's tracker); this module adds what needs
+LLVM: the host's description, checking that LLVM knows the triple, cpu and features, and the
+target machine that compiles. What the target can do (vector lanes, registers, caches) is its
+`capabilities`.
 """
 
 from __future__ import annotations
@@ -9,15 +13,14 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import subprocess
 import sys
 from functools import lru_cache
 
+from . import capabilities as caps
+from .cpu_table import cpu_info
 from .errors import TargetError
-
-_KNOWN_OPTIONS = ("mtriple", "mcpu", "mattr", "num-cores")
-_EXAMPLE = "'llvm -mtriple=x86_64-linux-gnu -mcpu=znver3'"
+from .target_string import EXAMPLE, TargetSpec, arch_of, feature_names, format_target
 
 
 @lru_cache(maxsize=None)
@@ -29,6 +32,8 @@ def _llvm():
 
 
 class Target:
+    """A compilation target: triple, cpu, -mattr features and the cores kernels may use."""
+
     def __init__(self, triple: str, cpu: str, features: str = "", num_cores: int = 1):
         self.triple, self.cpu, self.features, self.num_cores = triple, cpu, features, num_cores
 
@@ -43,40 +48,18 @@ class Target:
         Parsed strings are remembered (a measuring agent parses the same target for every
         kernel it loads); each call still returns a new Target."""
         if not isinstance(text, str):
-            raise TargetError(f"a target must be a string like {_EXAMPLE} or a Target, got {type(text).__name__}")
+            raise TargetError(f"a target must be a string like {EXAMPLE} or a Target, got {type(text).__name__}")
         return Target(*_parse_target(text))
 
     @staticmethod
     def _from_string_uncached(text: str) -> "Target":
-        if not text.strip():
-            raise TargetError(f"empty target string; expected e.g. {_EXAMPLE}")
-        parts = shlex.split(text)
-        if parts[0] != "llvm":
-            raise TargetError(f"unknown target kind {parts[0]!r}: only 'llvm' (CPU) targets are supported")
-        opts = {}
-        for p in parts[1:]:
-            if not p.startswith("-") or "=" not in p:
-                raise TargetError(f"malformed target option {p!r}; expected -key=value")
-            k, v = p[1:].split("=", 1)
-            if k not in _KNOWN_OPTIONS:
-                raise TargetError(f"unknown target option -{k}; known: {', '.join('-' + o for o in _KNOWN_OPTIONS)}")
-            if not v:
-                raise TargetError(f"target option -{k}= has no value: give one or leave the option out")
-            opts[k] = v
-        host = Target.host()
-        if "mtriple" not in opts:
-            if "mcpu" in opts or "mattr" in opts:
-                raise TargetError("-mcpu/-mattr without -mtriple: give the triple too")
-            t = host
+        spec = TargetSpec.parse(text)
+        if spec.triple:
+            t = Target(spec.triple, spec.cpu or "generic", spec.mattr, 1)
         else:
-            t = Target(opts["mtriple"], opts.get("mcpu", "generic"), opts.get("mattr", ""), 1)
-        if "num-cores" in opts:
-            try:
-                t.num_cores = int(opts["num-cores"])
-            except ValueError:
-                raise TargetError(f"-num-cores must be an integer, got {opts['num-cores']!r}") from None
-            if t.num_cores < 1:
-                raise TargetError("-num-cores must be at least 1")
+            t = Target.host()
+        if spec.num_cores is not None:
+            t.num_cores = spec.num_cores
         t.target_machine()  # validates triple, cpu and features
         return t
 
@@ -84,10 +67,7 @@ class Target:
         return (self.triple, self.cpu, self.features, self.num_cores)
 
     def __str__(self):
-        s = f"llvm -mtriple={self.triple} -mcpu={self.cpu}"
-        if self.features:
-            s += f" -mattr={self.features}"
-        return s + f" -num-cores={self.num_cores}"
+        return format_target(self.triple, self.cpu, self.features, self.num_cores)
 
     def __repr__(self):
         return f"Target({str(self)!r})"
@@ -100,28 +80,28 @@ class Target:
 
     @property
     def arch(self) -> str:
-        return self.triple.split("-")[0]
+        """The triple's architecture, aliases folded (arm64 → aarch64)."""
+        return arch_of(self.triple)
 
-    def has_feature(self, name: str) -> bool:
-        if f"+{name}" in self.features.split(","):
-            return True
-        return name in _CPU_IMPLIED.get(self.cpu, ())
+    @property
+    def kind(self) -> str:
+        return self.capabilities.kind
 
-    def vector_bits(self) -> int:
-        """Width of the widest fp vector registers the target has."""
-        if self.arch in ("x86_64", "i686"):
-            if self.has_feature("avx512f"):
-                return 512
-            if self.has_feature("avx2") or self.has_feature("avx"):
-                return 256
-            return 128
-        if self.arch in ("aarch64", "arm64", "armv7", "arm"):
-            return 128
-        return 128
+    @property
+    def capabilities(self) -> caps.Capabilities:
+        """Vector lanes, registers, multiply-add pipes, cores and caches (see compiler.capabilities)."""
+        return _capabilities(self.triple, self.cpu, self.features, self.num_cores)
 
     def vector_lanes(self, dtype: str = "float32") -> int:
-        from .dtypes import nbytes
-        return self.vector_bits() // (8 * nbytes(dtype))
+        return self.capabilities.vector_lanes(dtype)
+
+    def assumed_features(self) -> frozenset:
+        """The features kernels for this target may use: -mattr's and the vector features its
+        cpu name implies (with what they require), less what -mattr disables."""
+        return caps.effective_features(cpu_info(self.arch, self.cpu).features, self.features)
+
+    def has_feature(self, name: str) -> bool:
+        return name in self.assumed_features()
 
     def is_host(self) -> bool:
         h = Target.host()
@@ -144,15 +124,6 @@ class Target:
                                          reloc="pic", codemodel="default")
 
 
-# CPU names whose vector features matter for default schedules when no -mattr is given.
-_CPU_IMPLIED = {
-    "emeraldrapids": ("avx512f", "avx2", "fma"), "sapphirerapids": ("avx512f", "avx2", "fma"),
-    "icelake-server": ("avx512f", "avx2", "fma"), "skylake-avx512": ("avx512f", "avx2", "fma"),
-    "znver4": ("avx512f", "avx2", "fma"), "znver3": ("avx2", "fma"), "znver2": ("avx2", "fma"),
-    "haswell": ("avx2", "fma"), "skylake": ("avx2", "fma"),
-}
-
-
 def _check_cpu_and_features(llvm_target: str, triple: str, cpu: str, features: str):
     """Raise TargetError unless LLVM knows `cpu` and every `-mattr` feature for `triple`.
 
@@ -161,36 +132,12 @@ def _check_cpu_and_features(llvm_target: str, triple: str, cpu: str, features: s
     process ("64-bit code requested on a subtarget that doesn't support it"). So whatever the
     host's own description cannot vouch for is tried once in a throwaway subprocess.
     """
-    names = _feature_names(features)
+    names = feature_names(features)
     if _host_vouches(llvm_target, cpu, names):
         return
     problem = _probe(triple, cpu, features)
     if problem:
         raise TargetError(problem)
-
-
-def _feature_names(features: str) -> tuple:
-    """The names in an -mattr list ('+avx2,-fma' → ('avx2', 'fma')), checked for shape.
-
-    Checked before LLVM sees them: it reads a name without a sign as enabled while the runnable
-    check and the tracker only read `+name`, and LLVM builds with assertions abort the process on
-    such an entry. `+help` makes LLVM print its tables instead of naming a feature.
-    """
-    if not features:
-        return ()
-    names = []
-    for item in features.split(","):
-        if not item:
-            raise TargetError(f"-mattr={features} has an empty entry; separate features by single commas, "
-                              f"e.g. -mattr=+avx2,+fma")
-        if item[0] not in "+-":
-            raise TargetError(f"-mattr entry {item!r} needs a sign: +{item} to enable it or -{item} to disable it")
-        if len(item) == 1:
-            raise TargetError(f"-mattr entry {item!r} names no feature; e.g. -mattr=+avx2,+fma")
-        if item[1:] in ("help", "cpuhelp"):
-            raise TargetError(f"-mattr entry {item!r} asks LLVM for its help text, it is not a feature")
-        names.append(item[1:])
-    return tuple(names)
 
 
 def _host_vouches(llvm_target: str, cpu: str, names: tuple) -> bool:
@@ -303,6 +250,20 @@ def _host_fields() -> tuple:
     # keep only enabled features: shorter strings, and the same target text on equal machines
     enabled = ",".join(f for f in feats.split(",") if f.startswith("+"))
     return (llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, os.cpu_count() or 1)
+
+
+@lru_cache(maxsize=256)
+def _capabilities(triple: str, cpu: str, features: str, num_cores: int) -> caps.Capabilities:
+    """A target naming this machine's triple and cpu gets the cache sizes Linux reports here;
+    any other target the cpu table's."""
+    host_triple, host_cpu = _host_fields()[:2]
+    measured = _host_caches() if (triple, cpu) == (host_triple, host_cpu) else None
+    return caps.derive(triple, cpu, features, num_cores, measured)
+
+
+@lru_cache(maxsize=1)
+def _host_caches() -> dict:
+    return caps.read_host_caches()
 
 
 @lru_cache(maxsize=256)

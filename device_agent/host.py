@@ -17,6 +17,7 @@ from functools import lru_cache
 from compiler.errors import CompilerError
 from compiler.runtime import check_runnable
 from compiler.target import Target
+from compiler.target_string import enabled_features
 
 
 def agent_version() -> str:
@@ -46,7 +47,7 @@ def memory_bytes() -> int:
 
 def host_features(target: Target) -> list:
     """LLVM feature names the host has (`+avx2` → `avx2`), sorted."""
-    return sorted(f[1:] for f in target.features.split(",") if f.startswith("+"))
+    return sorted(enabled_features(target.features))
 
 
 def describe_host() -> dict:

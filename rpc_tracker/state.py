@@ -46,7 +46,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .targets import DeviceSpec, TargetParseError, TargetSpec, why_cannot_run
+from compiler.errors import TargetError
+
+from .targets import DeviceSpec, TargetSpec, why_cannot_run
 
 log = logging.getLogger("rpc_tracker")
 
@@ -343,7 +345,7 @@ class TrackerState:
                     continue
                 try:
                     spec = TargetSpec.parse(s.target)
-                except TargetParseError as e:
+                except TargetError as e:
                     raise InvalidRequest(f"request {s.request_id!r}: {e}") from None
                 new.append((s, spec))
             if new and not agents and device_key not in self._keys_seen \

@@ -33,6 +33,7 @@ from compiler.arith import struct_key, to_lin
 from compiler.dtypes import is_float, nbytes
 from compiler.expr import Binary, Call, Cast, Compare, Const, Logical, Not, Select, Var
 from compiler.loop_ir import Allocate, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Store
+from compiler.target import resolve_target
 
 FEATURE_VERSION = 1
 TOP_STORES = 2
@@ -365,12 +366,9 @@ def _access_features(stores):
     return feats, store_of, bytes_, uniq_b[:, 0]
 
 
-def _default_lanes(dtype: str) -> int:
-    return 32 // nbytes(dtype)  # 256-bit vectors
-
-
 def _lanes_of(target):
-    """A memoized `dtype -> vector lanes` for `target` (Target.vector_lanes parses features)."""
+    """A memoized `dtype -> vector lanes` for `target` (its capabilities; one dict lookup per
+    store instead of a cached call per store)."""
     key = str(target)
     fn = _LANES_CACHE.get(key)
     if fn is None:
@@ -385,15 +383,13 @@ _LANES_CACHE: dict = {}
 def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
     """Fixed-length feature vector (float64[NUM_FEATURES]) of a lowered function.
 
-    `target` (a compiler Target, optional) gives the vector width and core count the vector and
-    parallel features are measured against; without it 8 fp32 lanes and 1 core are assumed.
+    `target` (a compiler Target, the host by default, like everywhere in the compiler) gives the
+    vector width and core count the vector and parallel features are measured against.
     """
-    if target is not None:
-        lanes_fn = _lanes_of(target)
-        cores = target.num_cores
-    else:
-        lanes_fn = _default_lanes
-        cores = 1
+    if target is None:
+        target = resolve_target(None)
+    lanes_fn = _lanes_of(target)
+    cores = target.num_cores
     w = _Walker()
     w.visit(func.body)
     stores = w.stores
@@ -485,7 +481,6 @@ def features_for(opdef, candidates, target=None) -> np.ndarray:
     The same `opdef` serves every candidate: a schedule never changes its compute definition.
     """
     from compiler.lower import lower
-    from compiler.target import resolve_target
     from .space.base import instantiate
 
     tgt = resolve_target(target) if not _is_target(target) else target

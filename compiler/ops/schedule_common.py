@@ -13,7 +13,6 @@ The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
 
 from __future__ import annotations
 
-from ..dtypes import nbytes
 from ..target import resolve_target
 
 MAX_LANES = 64
@@ -23,8 +22,7 @@ PARALLEL_MIN_WORK = 1 << 15
 
 def lanes(target, dtype: str) -> int:
     """Vector lanes of `dtype` on `target` (at least 4, so SSE-only targets still vectorize)."""
-    target = resolve_target(target)
-    return max(4, target.vector_bits() // (8 * nbytes(dtype)))
+    return max(4, resolve_target(target).vector_lanes(dtype))
 
 
 def divisors(n: int) -> list:

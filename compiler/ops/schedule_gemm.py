@@ -1,7 +1,8 @@
 """Default x86/Arm schedule for GEMM-like operators: matmul, matmul_int8, dense, batch_matmul.
 
 The GotoBLAS recipe in schedule terms (see shared perf notes):
-- register tile: the output is tiled mr × nr (nr = two vector registers); the reduction is
+- register tile: the output is tiled mr × nr, sized by the target's register file (gemm_tile:
+  6 × 2 vectors with AVX2's 16 registers, 6 × 4 with the 32 of AVX-512 or NEON); the reduction is
   computed at the tile loop into a local mr × nr buffer (cache_write, or the dense reduction
   stage itself when an epilogue follows), with the k loop outside the unrolled rows and the
   vectorized columns, so LLVM keeps the mr·nr/lanes accumulators in registers;
@@ -12,14 +13,27 @@ The GotoBLAS recipe in schedule terms (see shared perf notes):
 
 from __future__ import annotations
 
-from ..schedule import Schedule, create_schedule
+from ..schedule import MAX_VECTOR_LANES, Schedule, create_schedule
 from ..target import resolve_target
 
+MAX_MR = 8  # rows of a register tile (the gemm template's tile_i knob goes this far)
+ROW_VECTORS = (4, 2, 1)  # vectors per tile row: a power of two (see schedule_common.accumulator_factor)
 
-def gemm_tile(M: int, N: int, lanes: int) -> tuple:
-    """(mr, nr): 6 rows × 2 vectors fits 12 accumulators + 2 B vectors + a broadcast in 16 registers."""
-    nr = 2 * lanes if N >= 2 * lanes else lanes
-    mr = min(6, M)
+
+def gemm_tile(M: int, N: int, lanes: int, registers: int) -> tuple:
+    """(mr, nr) of the register tile for a target with `registers` vector registers of `lanes`.
+
+    A k step holds mr·nv accumulators, nv vectors of B and one broadcast of A in registers, and
+    does mr·nv FMAs for mr + nv loads: among whole-register row widths nv (no wider than N) and
+    the most rows that fit, the tile with the most FMAs per load wins: 6 × 2 vectors with 16
+    registers (12 accumulators: 4 × 4 would not fit), 6 × 4 with 32.
+    """
+    tiles = []
+    for nv in ROW_VECTORS:
+        mr = min(MAX_MR, M, (registers - nv - 1) // nv)
+        if mr >= 1 and nv * lanes <= MAX_VECTOR_LANES and (nv == 1 or nv * lanes <= N):
+            tiles.append((mr * nv / (mr + nv), mr, nv * lanes))
+    _, mr, nr = max(tiles)
     return mr, nr
 
 
@@ -31,7 +45,7 @@ def schedule_gemm(opdef, target=None) -> Schedule:
     out_stage = s[out]
     *batch, M, N = out.shape
     lanes = target.vector_lanes(red_stage.op.dtype if red_stage.op.dtype != "int8" else "int32")
-    mr, nr = gemm_tile(M, N, lanes)
+    mr, nr = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
     if red_stage is out_stage:
         acc = s.cache_write(out, "local")
         acc_stage = s[acc]

@@ -46,6 +46,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from compiler.dtypes import nbytes
 from compiler.errors import CompilerError
 from compiler.expr import free_vars, substitute, transform, walk
 from compiler.lower import lower
@@ -60,11 +61,10 @@ NICE_SIZES = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
 AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 MAX_INNER = 16            # innermost tile of a non-vector spatial axis, inner reduction tile
 MAX_MIDDLE = 8            # the S2 level (register tiles per attached region)
-MAX_TILE_ELEMS = 4096     # elements of a local accumulator region
 MAX_UNROLLED_BODY = 128   # statements of an unrolled micro-kernel step
 NONDIVIDING_P = 0.15      # how often a tile size that does not divide its extent is drawn
-MAX_ACC_REGS = 12         # vector accumulators of a register tile (of 16 AVX2 registers)
-REGISTER_TILE_P = 0.8     # how often a sampled tile is held to MAX_ACC_REGS accumulators
+REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to the target's
+                          # accumulator registers (12 of AVX2's 16, 28 of AVX-512's or NEON's 32)
 MAX_SKETCHES = 16
 MAX_TRIES = 24
 
@@ -256,7 +256,7 @@ def generate_sketches(opdef, target=None) -> list:
 
 
 def _little_parallelism(op, target) -> bool:
-    lanes = target.vector_lanes(op.dtype) if op.dtype != "bool" else 8
+    lanes = target.vector_lanes(op.dtype)
     spatial = math.prod(ax.extent for ax in op.axis)
     return op.reduce_axis[-1].extent >= lanes and spatial <= 4 * lanes * target.num_cores
 
@@ -332,8 +332,7 @@ class SketchSpace(SearchSpace):
         return sk
 
     def _lanes(self, i) -> int:
-        dt = self.dag.op(i).dtype
-        return max(4, self.target.vector_lanes(dt if dt != "bool" else "int8"))
+        return max(4, self.target.vector_lanes(self.dag.op(i).dtype))
 
     # ------------------------------------------------------------------ parameters
     def sample_params(self, sketch: Sketch, rng) -> dict:
@@ -369,15 +368,16 @@ class SketchSpace(SearchSpace):
 
     def _sample_tile(self, i, rng) -> dict:
         op = self.dag.op(i)
-        # mostly register-sized micro-kernels: at most MAX_ACC_REGS vector accumulators
+        # mostly register-sized micro-kernels: no more vector accumulators than the target
+        # has registers for
         want_regs = rng.random() < REGISTER_TILE_P
         for _ in range(16):
             tile = {f"s{d}": self._sample_axis_tile(i, d, rng) for d in range(len(op.axis))}
-            if not want_regs or self._acc_regs(i, tile) <= MAX_ACC_REGS:
+            if not want_regs or self._acc_regs(i, tile) <= self.target.capabilities.accumulator_registers:
                 break
         for d, ax in enumerate(op.reduce_axis):
             tile[f"r{d}"] = [_sample_factor(rng, ax.extent, MAX_INNER)]
-        self._fit_region(tile, len(op.axis))
+        self._fit_region(i, tile)
         return tile
 
     def _acc_regs(self, i, tile) -> int:
@@ -385,13 +385,17 @@ class SketchSpace(SearchSpace):
         regs = -(-tile[f"s{n - 1}"][2] // self._lanes(i))
         return regs * math.prod(tile[f"s{d}"][2] for d in range(n - 1))
 
-    @staticmethod
-    def _fit_region(tile: dict, n_spatial: int):
-        """Shrink the S2 levels until the local accumulator region is small enough."""
+    def _fit_region(self, i, tile: dict):
+        """Shrink the S2 levels until the local accumulator region of stage i fills at most half
+        of the target's L1 data cache (it stays there beside the operands streaming through)."""
+        op = self.dag.op(i)
+        n_spatial = len(op.axis)
+        max_elems = self.target.capabilities.l1d // 2 // nbytes(op.dtype)
+
         def region():
             return math.prod(tile[f"s{d}"][1] * tile[f"s{d}"][2] for d in range(n_spatial))
         d = 0
-        while region() > MAX_TILE_ELEMS and d < n_spatial:
+        while region() > max_elems and d < n_spatial:
             tile[f"s{d}"] = [tile[f"s{d}"][0], 1, tile[f"s{d}"][2]]
             d += 1
 
@@ -517,7 +521,7 @@ class SketchSpace(SearchSpace):
                     p["tile"][axis] = _move_factor(p["tile"][axis], rng)
                 else:
                     p["tile"][axis] = self._sample_tile(i, rng)[axis]
-                self._fit_region(p["tile"], len(self.dag.op(i).axis))
+                self._fit_region(i, p["tile"])
             else:
                 fresh = self._sample_stage(sk, i, sk.rules[i], rng)
                 if key in ("inner", "split"):  # the vector/unroll choice and its length go together
@@ -549,7 +553,7 @@ class SketchSpace(SearchSpace):
                     if key == "tile":
                         c["tile"] = {ax: copy.deepcopy((x if rng.random() < 0.5 else y)["tile"][ax])
                                      for ax in x["tile"]}
-                        self._fit_region(c["tile"], len(self.dag.op(self.dag.names.index(name)).axis))
+                        self._fit_region(self.dag.names.index(name), c["tile"])
                     elif key in ("inner", "split"):
                         src = x if rng.random() < 0.5 else y
                         c["inner"], c["split"] = src["inner"], src["split"]

@@ -27,10 +27,13 @@ The space is the product of the knobs: it can be enumerated (`len`, `get(index)`
 mixed-radix index, first knob fastest), sampled, mutated and crossed over knob-wise
 (`TemplateSpace`). A config whose knob values are not in the space raises SpaceError.
 
-`instantiate(opdef, config_candidate)` needs only the JSON: it runs the define pass for the
-workload on the host target, checks the knob values against that space and applies them. The
-built-in templates keep their knob *sets* independent of the target (only the order of values,
-the target's default first, differs), so a config chosen for one machine instantiates on any.
+`instantiate(opdef, config_candidate, target)` needs only the JSON and the task's target: it runs
+the define pass for the workload on that target, checks the knob values against that space and
+applies them. Templates read the target's capabilities (vector lanes, registers) for their
+defaults and code-size bounds, so a config is always instantiated for the target it is measured
+on, never the host that happens to build it. The built-in templates keep their knob *sets*
+independent of the target (only the order of values, the target's default first, differs), so a
+config chosen for one machine still instantiates on another.
 """
 
 from __future__ import annotations

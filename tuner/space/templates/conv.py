@@ -5,8 +5,8 @@ choices as knobs; the first value of each knob follows the default schedule's ch
 is (close to) the default schedule:
 
 NCHW / depthwise (vector over output columns x):
-- tile_x: the vector length (whole 256-bit registers up to 64 lanes, OW itself, or a divisor of
-  OW of at least half a register); tile_f, tile_y: unrolled output channels / rows of the tile;
+- tile_x: the vector length (multiples of 32 bytes up to 64 lanes, OW itself, or a divisor of
+  OW of at least 16 bytes); tile_f, tile_y: unrolled output channels / rows of the tile;
 - tile_rc (input channel loops longer than 8): the channel loop split, its inner part unrolled;
 - order_red: the order of the reduction loops; unroll_red: unroll each short reduction loop;
 - tile_order: channel blocks outermost ("fyx") or spatial tiles outermost ("yxf");
@@ -20,9 +20,10 @@ order_red, unroll_red, f_outer (channel blocks outermost), pack_w (HWIO weights 
 [F/FB][KH][KW][C][FB] panels), pad ("root" / "inline"), parallel.
 
 Code size is bounded whatever the config: the tile axes are unrolled only while the tile has at
-most MAX_UNROLLED_TILE vector statements, the reduction loops only while the unrolled step has
-at most MAX_UNROLLED_BODY (a config asking for more keeps those loops rolled), so every config
-compiles in well under a second. Knob sets depend on the workload only (see gemm.py).
+most MAX_UNROLLED_TILE vector statements (of the target's register width), the reduction loops
+only while the unrolled step has at most MAX_UNROLLED_BODY (a config asking for more keeps those
+loops rolled), so every config compiles in well under a second. Knob sets depend on the workload
+only (see gemm.py); the defaults, first, are the default schedule's for the task's target.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import math
 
 from compiler.dtypes import nbytes
-from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
+from compiler.ops.schedule_common import PARALLEL_MIN_WORK, lanes as vector_lanes, want_parallel
 from compiler.ops.schedule_conv import deinterleave_columns, split_output_tile
 from compiler.schedule import create_schedule
 
@@ -38,11 +39,10 @@ from ..base import SpaceError
 from ..template import template
 
 MAX_LANES = 64
-REG_BYTES = 32
+GRID_BYTES = 32  # vector-length knobs step by this, on every target (see _vector_choices)
 MAX_UNROLLED_TAPS = 8
 MAX_UNROLLED_TILE = 48   # vector statements of an unrolled register tile
 MAX_UNROLLED_BODY = 128  # statements of an unrolled micro-kernel step (vector registers × loops)
-REG_LANES_MIN = 8  # lanes of one vector statement when sizing unrolled code (a 256-bit register)
 
 
 def _first(default, values):
@@ -50,12 +50,12 @@ def _first(default, values):
 
 
 def _base(dtype) -> int:
-    return max(4, REG_BYTES // nbytes(dtype))
+    return max(4, GRID_BYTES // nbytes(dtype))
 
 
 def _vector_choices(extent: int, base: int) -> list:
-    """Vector lengths along an output axis: whole registers up to 64 lanes (not past the axis),
-    the axis itself if it fits, divisors of at least half a register, and the default
+    """Vector lengths along an output axis: multiples of the grid up to 64 lanes (not past the
+    axis), the axis itself if it fits, divisors of at least half a grid step, and the default
     schedule's choices for 128-, 256- and 512-bit registers (so the set does not depend on the
     target that defines the space)."""
     out = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < extent]
@@ -164,9 +164,10 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int):
         cst.unroll(rci)
 
 
-def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, outer_order, parallel, vec_group=0):
+def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0):
     """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
-    computed at the fused tile loop into a local buffer: [reduction loops] [tile axes]."""
+    computed at the fused tile loop into a local buffer: [reduction loops] [tile axes].
+    `vl`: the target's lanes, what one vector statement of the tile covers."""
     acc = s.cache_write(out, "local")
     st, cst = s[out], s[acc]
     axes = list(st.op.axis)
@@ -174,7 +175,7 @@ def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, outer_order, para
     # the tile axes are unrolled (innermost first) while the tile stays under MAX_UNROLLED_TILE
     # vector statements: a bigger tile keeps loops, so it compiles in reasonable time (and runs
     # as slowly as its spilled accumulators deserve)
-    body = -(-min(vec_factor, axes[vec_dim].extent) // REG_LANES_MIN)
+    body = -(-min(vec_factor, axes[vec_dim].extent) // vl)
     unroll_dims = []
     for d, f in reversed(unrolled):
         f = min(f, axes[d].extent)
@@ -209,7 +210,7 @@ def _conv_nchw(cfg, opdef, target):
     KH, KW = p["KH"], p["KW"]
     sw = p["stride"][1]
     base = _base(out.dtype)
-    lanes = target.vector_lanes(out.dtype)
+    lanes = vector_lanes(target, out.dtype)
     fpg = p.get("multiplier", 1) if depthwise else F // p.get("groups", 1)
     cpg = None if depthwise else opdef.inputs[1].shape[1]
     pad = _pad_stage(s)
@@ -220,7 +221,8 @@ def _conv_nchw(cfg, opdef, target):
         taps = KW if KW <= MAX_UNROLLED_TAPS else 1
         XB, (FB, YB) = sc._pick_tile(sc._vector_tiles(OW, lanes), lanes,
                                      [(F, min(fpg, 16), True), (OH, 8, False)],
-                                     lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1))
+                                     lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
+                                     target.capabilities)
         f_first = depthwise or sc._weights_dominate(opdef)
     xs = _vector_choices(OW, base)
     if XB not in xs and XB <= MAX_LANES:
@@ -244,7 +246,7 @@ def _conv_nchw(cfg, opdef, target):
     XB, FB, YB = cfg["tile_x"].size[-1], cfg["tile_f"].size[-1], cfg["tile_y"].size[-1]
     order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
     par = cfg["parallel"].val
-    acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, order, par)
+    acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
     mode = cfg["pad"].val
     if mode == "deinterleave":
         _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
@@ -289,14 +291,15 @@ def conv2d_nhwc(cfg, opdef, target):
     fpg = F // groups
     cpg = opdef.inputs[1].shape[2]
     base = _base(out.dtype)
-    lanes = target.vector_lanes(out.dtype)
+    lanes = vector_lanes(target, out.dtype)
     pad = _pad_stage(s)
     vec_extent = fpg if groups > 1 else F
     sc = _defaults()
     FB, XB, YB, f_outer = base, 1, 1, False
     if sc is not None:
         FB, (XB, YB) = sc._pick_tile(sc._vector_tiles(vec_extent, lanes), lanes,
-                                     [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r))
+                                     [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
+                                     target.capabilities)
         f_outer = sc._weights_dominate(opdef)
     fs = _vector_choices(vec_extent, base)
     if FB not in fs and FB <= MAX_LANES:
@@ -320,7 +323,7 @@ def conv2d_nhwc(cfg, opdef, target):
     elif mode == "inline":
         pad.compute_inline()
     order = [3, 1, 2] if cfg["f_outer"].val else [1, 2, 3]
-    acc = _register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, order, par,
+    acc = _register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, lanes, order, par,
                          vec_group=fpg if groups > 1 else 0)
     if cfg["pack_w"].val:
         packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={3: FB})]

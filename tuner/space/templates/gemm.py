@@ -5,7 +5,7 @@ knobs; the first value of every knob is the default schedule's, so config 0 *is*
 schedule (same steps) and the rest of the space is its neighbourhood:
 
 - tile_i:  rows of the register tile (mr), unrolled;
-- tile_j:  columns of the register tile (nr), vectorized: whole 256-bit registers of the
+- tile_j:  columns of the register tile (nr), vectorized: multiples of 32 bytes of the
            accumulator dtype up to 64 lanes, or N itself when it fits one vector loop;
 - tile_k:  the reduction loop split (inner factor), `unroll_k` unrolls the inner part;
 - tile_order: which of the row / column tile loops is outermost (columns outermost keeps one
@@ -13,14 +13,16 @@ schedule (same steps) and the rest of the space is its neighbourhood:
 - pack_b:  copy B into [N/nr][K][nr] panels (blocked cache_read) read with unit stride;
 - parallel: "outer" (batch + the outer tile loop), "fused" (all tile loops fused), "none".
 
-The knob *sets* depend only on the workload (shapes, dtypes; tile_j includes the default widths
-of 128-, 256- and 512-bit targets), so a config instantiates the same way whatever host replays
-it; only the order of the values follows the target (its default first).
+The knob *sets* depend only on the workload (shapes, dtypes; tile_j includes the row widths the
+default schedule picks for 128-, 256- and 512-bit registers), so a config names the same loop
+structure for any target; only the order of the values follows the task's target (the default
+schedule's tile for its register file first).
 """
 
 from __future__ import annotations
 
 from compiler.dtypes import nbytes
+from compiler.ops.schedule_gemm import MAX_MR, ROW_VECTORS, gemm_tile
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -28,7 +30,7 @@ from ..template import template
 
 GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
 MAX_LANES = 64
-REG_BYTES = 32  # a 256-bit register: the vector-width unit of the knob sets
+GRID_BYTES = 32  # tile_j steps by this many bytes, on every target
 
 
 def _first(default, values):
@@ -37,22 +39,20 @@ def _first(default, values):
     return out
 
 
-def gemm_knob_values(M: int, N: int, K: int, acc_dtype: str, lanes: int) -> dict:
-    """The values of tile_i, tile_j, tile_k (inner factors), defaults first."""
-    base = max(4, REG_BYTES // nbytes(acc_dtype))
-    nr_default = 2 * lanes if N >= 2 * lanes else lanes
+def gemm_knob_values(M: int, N: int, K: int, acc_dtype: str, target) -> dict:
+    """The values of tile_i, tile_j, tile_k (inner factors), the default schedule's first."""
+    base = max(4, GRID_BYTES // nbytes(acc_dtype))
+    mr, nr = gemm_tile(M, N, target.vector_lanes(acc_dtype), target.capabilities.vector_registers)
     nrs = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < N]
     if N <= MAX_LANES:
         nrs.append(N)
-    # the defaults of 128/256/512-bit targets, so the set is the same whoever defines it
+    # the row widths gemm_tile may pick on 128/256/512-bit targets, so the set is the same
+    # whoever defines it
     for vl in (base // 2, base, 2 * base):
-        nrs += [v for v in ((2 * vl if N >= 2 * vl else vl),) if v <= MAX_LANES]
-    if nr_default > MAX_LANES:
-        nr_default = nrs[-1]
-    mrs = list(range(1, min(M, 8) + 1))
+        nrs += [nv * vl for nv in ROW_VECTORS if nv * vl <= MAX_LANES and (nv == 1 or nv * vl <= N)]
+    mrs = list(range(1, min(M, MAX_MR) + 1))
     kus = [f for f in (1, 2, 4, 8, 16) if f <= K]
-    return {"tile_i": _first(min(6, M), mrs), "tile_j": _first(nr_default, sorted(set(nrs))),
-            "tile_k": _first(4, kus)}
+    return {"tile_i": _first(mr, mrs), "tile_j": _first(nr, sorted(set(nrs))), "tile_k": _first(4, kus)}
 
 
 @template("gemm")
@@ -67,7 +67,7 @@ def gemm(cfg, opdef, target):
     *batch, M, N = out.shape
     (k_axis,) = red_stage.op.reduce_axis
     acc_dtype = red_stage.op.dtype
-    vals = gemm_knob_values(M, N, k_axis.extent, acc_dtype, target.vector_lanes(acc_dtype))
+    vals = gemm_knob_values(M, N, k_axis.extent, acc_dtype, target)
     cfg.define_split("tile_i", M, policy="candidate", candidate=[[v] for v in vals["tile_i"]])
     cfg.define_split("tile_j", N, policy="candidate", candidate=[[v] for v in vals["tile_j"]])
     cfg.define_split("tile_k", k_axis.extent, policy="candidate", candidate=[[v] for v in vals["tile_k"]])
