@@ -17,6 +17,11 @@ class ExprError(CompilerError, ValueError):
     """A malformed tensor expression (wrong number of indices, reduce in the wrong place, ...)."""
 
 
+class DagFormatError(ExprError):
+    """A compute definition stored as data (compiler.serialize) that is malformed; the message
+    names the field (`tensors[2].body.args[0]: ...`)."""
+
+
 class ScheduleError(CompilerError, ValueError):
     """A schedule primitive was called with arguments that make no sense for the stage."""
 

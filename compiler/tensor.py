@@ -218,12 +218,22 @@ def compute(shape, fcompute, name=None, tag="", attrs=None) -> Tensor:
                         "== and != on expressions compare object identity; use equal(a, b) / not_equal(a, b)")
     body = as_expr(body)
     if isinstance(body, Reduce):
-        body = _normalize_reduce(body, name)
+        body = _normalize_reduce(body)
+    return compute_from_axes(name, axis, body, tag, attrs)
+
+
+def compute_from_axes(name: str, axis: list, body: Expr, tag: str = "", attrs=None) -> Tensor:
+    """A compute over axes its caller made (one IterVar per dimension) and a body already in the
+    form a ComputeOp holds: every reduce variable runs from 0 (a reduce axis's `lo` is already
+    added where the body reads it). This is how a definition stored as data is rebuilt
+    (compiler.serialize); `compute` is how one is written. Same checks as `compute`."""
+    if isinstance(body, Reduce) and len({id(a) for a in body.axes}) != len(body.axes):
+        raise ExprError(f"compute {name}: a reduce axis is listed twice")
     for n in walk(body.source if isinstance(body, Reduce) else body):
         if isinstance(n, Reduce):
             raise ExprError(f"compute {name}: a reduction must be the whole body, not nested inside it")
     _check_variables(body, axis, name)
-    return Tensor(ComputeOp(name, shape, axis, body, tag, attrs))
+    return Tensor(ComputeOp(name, tuple(a.extent for a in axis), axis, body, tag, attrs))
 
 
 def _check_variables(body, axis, name: str):
@@ -239,10 +249,8 @@ def _check_variables(body, axis, name: str):
                 "another compute not at all")
 
 
-def _normalize_reduce(body: Reduce, name: str) -> Reduce:
-    """Check the axes and shift reduce axes with lo != 0 so every loop variable starts at 0."""
-    if len({id(a) for a in body.axes}) != len(body.axes):
-        raise ExprError(f"compute {name}: a reduce axis is listed twice")
+def _normalize_reduce(body: Reduce) -> Reduce:
+    """Shift reduce axes with lo != 0 so every loop variable starts at 0."""
     shift = {a.var: a.var + a.lo for a in body.axes if a.lo}
     if not shift:
         return body
@@ -315,4 +323,4 @@ def topo_order(outputs) -> list:
 
 
 __all__ = ["IterVar", "ReduceAxis", "Tensor", "TensorRead", "Reduce", "placeholder", "compute",
-           "reduce_axis", "sum", "max", "min", "topo_order"]
+           "compute_from_axes", "reduce_axis", "sum", "max", "min", "topo_order"]

@@ -185,6 +185,14 @@ def _p_conv(rng):
                 groups=groups, dtype=_dtype(rng, CONV_DTYPES))
 
 
+def _p_conv_bias_relu(rng):
+    return dict(_p_conv(rng), dtype=_dtype(rng, FLOAT))
+
+
+def _p_dense_gelu(rng):
+    return {k: v for k, v in _p_dense(rng).items() if k != "epilogue"}
+
+
 def _p_depthwise(rng):
     w = _window(rng, 5, False)
     return dict(N=_size(rng, 2), C=_size(rng, 8), H=w["H"], W=w["W"], KH=w["KH"], KW=w["KW"],
@@ -260,6 +268,7 @@ def _p_pad(rng):
 OP_PARAMS = {
     "matmul": _p_matmul, "matmul_int8": _p_matmul_int8, "batch_matmul": _p_batch_matmul, "dense": _p_dense,
     "conv2d_nchw": _p_conv, "conv2d_nhwc": _p_conv, "depthwise_conv2d_nchw": _p_depthwise,
+    "conv2d_bias_relu": _p_conv_bias_relu, "dense_gelu": _p_dense_gelu,
     "max_pool2d": _p_pool(NUMERIC), "avg_pool2d": _p_pool(FLOAT),
     "softmax": _p_norm, "layer_norm": _p_norm,
     "add": _p_binary, "mul": _p_binary, "relu": _p_unary(NUMERIC), "gelu": _p_unary(FLOAT),

@@ -55,6 +55,17 @@ CASES = [
     ("conv2d_nhwc", dict(N=1, C=16, H=14, W=14, F=32, KH=3, KW=3, padding=1)),
     ("conv2d_nhwc", dict(N=1, C=8, H=9, W=31, F=33, KH=1, KW=1)),
     ("conv2d_nhwc", dict(N=1, C=4, H=12, W=13, F=16, KH=3, KW=3, padding=1, dtype="int8")),
+    # conv2d_bias_relu (schedule_fused)
+    ("conv2d_bias_relu", dict(N=2, C=3, H=13, W=17, F=5, KH=3, KW=3, padding=1)),
+    ("conv2d_bias_relu", dict(N=1, C=4, H=17, W=17, F=8, KH=3, KW=3, stride=2, padding=(1, 0, 2, 1))),
+    ("conv2d_bias_relu", dict(N=1, C=6, H=9, W=11, F=9, KH=3, KW=2, stride=(2, 1), padding=1, groups=3)),
+    ("conv2d_bias_relu", dict(N=1, C=3, H=7, W=6, F=4, KH=3, KW=3, stride=2, dilation=2, padding=2,
+                              dtype="float64")),
+    ("conv2d_bias_relu", dict(N=1, C=16, H=14, W=14, F=32, KH=3, KW=3, padding=1)),
+    ("conv2d_bias_relu", dict(N=1, C=5, H=7, W=9, F=7, KH=1, KW=1)),
+    # dense_gelu (schedule_fused)
+    ("dense_gelu", dict(batch=7, in_dim=31, out_dim=33)),
+    ("dense_gelu", dict(batch=2, in_dim=9, out_dim=7, dtype="float64")),
     # depthwise_conv2d_nchw
     ("depthwise_conv2d_nchw", dict(N=2, C=3, H=13, W=17, KH=3, KW=3, padding=1)),
     ("depthwise_conv2d_nchw", dict(N=1, C=4, H=17, W=17, KH=3, KW=3, stride=2, padding=1, multiplier=2)),

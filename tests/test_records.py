@@ -224,7 +224,7 @@ def test_export_filters(store):
     ("GOOD|target=5", "target must be str"),
     ("GOOD|error_code=99", "99"),
     ("GOOD|costs=oops", "result.costs must be list"),
-    ("GOOD|v=2", "unsupported format version"),
+    ("GOOD|v=3", "unsupported format version"),
 ])
 def test_malformed_import_changes_nothing(store, bad, why):
     fill(store)

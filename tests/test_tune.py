@@ -279,3 +279,24 @@ def test_a_resumed_multi_task_job_measures_only_what_its_budget_has_left(tmp_pat
                        builder=builder, runner=runner, job_id=job, top_k=0)
     assert first.trials == 4 and again.trials == 5
     assert store.count(job_id=job, search_only=True) == 9 and store.count(job_id=job) == 11
+
+
+def test_cli_tunes_a_users_compute_file_and_stores_it_as_data(tmp_path, capsys):
+    src = tmp_path / "row_max_exp.py"
+    src.write_text("import compiler as C\n\n"
+                   "def workload():\n"
+                   "    A = C.placeholder((24, 20), 'float32', 'A')\n"
+                   "    k = C.reduce_axis(20, 'k')\n"
+                   "    return [A, C.compute((24,), lambda i: C.max(C.exp(A[i, k]), axis=k), name='m')]\n")
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    assert main(["tune", "--compute", str(src), "--trials", "4", "--batch", "2", "--db", db, "--plain",
+                 "--repeat", "1", "--top-k", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "row_max_exp: 4 trials measured now" in out and "check OK" in out
+    (rec, *_) = open_store(db).history()
+    assert rec.workload.definition is not None  # self-contained: rebuilt without the file
+    bad = tmp_path / "broken.py"
+    bad.write_text("def workload(:\n")
+    assert main(["tune", "--compute", str(bad), "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert "broken.py:1: syntax error" in err

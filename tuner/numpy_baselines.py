@@ -85,7 +85,7 @@ def _batch_matmul(p):
 
 
 def _dense(p):
-    epilogue = p["epilogue"]
+    epilogue = p.get("epilogue", "gelu")  # dense_gelu's epilogue is its name
 
     def fn(x, w, b):
         y = x @ w.T
@@ -123,6 +123,16 @@ def _conv2d_nchw(p):
         cols = cols.reshape(N, G, cpg * KH * KW, OH * OW)
         wm = w.astype(acc, copy=False).reshape(G, F // G, cpg * KH * KW)
         return np.matmul(wm, cols).reshape(N, F, OH, OW)
+    return fn
+
+
+def _conv2d_bias_relu(p):
+    conv = _conv2d_nchw(p)
+
+    def fn(x, w, b):
+        y = conv(x, w)
+        y += b.reshape(1, -1, 1, 1)
+        return np.maximum(y, 0, out=y)
     return fn
 
 
@@ -266,7 +276,9 @@ _BASELINES: dict[str, Callable] = {
     "matmul_int8": _matmul,
     "batch_matmul": _batch_matmul,
     "dense": _dense,
+    "dense_gelu": _dense,
     "conv2d_nchw": _conv2d_nchw,
+    "conv2d_bias_relu": _conv2d_bias_relu,
     "conv2d_nhwc": _conv2d_nhwc,
     "depthwise_conv2d_nchw": _depthwise_conv2d_nchw,
     "max_pool2d": _max_pool2d,
@@ -286,6 +298,9 @@ _BASELINES: dict[str, Callable] = {
 }
 
 BASELINE_OPS = tuple(_BASELINES)
+
+
+NUMPY_BASELINES = frozenset(_BASELINES)
 
 
 def numpy_baseline(opdef) -> Callable[..., np.ndarray]:

@@ -1,8 +1,9 @@
 """A good schedule for every inventory operator without tuning, and `build_op` to compile it.
 
 `default_schedule(opdef)` dispatches on the operator name to the family modules
-(schedule_conv, schedule_pool, schedule_nn, schedule_elementwise, schedule_gemm). They are the
-baseline a tuned schedule must beat, and what `build_op` uses when nothing better is known.
+(schedule_conv, schedule_pool, schedule_nn, schedule_elementwise, schedule_gemm, schedule_fused).
+They are the baseline a tuned schedule must beat, and what `build_op` uses when nothing better is
+known.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from .. import dispatch
 from ..runtime import Kernel, build
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
-from . import schedule_conv, schedule_elementwise, schedule_nn, schedule_pool
+from . import schedule_conv, schedule_elementwise, schedule_fused, schedule_nn, schedule_pool
 from .schedule_gemm import schedule_gemm
 
 GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
@@ -20,6 +21,8 @@ _FAMILY = {
     "conv2d_nchw": schedule_conv.schedule_conv_nchw,
     "depthwise_conv2d_nchw": schedule_conv.schedule_conv_nchw,
     "conv2d_nhwc": schedule_conv.schedule_conv_nhwc,
+    "conv2d_bias_relu": schedule_fused.schedule_conv_bias_relu,
+    "dense_gelu": schedule_fused.schedule_dense_gelu,
     "max_pool2d": schedule_pool.schedule_pool,
     "avg_pool2d": schedule_pool.schedule_pool,
     "softmax": schedule_nn.schedule_norm,

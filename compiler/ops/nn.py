@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import expr as E
-from ..errors import ExprError
 from ..tensor import compute, placeholder, reduce_axis
 from ..tensor import max as te_max
 from ..tensor import sum as te_sum
-from .base import FLOAT, OpDef, check_axis, check_dtype_for, check_shape
+from .base import FLOAT, OpDef, check_axis, check_dtype_for, check_float, check_shape
 
 
 def _keep(shape, axis):
@@ -48,15 +47,19 @@ def softmax(shape, axis=-1, dtype="float32") -> OpDef:
 def layer_norm(shape, axis=-1, eps=1e-5, dtype="float32") -> OpDef:
     """(x - mean) / sqrt(var + eps) * gamma + beta over one axis (gamma, beta: [shape[axis]]).
 
-    Two-pass variance (mean first) for accuracy; stages layer_norm_mean, layer_norm_var, layer_norm.
+    Stages layer_norm_mean, layer_norm_var (a second pass over the row: the mean of squared
+    deviations from the mean) and layer_norm, all on the row shifted by its first element,
+    d = x - x[0]; layer_norm_mean holds the mean of d. A float32 mean of x itself is off by a few
+    ulps of |x|: on a constant row the deviations were then that error instead of 0, amplified
+    by 1/sqrt(eps) (a row of 1000s came out 1.3 off beta). The mean of d is exactly 0 on a
+    constant row, and with a large common offset (x ~ 1000 + noise) the sums see the spread of
+    the row, not its offset.
     """
     op = "layer_norm"
     shape = check_shape(op, shape)
     axis = check_axis(op, axis, len(shape))
     dtype = check_dtype_for(op, dtype, FLOAT)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ExprError(f"{op}: eps must be a positive number, got {eps!r}")
-    eps = float(eps)
+    eps = check_float(op, "eps", eps, positive=True)
     n = shape[axis]
     x = placeholder(shape, dtype, "data")
     gamma = placeholder((n,), dtype, "gamma")
@@ -64,18 +67,23 @@ def layer_norm(shape, axis=-1, eps=1e-5, dtype="float32") -> OpDef:
     stat = _keep(shape, axis)
     inv_n = 1.0 / n
     k1, k2 = reduce_axis(n, "k"), reduce_axis(n, "k")
-    mean = compute(stat, lambda *i: te_sum(x[_along(i, axis, k1)] * inv_n, axis=k1),
+
+    def shifted(i, at):
+        """x[i] - x[first element of the row], with the row position replaced by `at`."""
+        return x[_along(i, axis, at)] - x[_along(i, axis, 0)]
+
+    mean = compute(stat, lambda *i: te_sum(shifted(i, k1) * inv_n, axis=k1),
                    name="layer_norm_mean", tag="layer_norm_mean")
 
     def dev2(i):
-        d = x[_along(i, axis, k2)] - mean[_along(i, axis, 0)]
+        d = shifted(i, k2) - mean[_along(i, axis, 0)]
         return d * d * inv_n
 
     var = compute(stat, lambda *i: te_sum(dev2(i), axis=k2), name="layer_norm_var", tag="layer_norm_var")
 
     def norm(*i):
         s = _along(i, axis, 0)
-        return (x[i] - mean[s]) / E.sqrt(var[s] + eps) * gamma[i[axis]] + beta[i[axis]]
+        return (shifted(i, i[axis]) - mean[s]) / E.sqrt(var[s] + eps) * gamma[i[axis]] + beta[i[axis]]
 
     out = compute(shape, norm, name="layer_norm", tag="elemwise", attrs=dict(eps=eps))
 

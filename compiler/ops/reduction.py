@@ -10,7 +10,7 @@ from ..tensor import compute, placeholder, reduce_axis
 from ..tensor import max as te_max
 from ..tensor import min as te_min
 from ..tensor import sum as te_sum
-from .base import NUMERIC, OpDef, check_axis, check_dtype_for, check_shape
+from .base import NUMERIC, OpDef, as_items, check_axis, check_bool, check_dtype_for, check_shape, is_integer
 
 _COMBINERS = {"sum": (te_sum, np.sum), "max": (te_max, np.max), "min": (te_min, np.min)}
 
@@ -19,14 +19,9 @@ def _reduce(kind, shape, axis, keepdims, dtype) -> OpDef:
     op = f"reduce_{kind}"
     shape = check_shape(op, shape)
     dtype = check_dtype_for(op, dtype, NUMERIC)
+    keepdims = check_bool(op, "keepdims", keepdims)
     nd = len(shape)
-    if axis is None:
-        axes = tuple(range(nd))
-    else:
-        raw = axis if isinstance(axis, (tuple, list)) else (axis,)
-        axes = tuple(sorted(check_axis(op, a, nd) for a in raw))
-        if not axes or len(set(axes)) != len(axes):
-            raise ExprError(f"{op}: axis {axis!r} must name distinct axes (at least one)")
+    axes = _reduced_axes(op, axis, nd)
     keep = [d for d in range(nd) if d not in axes]
     if keepdims:
         out_shape = tuple(1 if d in axes else shape[d] for d in range(nd))
@@ -56,8 +51,21 @@ def _reduce(kind, shape, axis, keepdims, dtype) -> OpDef:
             r = np_fn(x, axis=axes)
         return np.asarray(r).astype(dtype).reshape(out_shape)
 
-    params = dict(shape=shape, axis=axes, keepdims=bool(keepdims), dtype=dtype)
+    params = dict(shape=shape, axis=axes, keepdims=keepdims, dtype=dtype)
     return OpDef(op, [data], out, params, int(np.prod(shape)), reference)
+
+
+def _reduced_axes(op, axis, nd) -> tuple:
+    """None (all axes), an axis, or a sequence of distinct axes -> sorted tuple in [0, nd)."""
+    if axis is None:
+        return tuple(range(nd))
+    raw = (axis,) if is_integer(axis) else as_items(axis)
+    if raw is None:
+        raise ExprError(f"{op}: axis must be an int, a tuple of ints or None, got {axis!r}")
+    axes = tuple(sorted(check_axis(op, a, nd) for a in raw))
+    if not axes or len(set(axes)) != len(axes):
+        raise ExprError(f"{op}: axis {axis!r} must name distinct axes (at least one)")
+    return axes
 
 
 def reduce_sum(shape, axis=None, keepdims=False, dtype="float32") -> OpDef:

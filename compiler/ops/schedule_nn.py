@@ -6,10 +6,12 @@ elementwise stages that read them. The output stage is split into
 and every other stage is computed at the fused outer loop, so a block of rows, its statistics
 and its exponentials stay in L1 and the input is read from memory once.
 
-- `axis` is the last axis: a statistic is a serial chain of scalar adds/maxes along a row (the
-  reduction cannot be reassociated into vector lanes), so the outer loop walks blocks of up to
-  8 rows and the statistics unroll the rows inside their reduction loop: 8 independent chains
-  in flight. Exponentials and the output are vectorized along the row.
+- `axis` is the last axis: a statistic along a row is a chain of dependent adds (or maxes).
+  Each statistic is rfactored into one partial statistic per vector lane (element j of the row
+  goes to lane j mod vl) and a final reduction over the lanes, so the row is read with vector
+  loads into a vector accumulator. The outer loop walks blocks of up to 8 rows, unrolled
+  inside the reduction loops: 8 independent accumulator chains in flight. Rows no longer than
+  one vector keep a scalar chain per row.
 - `axis` is not last: the statistics are vectors over the trailing axes, which are unit-stride
   in the input, with the reduction loop outside the vector: one vector load per step.
 """
@@ -27,9 +29,11 @@ ROW_BLOCK = 8  # rows per block: independent reduction chains (and 8 rows of exp
 def schedule_norm(opdef, target=None) -> Schedule:
     out = opdef.output
     s = create_schedule(out)
-    st = s[out]
     axis = opdef.params["axis"]
     vl = lanes(target, out.dtype)
+    if axis == len(out.shape) - 1 and out.shape[axis] > vl:
+        _statistics_per_lane(s, s[out], vl)
+    st = s[out]
     axes = list(st.op.axis)
     before, red, after = axes[:axis], axes[axis], axes[axis + 1:]
     work = int(np.prod(out.shape)) * 8
@@ -55,20 +59,36 @@ def schedule_norm(opdef, target=None) -> Schedule:
     return s
 
 
+def _statistics_per_lane(s, output_stage, vl: int):
+    """rfactor every statistic over the (last) row axis into `vl` partial statistics, a new last
+    axis the inner stage schedule vectorizes; the statistic becomes a sum/max over the lanes.
+    rfactor only accepts splits before it, so this runs before anything else is scheduled."""
+    for stage in list(s.stages):
+        if stage is not output_stage and stage.op.reduce_axis:
+            _, lane = stage.split(stage.op.reduce_axis[0], factor=vl)
+            s.rfactor(stage.tensor, lane, factor_axis=len(stage.op.axis))
+
+
 def _schedule_inner_stage(stage, axis, vl, rows: bool):
-    """A statistic or elementwise stage computed per row block."""
+    """A statistic, partial statistic or elementwise stage computed per row block.
+
+    `rows`: the block holds several rows along axis - 1, which a reduction unrolls inside its
+    reduction loop (independent accumulator chains)."""
     op = stage.op
     rax = list(op.reduce_axis)
     trailing = op.axis[axis + 1:]
-    if rax and not trailing:
-        if rows:  # rows of the block unrolled inside the reduction loop: independent chains
-            row = op.axis[axis - 1]
+    row = op.axis[axis - 1] if rows and rax else None
+    if rax and not trailing:  # one scalar accumulator per row
+        if row is not None:
             stage.reorder(*[a for a in op.axis if a is not row], *rax, row)
             stage.unroll(row)
         return
     vec = trailing[-1] if trailing else op.axis[axis]
     lo = vectorize_inner(stage, vec, vl, max_vectors=2, carried=bool(rax))
     inner = stage.leaf_iter_vars[stage.leaf_iter_vars.index(lo) + 1] if lo is not None else vec
-    if rax:  # the reduction loop outside the vector of accumulators
-        rest = [a for a in op.axis if a is not vec]
-        stage.reorder(*rest, *([lo] if lo is not None else []), *rax, inner)
+    if rax:  # the reduction loop outside the vector of accumulators (and the block's rows)
+        rest = [a for a in op.axis if a is not vec and a is not row]
+        unrolled = [row] if row is not None else []
+        stage.reorder(*rest, *([lo] if lo is not None else []), *rax, *unrolled, inner)
+        if row is not None:
+            stage.unroll(row)

@@ -5,25 +5,20 @@ from __future__ import annotations
 import numpy as np
 
 from .. import expr as E
-from ..dtypes import is_float
 from ..errors import ExprError
 from ..tensor import compute, placeholder
-from .base import NUMERIC, OpDef, check_dtype_for, check_int, check_shape
+from .base import NUMERIC, OpDef, as_items, check_dtype_for, check_fill, check_int, check_shape, is_integer
 
 
 def pad_tensor(data, pad_before, pad_after, value=0.0, name="pad"):
     """A separate `pad` stage, so a schedule can inline or materialize it.
 
     Select evaluates both branches, so the read index is clamped into the input: the border
-    value is chosen by the condition, never by an out-of-bounds load.
+    value is chosen by the condition, never by an out-of-bounds load. `value` must be one the
+    dtype holds exactly (see check_fill).
     """
     shape = data.shape
-    if is_float(data.dtype):
-        fill = E.const(float(value), data.dtype)
-    else:
-        if float(value) != int(value):
-            raise ExprError(f"{name}: pad value {value!r} is not representable in {data.dtype}")
-        fill = E.const(int(value), data.dtype)
+    fill = E.const(check_fill(name, value, data.dtype), data.dtype)
     out_shape = tuple(s + b + a for s, b, a in zip(shape, pad_before, pad_after))
 
     def body(*idx):
@@ -49,11 +44,11 @@ def pad_tensor(data, pad_before, pad_after, value=0.0, name="pad"):
 
 
 def _norm_pads(op, pads, ndim, what):
-    if isinstance(pads, int) and not isinstance(pads, bool):
-        pads = (pads,) * ndim
-    if not isinstance(pads, (tuple, list)) or len(pads) != ndim:
+    """An int for every axis, or one per axis."""
+    items = (pads,) * ndim if is_integer(pads) else as_items(pads)
+    if items is None or len(items) != ndim:
         raise ExprError(f"{op}: {what} needs {ndim} non-negative ints, got {pads!r}")
-    return tuple(check_int(op, what, p, 0) for p in pads)
+    return tuple(check_int(op, what, p, 0) for p in items)
 
 
 def pad(shape, pad_before, pad_after, value=0.0, dtype="float32") -> OpDef:
@@ -63,8 +58,7 @@ def pad(shape, pad_before, pad_after, value=0.0, dtype="float32") -> OpDef:
     dtype = check_dtype_for(op, dtype, NUMERIC)
     before = _norm_pads(op, pad_before, len(shape), "pad_before")
     after = _norm_pads(op, pad_after, len(shape), "pad_after")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ExprError(f"{op}: value must be a number, got {value!r}")
+    value = check_fill(op, value, dtype)
     data = placeholder(shape, dtype, "data")
     out = pad_tensor(data, before, after, value)
 
@@ -75,17 +69,25 @@ def pad(shape, pad_before, pad_after, value=0.0, dtype="float32") -> OpDef:
                  flops=0, reference=reference)
 
 
+def _permutation(op, axes, nd) -> tuple:
+    """None (reverse) or a permutation of the axes, negative ones allowed -> tuple in [0, nd)."""
+    if axes is None:
+        return tuple(reversed(range(nd)))
+    items = as_items(axes)
+    if items is None or not all(is_integer(a) and -nd <= a < nd for a in items) \
+            or sorted(int(a) % nd for a in items) != list(range(nd)):
+        raise ExprError(f"{op}: axes {axes!r} is not a permutation of 0..{nd - 1}; "
+                        f"give each of the {nd} axes once, e.g. {tuple(reversed(range(nd)))}")
+    return tuple(int(a) % nd for a in items)
+
+
 def transpose(shape, axes=None, dtype="float32") -> OpDef:
     """out = numpy.transpose(x, axes); axes=None reverses them."""
     op = "transpose"
     shape = check_shape(op, shape)
     dtype = check_dtype_for(op, dtype, NUMERIC)
     nd = len(shape)
-    axes = tuple(reversed(range(nd))) if axes is None else tuple(axes)
-    valid = all(isinstance(a, int) and not isinstance(a, bool) and -nd <= a < nd for a in axes)
-    if not valid or sorted(a % nd for a in axes) != list(range(nd)):
-        raise ExprError(f"{op}: axes {axes!r} is not a permutation of 0..{nd - 1}")
-    axes = tuple(a % nd for a in axes)
+    axes = _permutation(op, axes, nd)
     data = placeholder(shape, dtype, "data")
     out_shape = tuple(shape[a] for a in axes)
 

@@ -18,8 +18,10 @@ DEFAULT_PARAMS = {
     "matmul_int8": dict(M=512, N=512, K=512),
     "dense": dict(batch=128, in_dim=1024, out_dim=1024, epilogue="relu"),
     "batch_matmul": dict(B=12, M=128, N=128, K=64),  # BERT-base attention scores
+    "dense_gelu": dict(batch=128, in_dim=768, out_dim=3072),  # BERT-base FFN
     "conv2d_nchw": dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=1),  # ResNet-50 conv2_x
     "conv2d_nhwc": dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=1),
+    "conv2d_bias_relu": dict(N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, padding=1),
     "depthwise_conv2d_nchw": dict(N=1, C=128, H=56, W=56, KH=3, KW=3, padding=1),  # MobileNet
     "max_pool2d": dict(N=1, C=64, H=112, W=112, kernel=3, stride=2, padding=1),  # ResNet stem
     "avg_pool2d": dict(N=1, C=256, H=56, W=56, kernel=2, stride=2),
@@ -43,8 +45,10 @@ SMALL_PARAMS = {
     "matmul_int8": dict(M=32, N=32, K=32),
     "dense": dict(batch=8, in_dim=32, out_dim=16, epilogue="relu"),
     "batch_matmul": dict(B=2, M=16, N=16, K=8),
+    "dense_gelu": dict(batch=8, in_dim=32, out_dim=16),
     "conv2d_nchw": dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=1),
     "conv2d_nhwc": dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=1),
+    "conv2d_bias_relu": dict(N=1, C=4, H=8, W=8, F=4, KH=3, KW=3, padding=1),
     "depthwise_conv2d_nchw": dict(N=1, C=4, H=8, W=8, KH=3, KW=3, padding=1),
     "max_pool2d": dict(N=1, C=4, H=8, W=8, kernel=3, stride=2, padding=1),
     "avg_pool2d": dict(N=1, C=4, H=8, W=8, kernel=2, stride=2),

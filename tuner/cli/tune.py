@@ -32,10 +32,12 @@ def _tasks_from_args(args):
     """[(task, opdef, weight)] of `tune`: the listed operators (default sizes, --param applied to
     each) and the entries of --workloads FILE; every one checked before anything is tuned."""
     from ..workload import Task, Workload, WorkloadError
+    from ..compute_file import load_compute_file
     from ..workload_file import read_workloads
 
-    if not args.ops and not args.workloads:
-        raise UsageError("give one or more operators (e.g. `tunefarm tune matmul`) or --workloads FILE")
+    if not args.ops and not args.workloads and not args.compute:
+        raise UsageError("give one or more operators (e.g. `tunefarm tune matmul`), --workloads FILE "
+                         "or --compute FILE.py")
     target = resolve_target(args.target)
     check_op_names(args.ops)
     listed = []
@@ -43,14 +45,16 @@ def _tasks_from_args(args):
         params = dict(DEFAULT_PARAMS.get(op, {}))
         params.update(parse_param(p) for p in args.param)
         listed.append((Workload(op, params), 1.0))
-    if args.workloads:
-        try:
+    try:
+        if args.workloads:
             listed += read_workloads(args.workloads)
-        except WorkloadError as e:
-            raise UsageError(str(e)) from None
+        for path in args.compute:
+            listed.append((load_compute_file(path), 1.0))
+    except WorkloadError as e:
+        raise UsageError(str(e)) from None
     out = []
     for workload, weight in listed:
-        opdef = make_op(workload.name, workload.params)
+        opdef = make_op(workload.name, workload.params) if workload.definition is None else workload.opdef()
         out.append((Task(workload, str(target), args.key), opdef, weight))
     keys = [opdef.workload_key() for _, opdef, _ in out]
     if len(set(keys)) != len(keys):
@@ -127,7 +131,7 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     from compiler.ops.base import random_inputs
 
     from ..apply_best import ApplyHistoryBest
-    from ..numpy_baselines import numpy_baseline, time_callable
+    from ..numpy_baselines import NUMPY_BASELINES, numpy_baseline, time_callable
 
     with ApplyHistoryBest(store):
         kernel = build_op(opdef, target)
@@ -136,12 +140,16 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     kernel(*ins, out)
     ok, why = check_output(out, opdef.reference(*ins), opdef.output.dtype)
     ours = kernel.time_evaluator(number=1, repeat=repeat, min_repeat_ms=50)(*ins, out).median
+    gf = lambda t: opdef.flops / t / 1e9  # noqa: E731
+    check = "OK" if ok else "FAIL: " + why
+    if opdef.name not in NUMPY_BASELINES:  # a user's own compute: nothing to hold it against
+        print(f"tuned kernel: {gf(ours):.3g} GFLOPS   check {check}")
+        return EXIT_OK if ok else EXIT_FAIL
     ref_fn = numpy_baseline(opdef)
     time.sleep(0.2)  # let our idle libgomp threads stop spinning before numpy's threads start
     theirs = time_callable(lambda *a: ref_fn(*a), ins, repeat=repeat, min_repeat_ms=50).median
-    gf = lambda t: opdef.flops / t / 1e9  # noqa: E731
-    print(f"tuned kernel: {gf(ours):.1f} GFLOPS   numpy: {gf(theirs):.1f} GFLOPS   "
-          f"ratio {theirs / ours:.2f}x   check {'OK' if ok else 'FAIL: ' + why}")
+    print(f"tuned kernel: {gf(ours):.3g} GFLOPS   numpy: {gf(theirs):.3g} GFLOPS   "
+          f"ratio {theirs / ours:.2f}x   check {check}")
     return EXIT_OK if ok else EXIT_FAIL
 
 
@@ -252,6 +260,9 @@ def register(sub):
     p.add_argument("ops", nargs="*", metavar="OPNAME", help="inventory operators, e.g. matmul conv2d_nchw")
     p.add_argument("--workloads", default=None, metavar="FILE",
                    help='JSON/YAML list of {"op": NAME, "params": {...}, "weight": W}')
+    p.add_argument("--compute", action="append", default=[], metavar="FILE.py",
+                   help="a Python file defining workload() -> the output tensor (your own operator); "
+                        "tuned with the sketch space and stored as data, like any other")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="parameter of the listed operators (default sizes are those of `tunefarm ops`)")
     p.add_argument("--target", default=None, help="target string (default: host)")

@@ -114,7 +114,9 @@ class BuilderPool:
 
     `initializer` (a picklable, importable function) runs in every build process: the place to
     register space kinds or workloads a process started with "spawn" would not know. Workloads
-    registered with `register_workload` whose constructor is importable are sent along anyway.
+    registered with `register_workload` whose constructor is importable are sent along anyway;
+    a workload defined as a compute DAG (`Workload.from_compute`) carries its JSON definition
+    and needs neither.
     """
 
     def __init__(self, n_workers: int | None = None, timeout: float = 20.0, initializer=None,

@@ -2,12 +2,18 @@
 
 The JSON-lines form is self-contained (workload key, name and parameters, target, device key,
 candidate, result, time), so records move between databases and machines without the importing
-side needing to rebuild the operator: custom workloads need not be registered there. Job ids are
-left out: they only mean something inside the database that made them.
+side needing to rebuild the operator: custom workloads need not be registered there. A workload
+defined as a compute DAG carries its definition, so its kernels can be rebuilt from the line
+alone; on import the definition must give the line's workload key. Job ids are left out: they
+only mean something inside the database that made them.
+
+Format versions: 2 added `workload.definition`. A line without one is still written as version
+1, so an older tunefarm keeps importing the records it can use.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from datetime import datetime, timezone
@@ -18,7 +24,7 @@ from ..workload import Workload
 from .models import RecordRow, TaskRow, WorkloadRow
 from .values import Record, StoreError, utcnow
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def mean_cost_column(result: MeasureResult) -> float | None:
@@ -56,11 +62,15 @@ def _error_code(value: int):
         return value
 
 
+def to_workload(row: WorkloadRow) -> Workload:
+    return Workload(row.name, dict(row.params), row.definition)
+
+
 def to_record(row: RecordRow, task: TaskRow, workload: WorkloadRow) -> Record:
     result = MeasureResult(costs=list(row.costs), error_code=_error_code(row.error_code),
                            error_msg=row.error_msg, build_seconds=row.build_seconds,
                            run_seconds=row.run_seconds, measured_by=row.measured_by)
-    return Record(workload_key=workload.key, workload=Workload(workload.name, dict(workload.params)),
+    return Record(workload_key=workload.key, workload=to_workload(workload),
                   target=task.target, device_key=task.device_key,
                   candidate=Candidate.from_json(row.candidate), result=result,
                   job_id=row.job_id, created_at=row.created_at, id=row.id, retimed_cost=row.retimed_cost)
@@ -69,7 +79,7 @@ def to_record(row: RecordRow, task: TaskRow, workload: WorkloadRow) -> Record:
 def to_line(record: Record) -> str:
     r = record.result
     return json.dumps({
-        "v": FORMAT_VERSION,
+        "v": FORMAT_VERSION if record.workload.definition is not None else 1,
         "workload_key": record.workload_key,
         "workload": record.workload.to_json(),
         "target": record.target,
@@ -103,15 +113,32 @@ def _check(value, kind, name):
     return value
 
 
+@functools.lru_cache(maxsize=64)
+def _definition_key(name: str, definition_text: str) -> str:
+    """Workload key of a DAG definition (records of one workload share it: parsed once)."""
+    return Workload(name, {}, json.loads(definition_text)).key
+
+
 def _from_obj(d) -> Record:
     _check(d, dict, "the line")
-    if d.get("v", FORMAT_VERSION) != FORMAT_VERSION:
-        raise ValueError(f"unsupported format version {d['v']!r} (this tunefarm reads {FORMAT_VERSION})")
+    version = d.get("v", 1)
+    if isinstance(version, bool) or version not in range(1, FORMAT_VERSION + 1):
+        raise ValueError(f"unsupported format version {version!r} (this tunefarm reads 1 to {FORMAT_VERSION}; "
+                         "a newer one wrote it)")
     key = _check(d["workload_key"], str, "workload_key")
     if not key or len(key) > 64:
         raise ValueError("workload_key must be 1 to 64 characters")
     wl, cand, res = (_check(d[k], dict, k) for k in ("workload", "candidate", "result"))
-    workload = Workload(_check(wl["name"], str, "workload.name"), _check(wl.get("params", {}), dict, "workload.params"))
+    name = _check(wl["name"], str, "workload.name")
+    params = _check(wl.get("params", {}), dict, "workload.params")
+    definition = wl.get("definition")
+    if definition is not None:
+        _check(definition, dict, "workload.definition")
+        defined_key = _definition_key(name, json.dumps(definition, sort_keys=True))
+        if defined_key != key:
+            raise ValueError(f"workload.definition is the DAG of workload {defined_key}, not of the line's "
+                             f"workload_key {key}")
+    workload = Workload(name, params, definition)
     candidate = Candidate(_check(cand["kind"], str, "candidate.kind"), _check(cand["payload"], dict, "candidate.payload"))
     costs = [float(_check(c, Real, "result.costs[]")) for c in _check(res["costs"], list, "result.costs")]
     code = _check(res["error_code"], int, "result.error_code")

@@ -117,7 +117,8 @@ class SQLRecordsStore(RecordsStore):
     def _task_id(self, s: Session, key: str, workload: Workload, target: str, device_key: str,
                  canonical: str | None = None) -> int:
         insert_ignore(s, WorkloadRow.__table__, {"key": key, "name": workload.name, "params": workload.params,
-                                                 "canonical": canonical, "created_at": utcnow()}, ["key"])
+                                                 "canonical": canonical, "definition": workload.definition,
+                                                 "created_at": utcnow()}, ["key"])
         where = dict(workload_key=key, target=target, device_key=device_key)
         insert_ignore(s, TaskRow.__table__, where, list(where))
         return s.execute(select(TaskRow.id).filter_by(**where)).scalar_one()

@@ -1,0 +1,291 @@
+"""Operators as tensor functions (like TVM's TOPI): Tensors in, a Tensor out, composable.
+
+    y = relu(bias_add(conv2d_nchw(x, w, stride=2, padding=1), b))
+
+The inventory's OpDefs (conv.py, matmul.py, elementwise.py) are built from these functions: an
+OpDef adds parameter checks named after the operator, an exact numpy reference and a flop count
+around a composition of them. A user's compute file composes them the same way.
+
+Each function checks that its tensors fit together (ranks, channels, dtypes) and raises
+ExprError naming the function, and adds one stage (a convolution with padding adds two: "pad",
+then the convolution). `name` names that stage: default schedules, templates and sketch
+parameters find stages by name, so the defaults are the names the inventory's stages have.
+`bias_add(..., activation=...)` applies bias and activation in one stage, the epilogue form
+that a GEMM or convolution schedule fuses into its register tile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import expr as E
+from ..dtypes import is_int
+from ..errors import ExprError
+from ..tensor import Tensor, compute, reduce_axis
+from ..tensor import sum as te_sum
+from .base import FLOAT, NUMERIC, check_axis, check_dtype_for, check_int, check_pair, check_padding, \
+    conv_out_size, window_index
+from .transform import pad_tensor
+
+CONV_DTYPES = ("float32", "float64", "int8")
+MATMUL_DTYPES = ("float32", "float64", "int8", "int32")
+ACTIVATIONS = {"none": lambda v: v, "relu": lambda v: E.maximum(v, 0), "gelu": E.gelu}
+
+
+# ----------------------------------------------------------------------------- checks shared with the OpDefs
+
+def conv_geometry(op, H, W, KH, KW, stride, padding, dilation) -> tuple:
+    """(stride, pads (top, left, bottom, right), dilation, OH, OW) of a 2-d window."""
+    sh, sw = check_pair(op, "stride", stride)
+    dh, dw = check_pair(op, "dilation", dilation)
+    pads = check_padding(op, padding)
+    OH = conv_out_size(op, "height", H, KH, sh, pads[0] + pads[2], dh)
+    OW = conv_out_size(op, "width", W, KW, sw, pads[1] + pads[3], dw)
+    return (sh, sw), pads, (dh, dw), OH, OW
+
+
+def check_groups(op, C, F, groups) -> int:
+    groups = check_int(op, "groups", groups)
+    if C % groups or F % groups:
+        raise ExprError(f"{op}: groups={groups} must divide both input channels C={C} and filters F={F}")
+    return groups
+
+
+def acc_dtype(op, dtype, out_dtype=None) -> str:
+    """The output dtype of a product: int8 accumulates into int32 (an int8 sum would overflow
+    after a few terms); an explicit out_dtype must be of the same kind as the inputs."""
+    if out_dtype is None:
+        out_dtype = "int32" if dtype == "int8" else dtype
+    out_dtype = check_dtype_for(op, out_dtype, ("float32", "float64", "int32", "int64"), "out_dtype")
+    if is_int(dtype) != is_int(out_dtype):
+        raise ExprError(f"{op}: out_dtype {out_dtype} must be an {'int' if is_int(dtype) else 'float'} "
+                        f"type for {dtype} inputs")
+    return out_dtype
+
+
+def broadcast_shape(op, shape_a, shape_b) -> tuple:
+    try:
+        return tuple(int(s) for s in np.broadcast_shapes(shape_a, shape_b))
+    except ValueError:
+        raise ExprError(f"{op}: shapes {shape_a} and {shape_b} cannot be broadcast together") from None
+
+
+def _tensor(op, what, t, ndim=None):
+    if not isinstance(t, Tensor):
+        raise ExprError(f"{op}: {what} must be a Tensor, got {type(t).__name__}")
+    if ndim is not None and t.ndim != ndim:
+        raise ExprError(f"{op}: {what} must be {ndim}-d, got shape {t.shape}")
+
+
+def _dtype(op, tensors, allowed) -> str:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise ExprError(f"{op}: {' and '.join(t.name for t in tensors)} have different dtypes "
+                        f"({', '.join(t.dtype for t in tensors)}); cast one first")
+    return check_dtype_for(op, dtypes.pop(), allowed)
+
+
+def _channel_check(op, what, got, want, why=""):
+    if got != want:
+        raise ExprError(f"{op}: {what} is {got}, expected {want}{why}")
+
+
+# ----------------------------------------------------------------------------- convolutions
+
+def _mul(a, b, out_dtype):
+    return a.astype(out_dtype) * b.astype(out_dtype)
+
+
+def _group_channel(f, rc, C, F, groups):
+    """Input channel read for output channel f: (f // (F/groups)) * (C/groups) + rc."""
+    if groups == 1:
+        return rc.var
+    fpg, cpg = F // groups, C // groups
+    g = f if fpg == 1 else f // fpg
+    return g * cpg + rc.var if cpg != 1 else g + rc.var
+
+
+def conv2d_nchw(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nchw") -> Tensor:
+    """out[n,f,y,x] = Σ data[n, c, y·sh + ry·dh - pt, x·sw + rx·dw - pl] · weight[f, c', ry, rx];
+    data [N, C, H, W], weight [F, C/groups, KH, KW]; int8 accumulates into int32."""
+    op = "conv2d_nchw"
+    _tensor(op, "data", data, 4)
+    _tensor(op, "weight", weight, 4)
+    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
+    (N, C, H, W), (F, cpg, KH, KW) = data.shape, weight.shape
+    groups = check_groups(op, C, F, groups)
+    _channel_check(op, "weight.shape[1] (input channels per group)", cpg, C // groups, f" (C={C} / groups={groups})")
+    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
+    padded = pad_tensor(data, (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])) if any(pads) else data
+    rc, ry, rx = reduce_axis(cpg, "rc"), reduce_axis(KH, "ry"), reduce_axis(KW, "rx")
+
+    def body(n, f, y, x):
+        v = padded[n, _group_channel(f, rc, C, F, groups), window_index(y, stride[0], ry, dil[0]),
+                   window_index(x, stride[1], rx, dil[1])]
+        return te_sum(_mul(v, weight[f, rc, ry, rx], out_dtype), axis=[rc, ry, rx])
+
+    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, groups=groups)
+    return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
+
+
+def conv2d_nhwc(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nhwc") -> Tensor:
+    """NHWC data [N, H, W, C], HWIO weight [KH, KW, C/groups, F], NHWC output; int8 accumulates
+    into int32."""
+    op = "conv2d_nhwc"
+    _tensor(op, "data", data, 4)
+    _tensor(op, "weight", weight, 4)
+    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
+    (N, H, W, C), (KH, KW, cpg, F) = data.shape, weight.shape
+    groups = check_groups(op, C, F, groups)
+    _channel_check(op, "weight.shape[2] (input channels per group)", cpg, C // groups, f" (C={C} / groups={groups})")
+    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
+    padded = pad_tensor(data, (0, pads[0], pads[1], 0), (0, pads[2], pads[3], 0)) if any(pads) else data
+    ry, rx, rc = reduce_axis(KH, "ry"), reduce_axis(KW, "rx"), reduce_axis(cpg, "rc")
+
+    def body(n, y, x, f):
+        v = padded[n, window_index(y, stride[0], ry, dil[0]), window_index(x, stride[1], rx, dil[1]),
+                   _group_channel(f, rc, C, F, groups)]
+        return te_sum(_mul(v, weight[ry, rx, rc, f], out_dtype), axis=[ry, rx, rc])
+
+    attrs = dict(layout="NHWC", stride=stride, padding=pads, dilation=dil, groups=groups)
+    return compute((N, OH, OW, F), body, name=name, tag=op, attrs=attrs)
+
+
+def depthwise_conv2d_nchw(data, weight, stride=1, padding=0, dilation=1,
+                          name="depthwise_conv2d_nchw") -> Tensor:
+    """Each input channel c gets `multiplier` filters: weight [C, multiplier, KH, KW], output
+    channel c·multiplier + m (the TVM/PyTorch order)."""
+    op = "depthwise_conv2d_nchw"
+    _tensor(op, "data", data, 4)
+    _tensor(op, "weight", weight, 4)
+    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
+    (N, C, H, W), (WC, mult, KH, KW) = data.shape, weight.shape
+    _channel_check(op, "weight.shape[0]", WC, C, " (the data's channels)")
+    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
+    padded = pad_tensor(data, (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])) if any(pads) else data
+    ry, rx = reduce_axis(KH, "ry"), reduce_axis(KW, "rx")
+
+    def body(n, oc, y, x):
+        c, m = (oc, 0) if mult == 1 else (oc // mult, oc % mult)
+        v = padded[n, c, window_index(y, stride[0], ry, dil[0]), window_index(x, stride[1], rx, dil[1])]
+        return te_sum(_mul(v, weight[c, m, ry, rx], out_dtype), axis=[ry, rx])
+
+    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, multiplier=mult)
+    return compute((N, C * mult, OH, OW), body, name=name, tag=op, attrs=attrs)
+
+
+# ----------------------------------------------------------------------------- matrix products
+
+def matmul(a, b, transpose_b=False, out_dtype=None, name="matmul") -> Tensor:
+    """C[M,N] = A[M,K] @ B[K,N] (B is [N,K] with transpose_b); int8 accumulates into int32."""
+    op = "matmul"
+    _tensor(op, "a", a, 2)
+    _tensor(op, "b", b, 2)
+    out_dtype = acc_dtype(op, _dtype(op, [a, b], MATMUL_DTYPES), out_dtype)
+    (M, K), (N, KB) = a.shape, (b.shape if transpose_b else b.shape[::-1])
+    _channel_check(op, f"the reduction length of b{' (transposed)' if transpose_b else ''}", KB, K, " (as a's)")
+    k = reduce_axis(K, "k")
+
+    def term(i, j):
+        x, y = a[i, k], (b[j, k] if transpose_b else b[k, j])
+        return x.astype(out_dtype) * y.astype(out_dtype)
+
+    return compute((M, N), lambda i, j: te_sum(term(i, j), axis=k), name=name, tag="matmul")
+
+
+def batch_matmul(a, b, transpose_b=False, out_dtype=None, name="batch_matmul") -> Tensor:
+    """C[b,M,N] = A[b,M,K] @ B[b,K,N] (B is [b,N,K] with transpose_b)."""
+    op = "batch_matmul"
+    _tensor(op, "a", a, 3)
+    _tensor(op, "b", b, 3)
+    out_dtype = acc_dtype(op, _dtype(op, [a, b], MATMUL_DTYPES), out_dtype)
+    (B, M, K), (BB, N, KB) = a.shape, (b.shape if transpose_b else (b.shape[0], b.shape[2], b.shape[1]))
+    _channel_check(op, "the batch of b", BB, B, " (as a's)")
+    _channel_check(op, f"the reduction length of b{' (transposed)' if transpose_b else ''}", KB, K, " (as a's)")
+    k = reduce_axis(K, "k")
+    lhs, rhs = a, b  # the stage's axes are named b, i, j, which shadows `b`
+
+    def body(b, i, j):
+        w = rhs[b, j, k] if transpose_b else rhs[b, k, j]
+        return te_sum(lhs[b, i, k].astype(out_dtype) * w.astype(out_dtype), axis=k)
+
+    return compute((B, M, N), body, name=name, tag="batch_matmul")
+
+
+def dense(data, weight, name="dense_matmul") -> Tensor:
+    """out[i,j] = Σk data[i,k] · weight[j,k] (weight [out_dim, in_dim]); float dtypes (an
+    integer product needs a wider accumulator: use matmul with transpose_b and out_dtype)."""
+    op = "dense"
+    _tensor(op, "data", data, 2)
+    _tensor(op, "weight", weight, 2)
+    _dtype(op, [data, weight], FLOAT)
+    _channel_check(op, "weight.shape[1] (in_dim)", weight.shape[1], data.shape[1], " (as data's)")
+    k = reduce_axis(data.shape[1], "k")
+    return compute((data.shape[0], weight.shape[0]), lambda i, j: te_sum(data[i, k] * weight[j, k], axis=k),
+                   name=name, tag="dense")
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+def broadcast_read(t, out_idx):
+    """Read `t` at the numpy-broadcast position of output index `out_idx` (size-1 dims read 0)."""
+    lead = len(out_idx) - t.ndim
+    return t[tuple(0 if s == 1 else out_idx[lead + d] for d, s in enumerate(t.shape))]
+
+
+def _broadcast(op, fn, a, b, name) -> Tensor:
+    _tensor(op, "a", a)
+    _tensor(op, "b", b)
+    _dtype(op, [a, b], NUMERIC)
+    shape = broadcast_shape(op, a.shape, b.shape)
+    return compute(shape, lambda *i: fn(broadcast_read(a, i), broadcast_read(b, i)), name=name,
+                   tag="broadcast" if a.shape != b.shape else "elemwise")
+
+
+def add(a, b, name="add") -> Tensor:
+    """a + b with numpy broadcasting."""
+    return _broadcast("add", lambda x, y: x + y, a, b, name)
+
+
+def multiply(a, b, name="mul") -> Tensor:
+    """a * b with numpy broadcasting."""
+    return _broadcast("mul", lambda x, y: x * y, a, b, name)
+
+
+def _unary(op, fn, x, allowed, name) -> Tensor:
+    _tensor(op, "x", x)
+    check_dtype_for(op, x.dtype, allowed)
+    return compute(x.shape, lambda *i: fn(x[i]), name=name, tag="elemwise")
+
+
+def relu(x, name="relu") -> Tensor:
+    """max(x, 0)."""
+    return _unary("relu", ACTIVATIONS["relu"], x, NUMERIC, name)
+
+
+def gelu(x, name="gelu") -> Tensor:
+    """Exact GELU, 0.5·x·(1 + erf(x/√2))."""
+    return _unary("gelu", ACTIVATIONS["gelu"], x, FLOAT, name)
+
+
+def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadcast") -> Tensor:
+    """activation(data + bias broadcast along `axis`) in one stage; bias is [data.shape[axis]].
+
+    With an activation this is the epilogue of a fused operator (conv2d_bias_relu, dense): the
+    operator's schedule computes the product per register tile and this stage stores it."""
+    op = "bias_add"
+    _tensor(op, "data", data)
+    _tensor(op, "bias", bias, 1)
+    axis = check_axis(op, axis, data.ndim)
+    dtype = _dtype(op, [data, bias], NUMERIC)
+    known = isinstance(activation, str) and activation in ACTIVATIONS
+    if not known or (activation == "gelu" and dtype not in FLOAT):
+        raise ExprError(f"{op}: activation must be one of {', '.join(ACTIVATIONS)} (gelu for float dtypes), "
+                        f"got {activation!r}")
+    _channel_check(op, "bias.shape[0]", bias.shape[0], data.shape[axis], f" (data.shape[{axis}])")
+    act = ACTIVATIONS[activation]
+    return compute(data.shape, lambda *i: act(data[i] + bias[i[axis]]), name=name, tag=tag)
+
+
+__all__ = ["conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
+           "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]
