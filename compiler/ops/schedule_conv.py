@@ -15,7 +15,7 @@ FB·YB·XB/lanes FMAs.
   stride vector loads. For a column stride s > 1 the padded input is first copied into
   [.., h, w % s, w // s] order (two blocked cache_reads) so those loads stay unit-stride.
 
-Tile choice (_pick_tile): the vector length is 1 or 2 full registers dividing the axis (or 7
+Tile choice (pick_tile): the vector length is 1 or 2 full registers dividing the axis (or 7
 of 8 lanes for 7/14/28-wide rows); as many accumulators as the target's register file holds
 beside the operands (12 of AVX2's 16 registers, 28 of 32), scored by a small throughput model
 (FMAs per cycle of the target's pipes, loads per step, FMA latency). A vector
@@ -39,7 +39,7 @@ LOADS_PER_CYCLE = 2  # load ports of the x86 and Neoverse cores the cpu table li
 MAX_UNROLLED_TAPS = 8  # a reduction loop this short is unrolled whole
 
 
-def _vector_tiles(extent: int, vl: int) -> list:
+def vector_tiles(extent: int, vl: int) -> list:
     """Candidate vector lengths along an output axis: 2 or 1 full registers when they divide
     the axis, a divisor of at least half a register (7 of 8 lanes for a 28- or 7-wide row), or
     else one register with an overhanging tail. Accumulators of other lengths (24, 28 lanes) do
@@ -54,7 +54,7 @@ def _vector_tiles(extent: int, vl: int) -> list:
     return out or [vl]
 
 
-def _pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps) -> tuple:
+def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps) -> tuple:
     """(vector length, unroll factors of the non-vector tile axes `dims`).
 
     `dims` = [(extent, cap, may_overhang)]: a factor ≤ cap, a divisor of the extent unless the
@@ -97,7 +97,7 @@ def _combos(dims):
                 yield (d,) + tail
 
 
-def _unroll_inner_reduction(stage, rax):
+def unroll_inner_reduction(stage, rax):
     """Unroll the innermost non-trivial reduction loop (a 3-tap row fully, a long channel loop
     by 4): fewer loop branches between the tile's FMAs, +10-15% on 1x1 convolutions."""
     inner = [a for a in rax if a.extent > 1]
@@ -114,7 +114,7 @@ def _unroll_inner_reduction(stage, rax):
         stage.unroll(ai)
 
 
-def _weights_dominate(opdef) -> bool:
+def weights_dominate(opdef) -> bool:
     """Walk the output-channel tiles outermost when the weights are the bigger operand (deep
     layers: 9.4 MB of 3x3x512x512 weights against a 100 KB input), so each channel block's
     weights are read from memory once while every spatial tile uses them from L2; otherwise
@@ -130,7 +130,7 @@ def _prod(xs):
     return p
 
 
-def _materialize_pad(s, target):
+def materialize_pad(s, target):
     for st in s.stages:
         if st.op.name == "pad":
             schedule_pad_stage(st, target)
@@ -150,16 +150,16 @@ def schedule_conv_nchw(opdef, target=None) -> Schedule:
     # for each of the KW unrolled taps; rows that overhang cost more than their waste (more row
     # pointers live), channels do not
     taps = KW if KW <= MAX_UNROLLED_TAPS else 1
-    XB, (FB, YB) = _pick_tile(_vector_tiles(OW, vl), vl, [(F, min(fpg, 16), True), (OH, 8, False)],
+    XB, (FB, YB) = pick_tile(vector_tiles(OW, vl), vl, [(F, min(fpg, 16), True), (OH, 8, False)],
                               lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                               target.capabilities)
-    order = [1, 2, 3] if opdef.name != "conv2d_nchw" or _weights_dominate(opdef) else [3, 2, 1]
+    order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
     acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order)
     sw = opdef.params["stride"][1]
     if sw > 1:
-        _deinterleave_columns(s, acc, opdef.inputs[0], sw, target)
+        deinterleave_padded_columns(s, acc, opdef.inputs[0], sw, target)
     else:
-        _materialize_pad(s, target)
+        materialize_pad(s, target)
     return s
 
 
@@ -178,7 +178,8 @@ def deinterleave_columns(s, acc, data, sw: int, pad):
     return s[packed]
 
 
-def _deinterleave_columns(s, acc, data, sw: int, target):
+def deinterleave_padded_columns(s, acc, data, sw: int, target):
+    """deinterleave_columns of the conv's pad stage (if any), the copy scheduled like a pad."""
     pad = next((st for st in s.stages if st.op.name == "pad"), None)
     schedule_pad_stage(deinterleave_columns(s, acc, data, sw, pad), target)
 
@@ -188,16 +189,16 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
     target = resolve_target(target)
     out = opdef.output
     s = create_schedule(out)
-    _materialize_pad(s, target)
+    materialize_pad(s, target)
     vl = lanes(target, out.dtype)
     N, OH, OW, F = out.shape
     groups = opdef.params.get("groups", 1)
     fpg = F // groups
     # per step: YB·XB input broadcasts (one live at a time) and fregs weight vectors (all live)
-    FB, (XB, YB) = _pick_tile(_vector_tiles(fpg if groups > 1 else F, vl), vl,
+    FB, (XB, YB) = pick_tile(vector_tiles(fpg if groups > 1 else F, vl), vl,
                               [(OW, 8, True), (OH, 4, True)],
                               lambda r, c: (c[0] * c[1] + r, r), target.capabilities)
-    order = [3, 1, 2] if _weights_dominate(opdef) else [1, 2, 3]
+    order = [3, 1, 2] if weights_dominate(opdef) else [1, 2, 3]
     acc = _register_tile(s, out, [(1, YB), (2, XB)], 3, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0)
     # HWIO weights packed into [F/FB][KH][KW][C][FB] panels: a tile's weights become one
@@ -258,7 +259,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     for d, _ in unrolled:
         cst.unroll(cax[d])
     cst.vectorize(cax[vec_dim])
-    _unroll_inner_reduction(cst, rax)
+    unroll_inner_reduction(cst, rax)
     # one loop over all tiles: parallel, and the reduction is computed inside it
     loop = fuse_all(st, outer_loops)
     cst.compute_at(st, loop)
@@ -267,4 +268,6 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns"]
+__all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
+           "deinterleave_padded_columns", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
+           "unroll_inner_reduction"]

@@ -18,8 +18,8 @@ from dataclasses import replace
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, want_parallel
-from .schedule_conv import (MAX_UNROLLED_TAPS, _deinterleave_columns, _materialize_pad, _pick_tile,
-                            _unroll_inner_reduction, _vector_tiles, _weights_dominate, split_output_tile)
+from .schedule_conv import (MAX_UNROLLED_TAPS, deinterleave_padded_columns, materialize_pad, pick_tile,
+                            unroll_inner_reduction, vector_tiles, weights_dominate, split_output_tile)
 from .schedule_gemm import schedule_gemm
 
 
@@ -34,11 +34,11 @@ def schedule_conv_bias_relu(opdef, target=None) -> Schedule:
     KW, groups = opdef.params["KW"], opdef.params["groups"]
     # the tile choice of schedule_conv_nchw: see its cost model
     taps = KW if KW <= MAX_UNROLLED_TAPS else 1
-    XB, (FB, YB) = _pick_tile(_vector_tiles(OW, vl), vl, [(F, min(F // groups, 16), True), (OH, 8, False)],
+    XB, (FB, YB) = pick_tile(vector_tiles(OW, vl), vl, [(F, min(F // groups, 16), True), (OH, 8, False)],
                               lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                               target.capabilities)
     # data and weight decide the loop order, not the bias
-    order = [1, 2, 3] if _weights_dominate(replace(opdef, inputs=opdef.inputs[:2])) else [3, 2, 1]
+    order = [1, 2, 3] if weights_dominate(replace(opdef, inputs=opdef.inputs[:2])) else [3, 2, 1]
 
     st = s[out]
     unrolled = [(1, FB), (2, YB)]
@@ -52,7 +52,7 @@ def schedule_conv_bias_relu(opdef, target=None) -> Schedule:
     for d, _ in unrolled:
         conv.unroll(cax[d])
     conv.vectorize(cax[3])
-    _unroll_inner_reduction(conv, rax)
+    unroll_inner_reduction(conv, rax)
     loop = fuse_all(st, outer_loops)
     conv.compute_at(st, loop)
     if want_parallel(target, opdef.flops) and loop.extent > 1:
@@ -60,9 +60,9 @@ def schedule_conv_bias_relu(opdef, target=None) -> Schedule:
 
     sw = opdef.params["stride"][1]
     if sw > 1:
-        _deinterleave_columns(s, conv, opdef.inputs[0], sw, target)
+        deinterleave_padded_columns(s, conv, opdef.inputs[0], sw, target)
     else:
-        _materialize_pad(s, target)
+        materialize_pad(s, target)
     return s
 
 

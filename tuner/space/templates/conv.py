@@ -65,7 +65,7 @@ def _vector_choices(extent: int, base: int) -> list:
     sc = _defaults()
     if sc is not None:
         for vl in (max(1, base // 2), base, 2 * base):
-            out += [v for v in sc._vector_tiles(extent, vl) if v <= MAX_LANES]
+            out += [v for v in sc.vector_tiles(extent, vl) if v <= MAX_LANES]
     return sorted(set(out))
 
 
@@ -219,11 +219,11 @@ def _conv_nchw(cfg, opdef, target):
     XB, FB, YB, f_first = base, 1, 1, True
     if sc is not None:
         taps = KW if KW <= MAX_UNROLLED_TAPS else 1
-        XB, (FB, YB) = sc._pick_tile(sc._vector_tiles(OW, lanes), lanes,
+        XB, (FB, YB) = sc.pick_tile(sc.vector_tiles(OW, lanes), lanes,
                                      [(F, min(fpg, 16), True), (OH, 8, False)],
                                      lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                                      target.capabilities)
-        f_first = depthwise or sc._weights_dominate(opdef)
+        f_first = depthwise or sc.weights_dominate(opdef)
     xs = _vector_choices(OW, base)
     if XB not in xs and XB <= MAX_LANES:
         xs.append(XB)
@@ -297,10 +297,10 @@ def conv2d_nhwc(cfg, opdef, target):
     sc = _defaults()
     FB, XB, YB, f_outer = base, 1, 1, False
     if sc is not None:
-        FB, (XB, YB) = sc._pick_tile(sc._vector_tiles(vec_extent, lanes), lanes,
+        FB, (XB, YB) = sc.pick_tile(sc.vector_tiles(vec_extent, lanes), lanes,
                                      [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                                      target.capabilities)
-        f_outer = sc._weights_dominate(opdef)
+        f_outer = sc.weights_dominate(opdef)
     fs = _vector_choices(vec_extent, base)
     if FB not in fs and FB <= MAX_LANES:
         fs.append(FB)
