@@ -15,8 +15,8 @@ PROTO_DIR = Path(__file__).resolve().parent / "rpc_tracker" / "proto"
 
 
 def compile_protos() -> None:
-    from grpc_tools import protoc
     import grpc_tools
+    from grpc_tools import protoc
 
     include = str(Path(grpc_tools.__file__).resolve().parent / "_proto")
     root = PROTO_DIR.parent.parent

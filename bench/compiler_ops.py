@@ -5,7 +5,8 @@ against the operator's float64 reference first, then it and a numpy version writ
 user would write it (float32; an im2col + matmul for convolutions) are timed interleaved:
 `--rounds` rounds of (ours, numpy), each the median of a few calls, and the median over rounds
 is reported. Each measurement starts after a short sleep: the worker threads of OpenBLAS and
-of libgomp busy-wait after a call, and would otherwise halve the other side's parallel speed. Prints a table, and as its last line one JSON object:
+of libgomp busy-wait after a call, and would otherwise halve the other side's parallel speed.
+Prints a table, and as its last line one JSON object:
 {"speedup_vs_numpy": {op: numpy_time / our_time}, "gflops": {op: ... or null}, ...}.
 
     .venv/bin/python bench/compiler_ops.py [--rounds 5] [--only conv2d_nchw,softmax]
@@ -26,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import compiler  # noqa: E402
 from compiler.ops import build_op, get_op, random_inputs  # noqa: E402
-
 
 # ----------------------------------------------------------------------------- numpy versions
 

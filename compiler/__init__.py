@@ -12,17 +12,46 @@ from importlib import import_module
 
 from . import expr
 from .canonical import canonical_text, workload_key
-from .errors import (ArgumentError, CompilerError, DTypeError, ExportError, ExprError, KernelLoadError,
-                     KernelRuntimeError, LoweringError, ScheduleError, TargetError)
-from .expr import (cast, ceil, const, equal, erf, exp, floor, floordiv, floormod, gelu, if_then_else,
-                   log, maximum, minimum, not_equal, power, select, sigmoid, sqrt, tanh)
-from .expr import abs  # noqa: A004
+from .errors import (
+    ArgumentError,
+    CompilerError,
+    DTypeError,
+    ExportError,
+    ExprError,
+    KernelLoadError,
+    KernelRuntimeError,
+    LoweringError,
+    ScheduleError,
+    TargetError,
+)
+from .expr import (
+    abs,  # noqa: A004
+    cast,
+    ceil,
+    const,
+    equal,
+    erf,
+    exp,
+    floor,
+    floordiv,
+    floormod,
+    gelu,
+    if_then_else,
+    log,
+    maximum,
+    minimum,
+    not_equal,
+    power,
+    select,
+    sigmoid,
+    sqrt,
+    tanh,
+)
 from .lower import lower
 from .schedule import Schedule, Stage, create_schedule
 from .schedule_steps import apply_steps, steps_from_json, steps_to_json
 from .target import Target
-from .tensor import Tensor, compute, placeholder, reduce_axis
-from .tensor import max, min, sum  # noqa: A004
+from .tensor import Tensor, compute, max, min, placeholder, reduce_axis, sum  # noqa: A004
 
 __version__ = "0.1.0"
 
@@ -42,3 +71,15 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "expr", "canonical_text", "workload_key",
+    "ArgumentError", "CompilerError", "DTypeError", "ExportError", "ExprError", "KernelLoadError",
+    "KernelRuntimeError", "LoweringError", "ScheduleError", "TargetError",
+    "abs", "cast", "ceil", "const", "equal", "erf", "exp", "floor", "floordiv", "floormod", "gelu",
+    "if_then_else", "log", "maximum", "minimum", "not_equal", "power", "select", "sigmoid", "sqrt", "tanh",
+    "lower", "Schedule", "Stage", "create_schedule", "apply_steps", "steps_from_json", "steps_to_json",
+    "Target", "Tensor", "compute", "placeholder", "reduce_axis", "max", "min", "sum",
+    *_LAZY,
+]

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .expr import (INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not, Select, Var,
-                   children, rebuild)
+from .expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild
 
 
 class Lin:
@@ -325,7 +324,7 @@ def bound(e: Expr, relax: dict, ranges: dict):
     if lin is None:
         return None
     lo, hi = Lin({}, lin.const), Lin({}, lin.const)
-    for key, (atom, c) in lin.terms.items():
+    for atom, c in lin.terms.values():
         r = _atom_bound(atom, relax, ranges)
         if r is None:
             return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from . import arith
 from .errors import LoweringError
-from .expr import (INDEX_DTYPE, Binary, Compare, Const, Logical, Not, Select, children, rebuild)
+from .expr import INDEX_DTYPE, Binary, Compare, Const, Logical, Not, Select, children, rebuild
 from .loop_ir import format_expr
 from .tensor import Reduce, TensorRead
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from .expr import Binary, Call, Cast, Compare, Const, Logical, Not, Select, Var
-from .tensor import ComputeOp, PlaceholderOp, Reduce, TensorRead, topo_order
+from .tensor import PlaceholderOp, Reduce, TensorRead, topo_order
 
 
 def canonical_text(outputs) -> str:

@@ -20,9 +20,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import arith
-from .expr import (Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, walk)
-from .loop_ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt,
-                      Store, walk_stmts)
+from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, walk
+from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt, Store, walk_stmts
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()

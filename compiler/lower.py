@@ -19,8 +19,7 @@ from . import arith
 from .bounds import checked_body
 from .errors import LoweringError, ScheduleError
 from .expr import INDEX_DTYPE, Binary, Const, Select, Var, substitute, transform, walk
-from .loop_ir import (Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq,
-                      stmt_children, walk_stmts)
+from .loop_ir import Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq, stmt_children, walk_stmts
 from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from .tensor import PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
 

@@ -11,11 +11,21 @@ schedule can be stored as JSON and replayed on a fresh, structurally equal defin
 
 from __future__ import annotations
 
-from .errors import ScheduleError
-from .tensor import (ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, compute, reduce_axis,
-                     reduce_identity, topo_order)
-from .expr import Const, transform
 from . import expr as E
+from .errors import ScheduleError
+from .expr import Const, transform
+from .tensor import (
+    ComputeOp,
+    IterVar,
+    PlaceholderOp,
+    Reduce,
+    Tensor,
+    TensorRead,
+    compute,
+    reduce_axis,
+    reduce_identity,
+    topo_order,
+)
 
 MAX_VECTOR_LANES = 64  # checked at lowering, once bound inference has fixed the extents
 ANNOTATIONS = ("vectorize", "parallel", "unroll")

@@ -107,10 +107,9 @@ class Target:
         h = Target.host()
         return self.triple == h.triple and self.cpu == h.cpu
 
-    @lru_cache(maxsize=None)
     def target_machine(self):
         """The (shared) LLVM target machine used to compile for this target."""
-        return self.new_target_machine()
+        return _shared_target_machine(self)
 
     def new_target_machine(self):
         """A fresh target machine; an MCJIT engine takes ownership of the one it is given."""
@@ -269,3 +268,9 @@ def _host_caches() -> dict:
 @lru_cache(maxsize=256)
 def _parse_target(text: str) -> tuple:
     return Target._from_string_uncached(text)._fields()
+
+
+@lru_cache(maxsize=64)
+def _shared_target_machine(target: Target):
+    """One target machine per target (targets compare and hash by their string)."""
+    return target.new_target_machine()

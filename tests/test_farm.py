@@ -26,8 +26,7 @@ from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 from rpc_tracker.server import TrackerConfig, start_tracker
 from tuner.candidate import Candidate, ErrorCode
-from tuner.measure import (BuilderPool, BuildResult, FarmAuthError, FarmError, FarmRequestError, LocalRunner,
-                           RPCRunner)
+from tuner.measure import BuilderPool, BuildResult, FarmAuthError, FarmError, FarmRequestError, LocalRunner, RPCRunner
 from tuner.records import open_store
 from tuner.tune import tune
 from tuner.workload import Task, Workload

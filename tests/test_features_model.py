@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from matmul_trace import matmul_knob_trace
 
 from compiler import build, create_schedule, lower
 from compiler.ops.matmul import matmul
@@ -22,8 +23,6 @@ from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.cost_model import XGBCostModel, normalize_by_group, throughputs_from_results
 from tuner.features import NUM_FEATURES, extract_features, feature_names, features_for
 from tuner.space.base import SearchSpace, instantiate
-
-from matmul_trace import matmul_knob_trace
 
 
 class MatmulTiles(SearchSpace):

@@ -12,6 +12,7 @@ import zlib
 
 import numpy as np
 import pytest
+from test_spaces import check_builds_and_computes
 
 import compiler as C
 from compiler.errors import ExprError
@@ -19,8 +20,6 @@ from compiler.ops import default_schedule, get_op
 from compiler.ops import functions as fn
 from compiler.ops.base import OpDef, np_gelu
 from tuner.space import SketchSpace, generate_sketches
-
-from test_spaces import check_builds_and_computes
 
 CONV = dict(N=1, C=4, H=9, W=11, F=6, KH=3, KW=3, stride=2, padding=1, groups=2)
 

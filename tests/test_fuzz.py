@@ -9,7 +9,6 @@ the guard could pass by seeing nothing.
 from __future__ import annotations
 
 import numpy as np
-
 from kernel_fuzz import Worker, compare, describe, make_case, run_seeds
 
 SEEDS = range(0, 160)  # about 20 s with two workers on this 2-core machine

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import compiler as C
-from compiler.errors import (ArgumentError, DTypeError, ExprError, KernelLoadError, LoweringError,
-                             ScheduleError)
+from compiler.errors import ArgumentError, DTypeError, ExprError, LoweringError, ScheduleError
 from compiler.ops import build_op, get_op, random_inputs
 
 REPO = Path(__file__).resolve().parents[1]

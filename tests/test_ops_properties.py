@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ops_kernels import check
+from test_ops_params import assert_plain
 
 from compiler.errors import ExprError
 from compiler.ops import INVENTORY, build_op, get_op
-
-from test_ops_kernels import check
-from test_ops_params import assert_plain
 
 PROFILE = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 BUILDS = settings(PROFILE, max_examples=15)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import threading
 import time
-import uuid
 
 import pytest
-
-from conftest import pg_schema_url
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from conftest import pg_schema_url
 
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.records import JobState, SQLRecordsStore, StoreError, open_store

@@ -11,8 +11,8 @@ import pytest
 
 import compiler as C
 from compiler.errors import LoweringError, ScheduleError
-from compiler.lower import lower
 from compiler.loop_ir import For, walk_stmts
+from compiler.lower import lower
 from compiler.schedule_steps import STEP_FIELDS, apply_steps, steps_from_json, steps_to_json
 
 _names = iter(range(10**6))

@@ -13,14 +13,20 @@ import math
 
 import numpy as np
 import pytest
+from matmul_trace import matmul_knob_trace
 
 from compiler.ops.matmul import matmul
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
-from tuner.search import (Budget, EarlyStopping, EvolutionarySearch, GeneticSearch, GridSearch,
-                          ModelBasedSearch, RandomSearch)
+from tuner.search import (
+    Budget,
+    EarlyStopping,
+    EvolutionarySearch,
+    GeneticSearch,
+    GridSearch,
+    ModelBasedSearch,
+    RandomSearch,
+)
 from tuner.space.base import SearchSpace, SpaceError, instantiate
-
-from matmul_trace import matmul_knob_trace
 
 
 class MatmulKnobSpace(SearchSpace):

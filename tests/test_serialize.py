@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ops_definitions import SMALL, assert_close, run_dag
+from test_ops_kernels import check
 
 import compiler as C
 from compiler.canonical import canonical_text, workload_key
@@ -28,9 +30,6 @@ from compiler.ops import default_schedule, get_op, random_inputs
 from compiler.ops.base import OpDef
 from compiler.serialize import FORMAT, MAX_DEPTH, MAX_TENSORS, VERSION, dag_from_json, dag_to_json
 from compiler.tensor import ComputeOp, topo_order
-
-from test_ops_definitions import SMALL, assert_close, run_dag
-from test_ops_kernels import check
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, max_examples=400,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -21,8 +21,17 @@ from compiler.ops.base import OpDef
 from compiler.runtime import get_max_threads
 from compiler.schedule import Schedule
 from tuner.candidate import Candidate
-from tuner.space import (Config, ConfigSpace, SketchSpace, SpaceError, TemplateSpace, default_template_for,
-                         generate_sketches, instantiate, template)
+from tuner.space import (
+    Config,
+    ConfigSpace,
+    SketchSpace,
+    SpaceError,
+    TemplateSpace,
+    default_template_for,
+    generate_sketches,
+    instantiate,
+    template,
+)
 from tuner.workload import Task, Workload, register_workload
 
 SAMPLES = 20

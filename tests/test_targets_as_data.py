@@ -221,8 +221,8 @@ def test_the_tracker_and_target_strings_import_no_llvmlite_or_numpy():
 
 
 def test_lazy_names_still_import_like_before():
-    from compiler import Kernel, TimingResult, build, export_library, load_kernel, set_num_threads  # noqa: F401
     import compiler.lower  # noqa: F401 - the submodule shares the function's name
+    from compiler import Kernel, TimingResult, build, export_library, load_kernel, set_num_threads  # noqa: F401
     assert callable(C.lower) and C.Kernel is Kernel
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         C.nonsense  # noqa: B018

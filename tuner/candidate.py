@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
 from enum import IntEnum
+from functools import cached_property
 
 
 class ErrorCode(IntEnum):

@@ -481,6 +481,7 @@ def features_for(opdef, candidates, target=None) -> np.ndarray:
     The same `opdef` serves every candidate: a schedule never changes its compute definition.
     """
     from compiler.lower import lower
+
     from .space.base import instantiate
 
     tgt = resolve_target(target) if not _is_target(target) else target

@@ -22,7 +22,6 @@ import numpy as np
 
 from compiler.runtime import TimingResult
 
-
 # ----------------------------------------------------------------------------- helpers
 
 def _lowest(dtype):

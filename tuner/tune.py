@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from .engine import (DEFAULT_STRATEGY, MODEL_GUIDED, Callbacks, SchedulerResult, TaskScheduler, TaskTuner,
-                     TuneResult, make_space, make_strategy)
 from .cost_model import XGBCostModel
+from .engine import (
+    DEFAULT_STRATEGY,
+    MODEL_GUIDED,
+    Callbacks,
+    SchedulerResult,
+    TaskScheduler,
+    TaskTuner,
+    TuneResult,
+    make_space,
+    make_strategy,
+)
 from .engine.scheduler import check_arguments
 from .engine.task_tuner import warm_cost_model
 from .workload import Task

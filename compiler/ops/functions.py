@@ -23,8 +23,17 @@ from ..dtypes import is_int
 from ..errors import ExprError
 from ..tensor import Tensor, compute, reduce_axis
 from ..tensor import sum as te_sum
-from .base import FLOAT, NUMERIC, check_axis, check_dtype_for, check_int, check_pair, check_padding, \
-    conv_out_size, window_index
+from .base import (
+    FLOAT,
+    NUMERIC,
+    check_axis,
+    check_dtype_for,
+    check_int,
+    check_padding,
+    check_pair,
+    conv_out_size,
+    window_index,
+)
 from .transform import pad_tensor
 
 CONV_DTYPES = ("float32", "float64", "int8")

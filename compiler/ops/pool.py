@@ -13,8 +13,19 @@ from ..errors import ExprError
 from ..tensor import compute, placeholder, reduce_axis
 from ..tensor import max as te_max
 from ..tensor import sum as te_sum
-from .base import FLOAT, NUMERIC, OpDef, check_dtype_for, check_int, check_pair, check_padding, \
-    conv_out_size, lowest, np_window, window_index
+from .base import (
+    FLOAT,
+    NUMERIC,
+    OpDef,
+    check_dtype_for,
+    check_int,
+    check_padding,
+    check_pair,
+    conv_out_size,
+    lowest,
+    np_window,
+    window_index,
+)
 from .transform import pad_tensor
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..schedule import Schedule, create_schedule
-from .schedule_common import largest_divisor, lanes, parallel_loop, vectorize_inner, want_parallel
+from .schedule_common import lanes, largest_divisor, parallel_loop, vectorize_inner, want_parallel
 
 TRANSPOSE_TILE = 32
 ROW_CHAINS = 8

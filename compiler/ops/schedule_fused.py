@@ -18,8 +18,16 @@ from dataclasses import replace
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, want_parallel
-from .schedule_conv import (MAX_UNROLLED_TAPS, deinterleave_padded_columns, materialize_pad, pick_tile,
-                            unroll_inner_reduction, vector_tiles, weights_dominate, split_output_tile)
+from .schedule_conv import (
+    MAX_UNROLLED_TAPS,
+    deinterleave_padded_columns,
+    materialize_pad,
+    pick_tile,
+    split_output_tile,
+    unroll_inner_reduction,
+    vector_tiles,
+    weights_dominate,
+)
 from .schedule_gemm import schedule_gemm
 
 

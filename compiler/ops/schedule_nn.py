@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..schedule import Schedule, create_schedule
-from .schedule_common import fuse_all, largest_divisor, lanes, vectorize_inner, want_parallel
+from .schedule_common import fuse_all, lanes, largest_divisor, vectorize_inner, want_parallel
 
 ROW_BLOCK = 8  # rows per block: independent reduction chains (and 8 rows of exp = 32 KB at 1024)
 

@@ -19,8 +19,7 @@ import os
 import sys
 
 from . import farm, ops, tune
-from .common import (DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, EXIT_USAGE, SMALL_PARAMS, UsageError,
-                     check_output)
+from .common import DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, EXIT_USAGE, SMALL_PARAMS, UsageError, check_output
 
 
 def build_parser() -> argparse.ArgumentParser:

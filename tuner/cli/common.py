@@ -7,7 +7,8 @@ import ast
 
 import numpy as np
 
-from compiler.verify import check_output as _check, poisoned
+from compiler.verify import check_output as _check
+from compiler.verify import poisoned
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 

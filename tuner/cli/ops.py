@@ -13,8 +13,21 @@ import traceback
 
 import numpy as np
 
-from .common import (DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, SMALL_PARAMS, UsageError, check_op_names,
-                     check_output, make_op, parse_param, poisoned_output, resolve_target, shape_text)
+from .common import (
+    DEFAULT_PARAMS,
+    DEMO_OPS,
+    EXIT_FAIL,
+    EXIT_OK,
+    SMALL_PARAMS,
+    UsageError,
+    check_op_names,
+    check_output,
+    make_op,
+    parse_param,
+    poisoned_output,
+    resolve_target,
+    shape_text,
+)
 
 # ----------------------------------------------------------------------------- version
 
@@ -86,14 +99,14 @@ def _run_one(name, params, target, repeat, min_repeat_ms, rng):
 
 def _fmt_rows(rows):
     out = []
+    def num(v, unit):
+        if v is None:
+            return "-"
+        return f"{v:.0f} {unit}" if v >= 100 else f"{v:.{1 if v >= 10 else 2}f} {unit}"
     for r in rows:
-        def num(v):
-            if v is None:
-                return "-"
-            return f"{v:.0f} {r['unit']}" if v >= 100 else f"{v:.{1 if v >= 10 else 2}f} {r['unit']}"
         out.append([r["op"], r["shape"], "-" if r["build_ms"] is None else f"{r['build_ms']:.0f}",
-                    num(r["ours"]), num(r["numpy"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
-                    "OK" if r["ok"] else "FAIL"])
+                    num(r["ours"], r["unit"]), num(r["numpy"], r["unit"]),
+                    "-" if r["ratio"] is None else f"{r['ratio']:.2f}x", "OK" if r["ok"] else "FAIL"])
     return out
 
 

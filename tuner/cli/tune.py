@@ -12,8 +12,19 @@ import time
 
 import numpy as np
 
-from .common import (DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, check_op_names, check_output, make_op,
-                     open_store, parse_param, poisoned_output, resolve_target)
+from .common import (
+    DEFAULT_PARAMS,
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    check_op_names,
+    check_output,
+    make_op,
+    open_store,
+    parse_param,
+    poisoned_output,
+    resolve_target,
+)
 
 
 def _task_from_args(args):
@@ -31,8 +42,8 @@ def _task_from_args(args):
 def _tasks_from_args(args):
     """[(task, opdef, weight)] of `tune`: the listed operators (default sizes, --param applied to
     each) and the entries of --workloads FILE; every one checked before anything is tuned."""
-    from ..workload import Task, Workload, WorkloadError
     from ..compute_file import load_compute_file
+    from ..workload import Task, Workload, WorkloadError
     from ..workload_file import read_workloads
 
     if not args.ops and not args.workloads and not args.compute:

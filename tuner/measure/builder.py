@@ -64,6 +64,7 @@ def _warm_up() -> int:
 
 def _error_code(e: BaseException) -> ErrorCode:
     from compiler.errors import CompilerError, LoweringError, ScheduleError
+
     from ..space import SpaceError
     from ..workload import WorkloadError
     if isinstance(e, (SpaceError, ScheduleError, LoweringError, WorkloadError)):
@@ -79,8 +80,9 @@ def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_c
     try:
         from compiler.runtime import build
         from compiler.schedule import create_schedule
-        from ..space import instantiate
+
         from .. import workload as workload_mod
+        from ..space import instantiate
         if custom_ctor is not None and workload.name not in workload_mod._CUSTOM:
             workload_mod._CUSTOM[workload.name] = custom_ctor
         try:

@@ -24,7 +24,7 @@ class Runner(ABC):
     def run(self, task: Task, build_results: list) -> list:
         """Measure `build_results`; build errors pass through with the build's error code."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release processes or connections."""
 
     def __enter__(self):

@@ -10,8 +10,20 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (JSON, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, MetaData,
-                        String, Text, TypeDecorator, UniqueConstraint)
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Alembic's own bookkeeping table; named for us so a database shared with another Alembic-managed

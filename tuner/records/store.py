@@ -63,7 +63,7 @@ class RecordsStore(ABC):
     @abstractmethod
     def list_agents(self) -> list[Agent]: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release connections; the store is unusable afterwards."""
 
     def __enter__(self):

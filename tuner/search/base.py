@@ -100,7 +100,7 @@ class Strategy(ABC):
     def _propose(self, n: int) -> list:
         """Up to n candidates, preferably unvisited and distinct (the base class filters)."""
 
-    def _learn(self, candidates, results) -> None:
+    def _learn(self, candidates, results) -> None:  # noqa: B027 - an optional hook, not abstract
         """Hook: react to results (retrain a model, update a population)."""
 
     def _fresh(self, cand: Candidate, taken: set) -> bool:

@@ -30,8 +30,9 @@ class _ModelGuided(Strategy):
         if featurizer is None:
             if opdef is None:
                 raise ValueError(f"{type(self).__name__} needs an opdef (for features) or a featurizer")
-            from ..features import features_for
             from compiler.target import resolve_target
+
+            from ..features import features_for
             tgt = resolve_target(target)
             featurizer = lambda cands: features_for(opdef, cands, tgt)  # noqa: E731
         self.featurizer = featurizer

@@ -13,11 +13,9 @@ so it must only need the candidate's JSON.
 
 from __future__ import annotations
 
-from .base import (SPACE_CANDIDATE_KIND, SearchSpace, SpaceError, default_candidate, instantiate,
-                   register_candidate_kind)
-from .template import (Config, ConfigSpace, TemplateSpace, default_template_for, get_template, list_templates,
-                       template)
+from .base import SPACE_CANDIDATE_KIND, SearchSpace, SpaceError, default_candidate, instantiate, register_candidate_kind
 from .sketch import Sketch, SketchSpace, generate_sketches
+from .template import Config, ConfigSpace, TemplateSpace, default_template_for, get_template, list_templates, template
 
 __all__ = ["SearchSpace", "SpaceError", "instantiate", "default_candidate", "SPACE_CANDIDATE_KIND",
            "register_candidate_kind",

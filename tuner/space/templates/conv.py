@@ -31,7 +31,8 @@ from __future__ import annotations
 import math
 
 from compiler.dtypes import nbytes
-from compiler.ops.schedule_common import PARALLEL_MIN_WORK, lanes as vector_lanes, want_parallel
+from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
+from compiler.ops.schedule_common import lanes as vector_lanes
 from compiler.ops.schedule_conv import deinterleave_columns, split_output_tile
 from compiler.schedule import create_schedule
 
@@ -120,7 +121,7 @@ def _reduction_knobs(cfg, natural):
         cfg.define_split("tile_rc", ext["rc"], policy="candidate", candidate=[[v] for v in _first(dflt_ku, kus)])
     cfg.define_reorder("order_red", len(natural))
     anns = [[]]
-    for n, e in natural:
+    for _, e in natural:
         choices = ("none", "unroll") if e <= MAX_UNROLLED_TAPS else ("none",)
         anns = [a + [c] for a in anns for c in choices]
     cfg.define_annotate("unroll_red", len(natural), policy="candidate", candidate=_first(dflt_ann, anns))
@@ -156,7 +157,7 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int):
         if body * ax.extent <= MAX_UNROLLED_BODY:
             body *= ax.extent
             chosen.add(ax)
-    for ax, a in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
+    for ax, _ in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
         if ax in chosen:
             cst.unroll(ax)
     if split_rc:

@@ -8,8 +8,8 @@ Written by hand to match tuner/records/models.py; tests/test_records.py checks t
 Migrations use plain SQLAlchemy types (not the models' classes) so they stay fixed when the
 models change later.
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0001"
 down_revision = None

@@ -10,8 +10,8 @@ Create Date: 2026-11-23
 - workloads.definition: the compute DAG as JSON for workloads that are data rather than an
   inventory operator, so a record can be rebuilt anywhere without the user's code.
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = "0002"
 down_revision = "0001"
