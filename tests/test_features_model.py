@@ -274,3 +274,15 @@ def test_warm_start_from_other_workloads(measured, target):
     capped = XGBCostModel(max_history_rows=20).warm_start(X, 1 / costs, groups=["a", "b"] * 28)
     assert capped._hX.shape[0] <= 20
 
+
+
+def test_a_model_saved_with_other_features_is_refused(measured, tmp_path, monkeypatch):
+    """Cached feature rows and trees of another FEATURE_VERSION mean something else: not reused."""
+    import tuner.features
+    X, costs = measured
+    model = XGBCostModel(num_rounds=5)
+    model.fit_costs(X[:20], costs[:20])
+    model.save(tmp_path / "m.npz")
+    monkeypatch.setattr(tuner.features, "FEATURE_VERSION", tuner.features.FEATURE_VERSION + 1)
+    with pytest.raises(ValueError, match="features of version"):
+        XGBCostModel.load(tmp_path / "m.npz")

@@ -237,7 +237,9 @@ class XGBCostModel:
     # ------------------------------------------------------------------ persistence
     def save(self, path, include_data: bool = True):
         """One .npz file: parameters, the booster, and (by default) the training rows."""
-        meta = {"format": _MODEL_FORMAT, "objective": self.objective, "num_rounds": self.num_rounds,
+        from .features import FEATURE_VERSION
+        meta = {"format": _MODEL_FORMAT, "feature_version": FEATURE_VERSION, "objective": self.objective,
+                "num_rounds": self.num_rounds,
                 "min_samples": self.min_samples, "max_history_rows": self.max_history_rows,
                 "threads_min_rows": self.threads_min_rows,
                 "params": self.params, "num_features": self.num_features}
@@ -259,6 +261,11 @@ class XGBCostModel:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("format") != _MODEL_FORMAT:
                 raise ValueError(f"{path}: cost model format {meta.get('format')} is not {_MODEL_FORMAT}")
+            from .features import FEATURE_VERSION
+            if meta.get("feature_version") != FEATURE_VERSION:
+                raise ValueError(f"{path}: the model was trained on features of version {meta.get('feature_version')}, "
+                                 f"this tunefarm computes version {FEATURE_VERSION}: its rows and trees do not "
+                                 "apply; train a new model")
             m = cls(objective=meta["objective"], num_rounds=meta["num_rounds"],
                     min_samples=meta["min_samples"], max_history_rows=meta["max_history_rows"],
                     threads_min_rows=meta.get("threads_min_rows", 20000))

@@ -30,8 +30,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # application does not mix version numbers.
 VERSION_TABLE = "tunefarm_alembic_version"
 
-JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
-
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",

@@ -191,9 +191,6 @@ class Sketch:
     consumer: dict = field(default_factory=dict)  # tiled stage -> fused consumer stage
     pack: dict = field(default_factory=dict)      # tiled stage -> (input index, axis)
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "rules": {str(k): v for k, v in self.rules.items()}}
-
 
 TILE_RULES = ("tile", "tile_cache_write", "tile_fused")
 

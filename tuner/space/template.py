@@ -100,11 +100,6 @@ class SplitEntity:
     def __init__(self, size):
         self.size = list(size)
 
-    @property
-    def factors(self) -> list:
-        """The inner factors (everything but the outer extent)."""
-        return self.size[1:]
-
     def apply(self, stage, axis) -> list:
         """Split `axis` of `stage` into len(size) loops, outermost first."""
         loops, cur = [], axis
