@@ -34,14 +34,6 @@ class Candidate:
         text = json.dumps({"kind": self.kind, "payload": self.payload}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def remember_lowered(self, func) -> None:
-        """Keep the lowered loop program a space made while validating this candidate, so the
-        cost model's features do not lower it a second time (`take_lowered` hands it over once)."""
-        self.__dict__["_lowered"] = func
-
-    def take_lowered(self):
-        return self.__dict__.pop("_lowered", None)
-
     def to_json(self) -> dict:
         return {"kind": self.kind, "payload": self.payload}
 

@@ -34,7 +34,7 @@ class _ModelGuided(Strategy):
 
             from ..features import features_for
             tgt = resolve_target(target)
-            featurizer = lambda cands: features_for(opdef, cands, tgt)  # noqa: E731
+            featurizer = lambda cands: features_for(opdef, cands, tgt, lowered=space.take_lowered)  # noqa: E731
         self.featurizer = featurizer
         self.model = cost_model if cost_model is not None else XGBCostModel()
         self.eps = float(eps)

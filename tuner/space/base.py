@@ -46,6 +46,11 @@ class SearchSpace(ABC):
     def schedule(self, opdef, cand: Candidate):
         """(schedule, args) for `cand` on a fresh compute definition `opdef`."""
 
+    def take_lowered(self, cand: Candidate):
+        """The loop program this space lowered while validating `cand`, handed over once (so the
+        cost model's features need not lower it again), or None."""
+        return None
+
     def same_structure(self, cand: Candidate) -> bool:
         """Is `cand` (of any workload) a point of a space shaped like this one — the same
         template, or one of the same sketches? The cost model's warm start keeps only such

@@ -61,6 +61,7 @@ NICE_SIZES = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
 AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 MAX_INNER = 16            # innermost tile of a non-vector spatial axis, inner reduction tile
 MAX_MIDDLE = 8            # the S2 level (register tiles per attached region)
+MAX_KEPT_LOWERED = 4096   # validated loop programs kept for the cost model's features
 MAX_UNROLLED_BODY = 128   # statements of an unrolled micro-kernel step
 NONDIVIDING_P = 0.15      # how often a tile size that does not divide its extent is drawn
 REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to the target's
@@ -311,6 +312,7 @@ class SketchSpace(SearchSpace):
         from .template import _resolve_task
         self.opdef, self.target = _resolve_task(task_or_opdef, target)
         self.validate = validate
+        self._lowered: dict = {}  # fingerprint -> loop program lowered while validating it
         self.dag = _Dag(self.opdef)
         self.sketches = generate_sketches(self.opdef, self.target)
         if not self.sketches:  # pragma: no cover - every DAG has at least one sketch
@@ -465,8 +467,13 @@ class SketchSpace(SearchSpace):
         cand = Candidate("trace", {"sketch": sketch_id, "params": copy.deepcopy(params),
                                    "steps": copy.deepcopy(s.steps), "workload_key": self.workload_key})
         if func is not None:
-            cand.remember_lowered(func)
+            if len(self._lowered) >= MAX_KEPT_LOWERED:  # candidates never featurized: drop the oldest
+                del self._lowered[next(iter(self._lowered))]
+            self._lowered[cand.fingerprint] = func
         return cand
+
+    def take_lowered(self, cand: Candidate):
+        return self._lowered.pop(cand.fingerprint, None)
 
     def _first_valid(self, gen, what: str) -> Candidate:
         last = None
