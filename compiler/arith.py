@@ -229,7 +229,7 @@ def simplify(e: Expr, ranges: dict | None = None) -> Expr:
     new = tuple(simplify(k, ranges) for k in kids)
     if isinstance(e, Cast) and isinstance(new[0], Const):
         return Const(_cast_value(new[0].value, e.dtype), e.dtype)
-    if isinstance(e, Binary) and all(isinstance(k, Const) for k in new):
+    if isinstance(e, Binary) and isinstance(new[0], Const) and isinstance(new[1], Const):
         folded = _fold_binary(e.op, new[0].value, new[1].value, e.dtype)
         if folded is not None:
             return Const(folded, e.dtype)
@@ -312,7 +312,7 @@ def prove(cond: Expr, ranges: dict) -> bool:
 
 # ----------------------------------------------------------------------------- bounds
 
-def bound(e: Expr, relax: dict, ranges: dict):
+def bound(e: Expr, relax: dict, ranges: dict) -> tuple[Lin, Lin] | None:
     """(lo, hi) Lin forms of `e` when the vars in `relax` (Var -> (lo, hi)) take every value.
 
     Other variables stay symbolic. Returns None when a relaxed variable sits inside something
@@ -342,7 +342,7 @@ def _mentions(e: Expr, vars_) -> bool:
     return any(_mentions(c, vars_) for c in children(e))
 
 
-def _atom_bound(atom: Expr, relax: dict, ranges: dict):
+def _atom_bound(atom: Expr, relax: dict, ranges: dict) -> tuple[Lin, Lin] | None:
     if not _mentions(atom, relax):
         lin = _atom(atom)
         return lin, lin
@@ -372,7 +372,7 @@ def _atom_bound(atom: Expr, relax: dict, ranges: dict):
     return None
 
 
-def _lin_min(a: Lin, b: Lin, ranges):
+def _lin_min(a: Lin, b: Lin, ranges) -> Lin:
     r = lin_range(a.add(b, -1), ranges)
     if r is not None and r[1] <= 0:
         return a
@@ -381,7 +381,7 @@ def _lin_min(a: Lin, b: Lin, ranges):
     return _atom(Binary("min", from_lin(a), from_lin(b), INDEX_DTYPE))
 
 
-def _lin_max(a: Lin, b: Lin, ranges):
+def _lin_max(a: Lin, b: Lin, ranges) -> Lin:
     r = lin_range(a.add(b, -1), ranges)
     if r is not None and r[1] <= 0:
         return b

@@ -104,14 +104,16 @@ class FunctionEmitter:
         self.buffers: dict = {}
         self.heap_buffers: list = []
         self.stack_bytes = 0
-        self.vec_var = None
+        # llvmlite has no type information: its names in these annotations are Any to mypy, the
+        # `| None` is what gets checked.
+        self.vec_var: Var | None = None
         self.lanes = 0
-        self.mask = None
+        self.mask: ir.Value | None = None
         self.ranges: dict = {}
         self.in_parallel = False
-        self._fail_block = None
+        self._fail_block: ir.Block | None = None
         ir.IRBuilder(self.entry).branch(self.heap_block)
-        self.status_ptr = None
+        self.status_ptr: ir.Value | None = None
         if status_field is not None:
             struct_t, index = status_field
             b = ir.IRBuilder(self.heap_block)
@@ -348,7 +350,7 @@ class FunctionEmitter:
         if kind == "scalar":
             if self.mask is not None:
                 # a uniform address read under a lane mask: only safe if some lane is active
-                return self._masked_scalar_load(ptr, ety)
+                return self._masked_scalar_load(ptr, ety, self.mask)
             return b.load(ptr, typ=ety, align=align)
         vty = ir.VectorType(ety, self.lanes)
         if kind == "contiguous":
@@ -361,10 +363,10 @@ class FunctionEmitter:
         fn = self.mb.intrinsic("llvm.masked.gather", vty, [pty, I32, mask.type, vty], [vty, pty])
         return b.call(fn, [ptr, ir.Constant(I32, align), mask, ir.Constant(vty, None)])
 
-    def _masked_scalar_load(self, ptr, ety):
+    def _masked_scalar_load(self, ptr, ety, mask):
         b = self.builder
-        any_fn = self.mb.intrinsic("llvm.vector.reduce.or", I1, [self.mask.type], [self.mask.type])
-        active = b.call(any_fn, [self.mask])
+        any_fn = self.mb.intrinsic("llvm.vector.reduce.or", I1, [mask.type], [mask.type])
+        active = b.call(any_fn, [mask])
         pre = b.block
         with b.if_then(active):
             val = b.load(ptr, typ=ety)

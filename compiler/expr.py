@@ -24,6 +24,7 @@ class Expr:
     """Base of every scalar expression; operators build new nodes."""
 
     __slots__ = ("dtype",)
+    dtype: str
 
     def _bin(self, op, other, reverse=False):
         a, b = (other, self) if reverse else (self, other)
@@ -59,6 +60,15 @@ class Expr:
 
     def astype(self, dtype) -> "Expr":
         return cast(dtype, self)
+
+    # Nodes defined outside this module (tensor reads and reductions in tensor.py, buffer loads in
+    # loop_ir.py) override these two to describe their sub-expressions; the nodes defined here are
+    # handled by the module's children()/rebuild(), which are what visitors call.
+    def children(self) -> tuple:
+        return ()
+
+    def rebuild(self, kids: tuple) -> Expr:
+        raise ExprError(f"{type(self).__name__} has no sub-expressions to replace")
 
     __hash__ = object.__hash__
 
@@ -338,8 +348,7 @@ def children(e: Expr) -> tuple:
         return (e.value,)
     if isinstance(e, Call):
         return e.args
-    extra = getattr(e, "children", None)
-    return extra() if extra else ()
+    return e.children()
 
 
 def rebuild(e: Expr, new_children: tuple) -> Expr:

@@ -83,8 +83,10 @@ class LetStmt(Stmt):
 
 
 class Seq(Stmt):
+    stmts: list[Stmt]
+
     def __init__(self, stmts):
-        flat = []
+        flat: list[Stmt] = []
         for s in stmts:
             if isinstance(s, Seq):
                 flat.extend(s.stmts)

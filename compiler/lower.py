@@ -18,10 +18,10 @@ import re
 from . import arith
 from .bounds import checked_body
 from .errors import LoweringError, ScheduleError
-from .expr import INDEX_DTYPE, Binary, Const, Select, Var, substitute, transform, walk
+from .expr import INDEX_DTYPE, Binary, Call, Const, Expr, Select, Var, substitute, transform, walk
 from .loop_ir import Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq, stmt_children, walk_stmts
 from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
-from .tensor import PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
+from .tensor import IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
 
 _KIND = {"vectorize": "vectorized", "parallel": "parallel", "unroll": "unrolled"}
 
@@ -55,7 +55,7 @@ class _StageLoops:
                 ext[rel.fused] = ext[rel.outer] * ext[rel.inner]
         self.ext = ext
         self.loop_var = {iv: Var(iv.name) for iv in stage.leaf_iter_vars}
-        value = {iv: v for iv, v in self.loop_var.items()}
+        value: dict[IterVar, Expr] = {iv: v for iv, v in self.loop_var.items()}
         self.guards = []  # (expr, limit): expr < limit must hold
         for rel in reversed(stage.relations):
             if isinstance(rel, Split):
@@ -146,9 +146,10 @@ class _Lowering:
         for st in reversed(self.stages):
             op = st.op
             root_ext = {ax: ax.extent for ax in op.reduce_axis}
-            mins = {ax: Const(0, INDEX_DTYPE) for ax in st.root_iter_vars}
+            mins: dict[IterVar, Expr] = {ax: Const(0, INDEX_DTYPE) for ax in st.root_iter_vars}
             if st.attach[0] == "at":
-                region = self._region(st)
+                _, at_stage, at_iv = st.attach
+                region = self._region(st, at_stage, at_iv)
                 for ax, (lo, ext) in zip(op.axis, region):
                     mins[ax], root_ext[ax] = lo, ext
             else:
@@ -189,15 +190,17 @@ class _Lowering:
         loops = self.loops[st]
         return {ax.var: self.root_min[st][ax] + loops.value[ax] for ax in st.root_iter_vars}
 
-    def _region(self, st: Stage):
-        """[(min expr, extent)] per axis of `st` that the loop it is attached at needs."""
-        _, at_stage, at_iv = st.attach
+    def _region(self, st: Stage, at_stage: Stage, at_iv: IterVar) -> list[tuple[Expr, int]]:
+        """[(min expr, extent)] per axis of `st` that the loop it is attached at (loop `at_iv` of
+        `at_stage`) needs."""
         if at_iv not in at_stage.leaf_iter_vars:
             raise ScheduleError(f"compute_at: {st.name} is attached at {at_iv.name}, which is no longer "
                                 f"a loop of {at_stage.name}")
         consumers = [q for q in self.stages if any(
             isinstance(n, TensorRead) and n.tensor is st.tensor for n in _body_nodes(self.body_of[q]))]
-        lows, highs = [None] * len(st.op.axis), [None] * len(st.op.axis)
+        lows: list[arith.Lin | None] = [None] * len(st.op.axis)
+        highs: list[arith.Lin | None] = [None] * len(st.op.axis)
+        full: set[int] = set()  # dimensions some read cannot bound: they get the whole extent
         for q in consumers:
             if q is not at_stage and not any(p is at_stage and at_stage.leaf_iter_vars.index(iv) >=
                                              at_stage.leaf_iter_vars.index(at_iv)
@@ -215,16 +218,17 @@ class _Lowering:
                 for d, idx in enumerate(n.indices):
                     b = arith.bound(substitute(idx, subst), relax, self.var_range)
                     if b is None:
-                        lows[d] = highs[d] = "full"
+                        full.add(d)
                         continue
-                    if lows[d] == "full":
+                    if d in full:
                         continue
-                    lows[d] = b[0] if lows[d] is None else arith._lin_min(lows[d], b[0], self.var_range)
-                    highs[d] = b[1] if highs[d] is None else arith._lin_max(highs[d], b[1], self.var_range)
-        region = []
+                    lo, hi = lows[d], highs[d]
+                    lows[d] = b[0] if lo is None else arith._lin_min(lo, b[0], self.var_range)
+                    highs[d] = b[1] if hi is None else arith._lin_max(hi, b[1], self.var_range)
+        region: list[tuple[Expr, int]] = []
         for d, dim in enumerate(st.op.shape):
             lo, hi = lows[d], highs[d]
-            if lo is None or lo == "full":
+            if lo is None or hi is None or d in full:  # (lo and hi are set together)
                 region.append((Const(0, INDEX_DTYPE), dim))
                 continue
             ext = hi.add(lo, -1)
@@ -254,7 +258,7 @@ class _Lowering:
             scope = "global" if st.attach[0] == "root" else "local"
             self.buffer_of[st.tensor] = Buffer(n, shape, st.op.dtype, scope)
 
-    def _flat_index(self, buf: Buffer, indices) -> object:
+    def _flat_index(self, buf: Buffer, indices) -> Expr:
         idx = None
         for i, stride in zip(indices, buf.strides()):
             term = i * stride if stride != 1 else i
@@ -315,7 +319,7 @@ class _Lowering:
             if loops.ext[iv] > MAX_VECTOR_LANES and st.annotations.get(iv) == "vectorize":
                 raise ScheduleError(f"vectorize: {iv.name} of {st.name} has {loops.ext[iv]} iterations, "
                                     f"more than {MAX_VECTOR_LANES} lanes; split it first")
-        kinds = [_KIND.get(st.annotations.get(iv), "serial") for iv in leaves]
+        kinds = [_KIND.get(st.annotations.get(iv, ""), "serial") for iv in leaves]  # not annotated: serial
         self._check_vector_placement(st, kinds)
         lvars = [loops.loop_var[iv] for iv in leaves]
         if isinstance(body, Reduce):
@@ -440,7 +444,7 @@ def _check_unrolled_size(body):
             copies *= st.extent
             loops.append(st)
         for e in _stmt_exprs(st):
-            total += copies * sum(_CALL_WEIGHT.get(getattr(n, "func", None), 1) for n in walk(e))
+            total += copies * sum(_CALL_WEIGHT.get(n.func, 1) if isinstance(n, Call) else 1 for n in walk(e))
         for child in stmt_children(st):
             visit(child, copies)
 

@@ -11,6 +11,8 @@ schedule can be stored as JSON and replayed on a fresh, structurally equal defin
 
 from __future__ import annotations
 
+from typing import Literal
+
 from . import expr as E
 from .errors import ScheduleError
 from .expr import Const, transform
@@ -45,6 +47,11 @@ class Fuse:
         self.outer, self.inner, self.fused = outer, inner, fused
 
 
+# Where a stage's loops are placed: at the top level, substituted into its readers, or inside a
+# loop of another stage. The tag comes first so that `attach[0] == "at"` narrows the type.
+Attach = tuple[Literal["root"]] | tuple[Literal["inline"]] | tuple[Literal["at"], "Stage", IterVar]
+
+
 class Stage:
     """The loop nest that computes one tensor."""
 
@@ -58,8 +65,8 @@ class Stage:
         self.all_iter_vars = list(self.root_iter_vars)
         self.leaf_iter_vars = list(self.root_iter_vars)
         self.relations: list = []
-        self.annotations: dict = {}
-        self.attach = ("root",)
+        self.annotations: dict[IterVar, str] = {}  # leaf loop -> one of ANNOTATIONS
+        self.attach: Attach = ("root",)
         self.auto_unroll_max_step = 0
 
     def __repr__(self):
@@ -344,12 +351,13 @@ class Schedule:
         cache_op = ComputeOp(f"{stage.name}_{scope}", op.shape, op.axis, op.body, op.tag, op.attrs)
         cache_tensor = Tensor(cache_op)
         axis = [IterVar(ax.name, ax.extent) for ax in op.axis]
-        copy = Tensor(ComputeOp(stage.name, op.shape, axis, cache_tensor[tuple(a.var for a in axis)], op.tag))
+        copy_op = ComputeOp(stage.name, op.shape, axis, cache_tensor[tuple(a.var for a in axis)], op.tag)
+        Tensor(copy_op)  # gives copy_op its output tensor (op.output), as every operation has one
         stage_index = self.stages.index(stage)
         new_stage = Stage(self, cache_tensor, cache_op, scope)
         # the old stage keeps the user's tensor (readers still read it) and becomes the copy
-        stage.op = copy.op
-        stage.root_iter_vars = list(copy.op.axis)
+        stage.op = copy_op
+        stage.root_iter_vars = list(copy_op.axis)
         stage.all_iter_vars = list(stage.root_iter_vars)
         stage.leaf_iter_vars = list(stage.root_iter_vars)
         self.stages.insert(stage_index, new_stage)
@@ -467,7 +475,9 @@ class Schedule:
                     readers=[self.stages.index(st) for st in reader_stages],
                     block={str(k): v for k, v in sorted(block.items())} or None)
         first = min(self.stages.index(st) for st in reader_stages)
-        new_stage = Stage(self, cache, cache.op, scope)
+        cache_op = cache.op
+        assert isinstance(cache_op, ComputeOp)  # compute() always makes one (Tensor.op is any Operation)
+        new_stage = Stage(self, cache, cache_op, scope)
         for st in reader_stages:
             st.op = _replace_reads(st.op, tensor, cache, layout)
         self.stages.insert(first, new_stage)

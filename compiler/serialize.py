@@ -42,6 +42,8 @@ or the interpreter's stack: the compiler's passes recurse over expressions.
 from __future__ import annotations
 
 import math
+from collections import abc
+from typing import NoReturn
 
 from . import expr as E
 from . import tensor as T
@@ -86,7 +88,7 @@ _DOC_FIELDS = {"format", "version", "tensors", "inputs", "outputs"}
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
-def _fail(path: str, message: str):
+def _fail(path: str, message: str) -> NoReturn:
     if len(path) > 120:  # deep in an expression: where it starts and where it ends
         path = f"{path[:60]}...{path[-40:]}"
     raise DagFormatError(f"compute definition, {path}: {message}")
@@ -247,7 +249,7 @@ def dag_from_json(d) -> tuple[list, list]:
     return _Reader().document(d)
 
 
-def _obj(d, path: str, required: set, optional: set = frozenset()) -> dict:
+def _obj(d, path: str, required: abc.Set[str], optional: abc.Set[str] = frozenset()) -> dict:
     if not isinstance(d, dict):
         _fail(path, f"expected an object, got {_what(d)}")
     missing = sorted(required - set(d))
@@ -344,7 +346,7 @@ class _Reader:
         return inputs, outputs
 
     def refs(self, v, path: str, kind, what: str) -> list:
-        out = []
+        out: list[T.Tensor] = []
         for k, ref in enumerate(_list(v, path, MAX_TENSORS)):
             t = self.tensors[_int(ref, f"{path}[{k}]", 0, len(self.tensors) - 1)]
             if not isinstance(t.op, kind):
@@ -396,7 +398,8 @@ class _Reader:
         rvars = [a.var for a in raxes]
         source = self.expr(d["source"], f"{path}.source", axes, rvars, 1)
         where = self.expr(d["where"], f"{path}.where", axes, rvars, 1) if "where" in d else None
-        combiner = {"sum": T.sum, "max": T.max, "min": T.min}[op]
+        combiners: dict[str, abc.Callable[..., E.Expr]] = {"sum": T.sum, "max": T.max, "min": T.min}
+        combiner = combiners[op]
         return _build(path, lambda: combiner(source, axis=raxes, where=where))
 
     def expr(self, d, path: str, axes: list, rvars: list | None, depth: int):

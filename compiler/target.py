@@ -184,7 +184,7 @@ def _probe(triple: str, cpu: str, features: str) -> str:
     One subprocess per distinct combination and process; its stderr holds LLVM's warnings.
     """
     proc = _run_probe(triple, cpu, features)
-    unknown = {"processor": [], "feature": []}
+    unknown: dict[str, list[str]] = {"processor": [], "feature": []}
     for name, kind in _UNRECOGNIZED.findall(proc.stderr):
         if name not in unknown[kind]:
             unknown[kind].append(name)
@@ -215,7 +215,7 @@ def _llvm_names(triple: str) -> tuple:
     Only asked for when a name is wrong, to suggest close ones; empty if LLVM prints no tables.
     """
     text = _run_probe(triple, "generic", "+help").stderr
-    tables = {"CPUs": [], "features": []}
+    tables: dict[str, list[str]] = {"CPUs": [], "features": []}
     table = None
     for line in text.splitlines():
         heading = re.match(r"Available (CPUs|features) for this target:", line)

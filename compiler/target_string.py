@@ -79,7 +79,7 @@ def _parse(text: str) -> TargetSpec:
     if kind not in KINDS:
         raise TargetError(f"unknown target kind {kind!r}: only {', '.join(map(repr, KINDS))} (CPU) targets "
                           f"are supported")
-    opts = {}
+    opts: dict[str, str] = {}
     for p in parts[1:]:
         if not p.startswith("-") or "=" not in p:
             raise TargetError(f"malformed target option {p!r}; expected -key=value")

@@ -79,6 +79,7 @@ class Operation:
     name: str
     shape: tuple
     dtype: str
+    output: Tensor  # set by the Tensor that wraps the operation
 
     def input_tensors(self) -> list:
         return []

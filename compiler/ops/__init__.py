@@ -8,6 +8,7 @@ tensor functions of `compiler.ops.functions`, which a user's own compute can use
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from ..errors import ExprError
 from .base import OpDef, UnknownOpError, random_inputs
@@ -19,7 +20,7 @@ from .pool import avg_pool2d, max_pool2d
 from .reduction import reduce_max, reduce_min, reduce_sum
 from .transform import pad, transpose
 
-INVENTORY = {
+INVENTORY: dict[str, Callable[..., OpDef]] = {
     "matmul": matmul,
     "matmul_int8": matmul_int8,
     "batch_matmul": batch_matmul,

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ..dtypes import is_float
 from ..errors import ExprError
+from ..expr import Expr
 from ..tensor import compute, placeholder, reduce_axis
 from ..tensor import max as te_max
 from ..tensor import min as te_min
 from ..tensor import sum as te_sum
 from .base import NUMERIC, OpDef, as_items, check_axis, check_bool, check_dtype_for, check_shape, is_integer
 
-_COMBINERS = {"sum": (te_sum, np.sum), "max": (te_max, np.max), "min": (te_min, np.min)}
+# kind -> (the tensor language's reduction, numpy's)
+_COMBINERS: dict[str, tuple[Callable[..., Expr], Callable[..., Any]]] = {
+    "sum": (te_sum, np.sum), "max": (te_max, np.max), "min": (te_min, np.min)}
 
 
 def _reduce(kind, shape, axis, keepdims, dtype) -> OpDef:

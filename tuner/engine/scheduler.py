@@ -64,7 +64,7 @@ class TaskScheduler:
         self._stop = threading.Event()
         n = len(self.tuners)
         self.batches = [0] * n                    # t_i
-        self.best_history = [[] for _ in range(n)]  # g_i after each of task i's batches
+        self.best_history: list[list[float]] = [[] for _ in range(n)]  # g_i after each of task i's batches
         self.dead: set = set()
         groups: dict = {}
         for i, t in enumerate(self.tuners):

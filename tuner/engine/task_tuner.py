@@ -234,7 +234,7 @@ class TaskTuner:
         base_fp = default_candidate(self.workload_key).fingerprint
         if base_fp in costs:
             r.baseline_cost = costs[base_fp]
-        best_fp = min(costs, key=costs.get)
+        best_fp = min(costs, key=costs.__getitem__)
         r.best_cost = costs[best_fp]
         r.best_candidate = next(c for c in cands if c.fingerprint == best_fp)
 

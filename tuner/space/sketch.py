@@ -50,7 +50,7 @@ from compiler.dtypes import nbytes
 from compiler.errors import CompilerError
 from compiler.expr import free_vars, substitute, transform, walk
 from compiler.lower import lower
-from compiler.schedule import MAX_VECTOR_LANES, Schedule, create_schedule
+from compiler.schedule import MAX_VECTOR_LANES, Schedule, Stage, create_schedule
 from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
 
@@ -720,7 +720,7 @@ class _Applier:
         self.parallel_prefix(st, [l[0] for l in sp], p.get("parallel", 0))
         self.pack(i, st)
 
-    def tile_attached(self, i, red: "Stage", out: "Stage"):  # noqa: F821
+    def tile_attached(self, i, red: Stage, out: Stage):
         """`out` (the output copy or the fused consumer) tiled S0 S1 S2 S3; the reduction `red`
         computed at its last S1 loop as R0 S2 R1 S3."""
         p = self.p(i)
