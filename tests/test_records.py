@@ -397,3 +397,22 @@ def test_concurrent_writers_on_one_database(db_url):
         assert errors == []
         assert a.count() == b.count() == 104
         assert len(added) == len(set(added)) == 104
+
+
+def test_history_of_structure_selects_in_sql(store):
+    """A warm start asks only for records whose candidates come from the same sketches or
+    template, and never for the task's own workload."""
+    other = Task(Workload("matmul", {"M": 32, "N": 16, "K": 16}), TARGET, "local")
+    conv = Task(Workload("relu", {"shape": (8, 8)}), TARGET, "local")
+    trace = lambda sk, i: Candidate("trace", {"sketch": sk, "params": {"i": i}, "steps": []})  # noqa: E731
+    store.add_records(other, [(trace("a", 1), ok(1.0)), (trace("b", 2), ok(2.0)), (cand(3), ok(3.0)),
+                              (trace("a", 4), err())])
+    store.add_records(conv, [(trace("a", 5), ok(1.5))])
+    store.add_records(TASK, [(trace("a", 6), ok(0.5))])
+    got = store.history_of_structure(TARGET, [("trace", "sketch", frozenset({"a"}))], {MATMUL.key})
+    assert sorted(r.candidate.payload["params"]["i"] for r in got) == [1, 5]  # valid, sketch a, not TASK's
+    both = store.history_of_structure(TARGET, [("trace", "sketch", frozenset({"b"})),
+                                               ("config", "template", frozenset({"matmul"}))], ())
+    assert sorted(r.candidate.kind for r in both) == ["config", "trace"]
+    assert store.history_of_structure(TARGET, [], ()) == []
+    assert store.history_of_structure("llvm -mtriple=aarch64-linux-gnu", [("trace", "sketch", frozenset({"a"}))]) == []

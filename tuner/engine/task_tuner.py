@@ -249,8 +249,9 @@ def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: 
     from ..features import features_for
     from ..space import SpaceError
 
-    others = [r for r in store.history(target=target, limit=limit)
-              if r.workload_key not in exclude_keys and any(sp.same_structure(r.candidate) for sp in spaces)]
+    structures = [st for st in (sp.structure() for sp in spaces) if st is not None]
+    others = [r for r in store.history_of_structure(target, structures, exclude_keys, limit=limit)
+              if any(sp.same_structure(r.candidate) for sp in spaces)]
     if not others:
         return None
     feats, thr, groups = [], [], []

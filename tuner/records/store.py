@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from typing import IO
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,9 @@ class RecordsStore(ABC):
     @abstractmethod
     def history(self, target: str | None = None, workload_key: str | None = None,
                 limit: int | None = None) -> list[Record]: ...
+    @abstractmethod
+    def history_of_structure(self, target: str, structures: list, exclude_keys=(),
+                             limit: int = 2000) -> list[Record]: ...
     @abstractmethod
     def count(self, task: Task | None = None, job_id: int | None = None, search_only: bool = False) -> int: ...
     @abstractmethod
@@ -209,6 +212,23 @@ class SQLRecordsStore(RecordsStore):
         with self._session() as s:
             records = self._records(s, stmt)
         return records if limit is None else records[::-1]
+
+    def history_of_structure(self, target, structures, exclude_keys=(), limit=2000) -> list[Record]:
+        """The most recent valid records (up to `limit`) on `target` of other workloads than
+        `exclude_keys` whose candidates have one of `structures` — (candidate kind, payload
+        field, values), see SearchSpace.structure — selected in SQL: a cost model's warm start
+        lowers only what it can use."""
+        if not structures:
+            return []
+        field_ok = [(RecordRow.candidate_kind == kind)
+                    & RecordRow.candidate["payload"][name].as_string().in_(sorted(values))
+                    for kind, name, values in structures]
+        stmt = (self._joined().where(TaskRow.target == target, RecordRow.mean_cost.is_not(None), or_(*field_ok)))
+        if exclude_keys:
+            stmt = stmt.where(TaskRow.workload_key.not_in(sorted(exclude_keys)))
+        stmt = stmt.order_by(RecordRow.id.desc()).limit(limit)
+        with self._session() as s:
+            return self._records(s, stmt)[::-1]
 
     def count(self, task=None, job_id=None, search_only=False) -> int:
         """Records, of one task and/or one job if given; `search_only` leaves out the baselines

@@ -51,6 +51,11 @@ class SearchSpace(ABC):
         cost model's features need not lower it again), or None."""
         return None
 
+    def structure(self) -> tuple[str, str, frozenset] | None:
+        """(candidate kind, payload field, allowed values) that `same_structure` checks, so a
+        store can select such records in SQL; None when the space cannot say."""
+        return None
+
     def same_structure(self, cand: Candidate) -> bool:
         """Is `cand` (of any workload) a point of a space shaped like this one — the same
         template, or one of the same sketches? The cost model's warm start keeps only such

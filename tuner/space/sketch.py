@@ -495,6 +495,9 @@ class SketchSpace(SearchSpace):
             return sk.id, self.sample_params(sk, rng)
         return self._first_valid(gen, "sample")
 
+    def structure(self):
+        return ("trace", "sketch", frozenset(self._by_id))
+
     def same_structure(self, cand: Candidate) -> bool:
         return (cand.kind == "trace" and isinstance(cand.payload, dict)
                 and cand.payload.get("sketch") in self._by_id)

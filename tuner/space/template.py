@@ -565,6 +565,9 @@ class TemplateSpace(SearchSpace):
 
     # -- config <-> candidate
 
+    def structure(self):
+        return ("config", "template", frozenset({self.template_name}))
+
     def same_structure(self, cand: Candidate) -> bool:
         return (cand.kind == "config" and isinstance(cand.payload, dict)
                 and cand.payload.get("template") == self.template_name)
