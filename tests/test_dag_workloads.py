@@ -187,3 +187,12 @@ def test_spawned_build_processes_build_and_check_a_dag_workload(workload):
         assert all(b.ok for b in built), [b.error_msg for b in built]
         results = runner.run(task, built)
     assert all(r.ok for r in results), [r.error_msg for r in results]
+
+
+def test_numpy_scalars_in_workload_params_are_stored_as_plain_json():
+    import json
+
+    import numpy as np
+    w = Workload("layer_norm", {"shape": (np.int64(8), 32), "eps": np.float32(1e-5)})
+    assert json.loads(json.dumps(w.to_json()))["params"] == {"shape": [8, 32], "eps": 1e-05}
+    assert w.key == Workload("layer_norm", {"shape": (8, 32), "eps": 1e-5}).key

@@ -42,6 +42,20 @@ def register_workload(name: str):
     return deco
 
 
+def _plain(value):
+    """`value` with numpy scalars and arrays as Python numbers and lists: parameters are stored
+    and exported as JSON (`np.int64(8)` in a shape would make every export fail)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy scalar or array
+        if value.dtype.kind == "f" and value.ndim == 0:
+            return float(str(value))  # np.float32(1e-5) is the 1e-05 its user wrote, as the operators take it
+        return value.tolist()
+    return value
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -52,6 +66,7 @@ class Workload:
     _digest: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "params", _plain(self.params))
         if self.definition is None:
             return
         if not isinstance(self.definition, dict):
