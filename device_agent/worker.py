@@ -270,7 +270,8 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
         _write_frame(proto_out, measure_one(req))
 
 
-def _signal_name(returncode: int) -> str:
+def signal_name(returncode: int) -> str:
+    """How a child process ended, for people: 'SIGSEGV', 'signal 77' or 'exit code 3'."""
     if returncode is not None and returncode < 0:
         try:
             return signal.Signals(-returncode).name
@@ -355,7 +356,7 @@ class WorkerProcess:
             rc = proc.poll()
             err = self._stderr_text()
             self._kill()
-            raise RuntimeError(f"the measuring worker did not start ({_signal_name(rc) if rc is not None else 'no answer'})"
+            raise RuntimeError(f"the measuring worker did not start ({signal_name(rc) if rc is not None else 'no answer'})"
                                + (f": {err}" if err else ""))
         self._ready = True
 
@@ -396,7 +397,7 @@ class WorkerProcess:
                 self._kill()
                 self.restarts += 1
                 self._start()
-                what = _signal_name(rc) if rc is not None else "unknown cause"
+                what = signal_name(rc) if rc is not None else "unknown cause"
                 return _result(RUNTIME_ERROR, f"the kernel crashed the worker ({what})"
                                               + (f": {err}" if err else ""),
                                run_seconds=time.monotonic() - t0)

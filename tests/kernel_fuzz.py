@@ -57,6 +57,7 @@ from compiler.errors import CompilerError  # noqa: E402
 from compiler.ops import INVENTORY, default_schedule, get_op, random_inputs  # noqa: E402
 from compiler.ops.base import OpDef  # noqa: E402
 from compiler.tensor import Reduce  # noqa: E402
+from device_agent.worker import signal_name  # noqa: E402
 
 OUTCOMES = ("ok", "rejected", "wrong", "crash", "hang", "exception")
 FINDINGS = ("wrong", "crash", "hang", "exception")
@@ -1415,15 +1416,6 @@ def serve():
         answers.write(json.dumps(asdict(check(req["seed"], req.get("fault"), announce=True))) + "\n")
 
 
-def _signal_name(returncode) -> str:
-    if returncode is not None and returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 class Worker:
     """A long-lived worker subprocess; replaced after a crash or a hang (killed with its process
     group, so nothing it started lives on)."""
@@ -1512,7 +1504,7 @@ class Worker:
             phase, rc = self.phase, self.proc.wait()
             self._kill()
             last = " | ".join(self.tail)
-            return self._lost(seed, fault, "crash", f"the worker died ({_signal_name(rc)})" +
+            return self._lost(seed, fault, "crash", f"the worker died ({signal_name(rc)})" +
                               (f": {last}" if last else ""), phase, t0)
         return Result(**json.loads(line))
 
