@@ -148,8 +148,8 @@ class ModelBasedSearch(_ModelGuided):
             finite = np.isfinite(cur) & np.isfinite(ns)
             spread = np.ptp(ns[np.isfinite(ns)]) if np.isfinite(ns).any() else 1.0
             scale = max(spread, 1e-9) * max(t, 1e-9)
-            delta = np.where(finite, ns - cur, np.where(np.isfinite(ns), np.inf, -np.inf))
-            with np.errstate(over="ignore", invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore"):  # -inf - -inf where neither has features
+                delta = np.where(finite, ns - cur, np.where(np.isfinite(ns), np.inf, -np.inf))
                 accept = (delta >= 0) | (rng.random(len(points)) < np.exp(np.minimum(delta / scale, 0.0)))
             for i in np.flatnonzero(accept):
                 points[i], cur[i] = new[i], ns[i]
