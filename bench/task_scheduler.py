@@ -9,8 +9,10 @@ only the allocation of batches to tasks differs.
 Reported per scheduler: the weighted latency after `--trials` trials (mean over seeds), and
 `gradient_trials_to_rr_final / rr_trials`: the fraction of round-robin's trials the gradient
 scheduler needed to reach round-robin's final weighted latency (per seed, then the mean; 1.0 or
-more when it never got there). Latencies are the tuning measurements themselves (no end-of-run
-re-measurement), the same way for both. Last line: one JSON object.
+more when it never got there). The curves are not drawn from the tuning measurements, taken
+minutes apart on a shared machine: every candidate that was some task's best at some point of
+either run is re-timed in one interleaved session at the end, and both curves are computed from
+those costs. Last line: one JSON object.
 
     .venv/bin/python bench/task_scheduler.py --trials 300 --seeds 3
 """
@@ -47,31 +49,56 @@ def resnet50_tasks(limit: int | None = None):
     return out
 
 
-def run_once(scheduler: str, trials: int, seed: int, batch: int, space: str, limit: int | None):
-    """(curve of (trials, weighted latency), final weighted latency) of one tuning job."""
+def run_once(scheduler: str, tasks, weights, trials: int, seed: int, batch: int, space: str, builder, runner):
+    """[(trials so far, {task: best candidate so far})] after every search batch, and the
+    allocation of batches to tasks, of one tuning job on a fresh records database."""
     from tuner.engine import Callbacks
-    from tuner.measure import BuilderPool, LocalRunner
     from tuner.records import open_store
     from tuner.tune import tune_tasks
 
-    entries = resnet50_tasks(limit)
-    tasks, weights = [t for t, _ in entries], [w for _, w in entries]
-    best = {t: math.inf for t in tasks}
-    curve, done = [], [0]
+    best: dict = {}
+    steps, done = [], [0]
 
     def on_batch(report):
-        best[report.task] = report.result.best_cost
+        if report.result.best_candidate is not None:
+            best[report.task] = report.result.best_candidate
         if report.kind == "search":
             done[0] += len(report.candidates)
-            curve.append((done[0], sum(w * best[t] for t, w in zip(tasks, weights))))
+            steps.append((done[0], dict(best)))
 
-    with tempfile.TemporaryDirectory() as tmp, BuilderPool(timeout=60) as builder, LocalRunner() as runner:
+    with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{Path(tmp) / 'records.db'}")
         out = tune_tasks(tasks, store, weights=weights, scheduler=scheduler, space=space, trials=trials,
                          batch_size=batch, seed=seed, builder=builder, runner=runner, top_k=0,
                          callbacks=Callbacks(on_batch=on_batch))
         store.close()
-    return curve, curve[-1][1] if curve else math.inf, out.allocations
+    return steps, out.allocations
+
+
+def retime(pairs, builder, runner, rounds: int = 3) -> dict:
+    """Median cost of every (task, candidate) over `rounds` interleaved rounds in one session: the
+    two runs' curves are drawn from these, not from timings taken minutes apart on a shared machine."""
+    import statistics
+    by_task: dict = {}
+    for task, cand in pairs:
+        by_task.setdefault(task, {})[cand.fingerprint] = cand
+    builds = {task: (list(c.values()), builder.build(task, list(c.values()))) for task, c in by_task.items()}
+    costs: dict = {}
+    for _ in range(rounds):
+        for task, (cands, brs) in builds.items():
+            for cand, res in zip(cands, runner.run(task, brs)):
+                if res.ok:
+                    costs.setdefault((task, cand.fingerprint), []).append(res.mean_cost)
+    return {key: statistics.median(v) for key, v in costs.items()}
+
+
+def curve_of(steps, tasks, weights, costs) -> list:
+    """(trials, weighted latency) from the re-timed costs of the best candidates at each step."""
+    out = []
+    for n, best in steps:
+        if len(best) == len(tasks):
+            out.append((n, sum(w * costs.get((t, best[t].fingerprint), math.inf) for t, w in zip(tasks, weights))))
+    return out
 
 
 def trials_to_reach(curve, target: float) -> int | None:
@@ -87,20 +114,32 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="only the first N layers (a quick run)")
     args = ap.parse_args()
 
+    from tuner.measure import BuilderPool, LocalRunner
+
     t0 = time.perf_counter()
+    entries = resnet50_tasks(args.layers)
+    tasks, weights = [t for t, _ in entries], [w for _, w in entries]
     finals = {"round-robin": [], "gradient": []}
     fractions = []
-    for seed in range(args.seeds):
-        rr_curve, rr_final, _ = run_once("round-robin", args.trials, seed, args.batch, args.space, args.layers)
-        gr_curve, gr_final, alloc = run_once("gradient", args.trials, seed, args.batch, args.space, args.layers)
-        finals["round-robin"].append(rr_final)
-        finals["gradient"].append(gr_final)
-        reached = trials_to_reach(gr_curve, rr_final)
-        rr_trials = rr_curve[-1][0]
-        fractions.append(reached / rr_trials if reached is not None else 1.0 + 1e-9)
-        print(f"seed {seed}: weighted latency round-robin {1e3 * rr_final:.3f} ms, gradient {1e3 * gr_final:.3f} ms; "
-              f"gradient reached round-robin's final after {reached} of {rr_trials} trials "
-              f"(batches per task: {[alloc.count(i) for i in range(max(alloc) + 1)]})", flush=True)
+    with BuilderPool(timeout=60) as builder, LocalRunner() as runner:
+        for seed in range(args.seeds):
+            rr_steps, _ = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
+                                   builder, runner)
+            gr_steps, alloc = run_once("gradient", tasks, weights, args.trials, seed, args.batch, args.space,
+                                       builder, runner)
+            pairs = {(t, c.fingerprint): (t, c) for _, best in rr_steps + gr_steps for t, c in best.items()}.values()
+            costs = retime(pairs, builder, runner)
+            rr_curve, gr_curve = (curve_of(st, tasks, weights, costs) for st in (rr_steps, gr_steps))
+            rr_final, gr_final = rr_curve[-1][1], gr_curve[-1][1]
+            finals["round-robin"].append(rr_final)
+            finals["gradient"].append(gr_final)
+            reached = trials_to_reach(gr_curve, rr_final)
+            rr_trials = rr_curve[-1][0]
+            fractions.append(reached / rr_trials if reached is not None else 1.0 + 1e-9)
+            print(f"seed {seed}: weighted latency round-robin {1e3 * rr_final:.3f} ms, gradient "
+                  f"{1e3 * gr_final:.3f} ms (re-timed together); gradient reached round-robin's final after "
+                  f"{reached} of {rr_trials} trials (batches per task: "
+                  f"{[alloc.count(i) for i in range(len(tasks))]})", flush=True)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     print(f"{'scheduler':<14}{'weighted latency ms':>22}")
     for name, vals in finals.items():
