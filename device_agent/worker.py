@@ -238,7 +238,7 @@ def _read_frame(fd: int, deadline: float | None = None):
     return pickle.loads(body)
 
 
-def _watch_parent(period: float = 1.0) -> None:
+def watch_parent(period: float = 1.0) -> None:
     """Exit when the parent dies, even while a kernel spins forever (ctypes calls release the GIL)."""
     parent = os.getppid()
 
@@ -259,7 +259,7 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
     proto_out = os.dup(out_fd)
     os.dup2(2, out_fd)
     sys.stdout = sys.stderr
-    _watch_parent()
+    watch_parent()
     from compiler.runtime import initialize  # pay imports and LLVM set-up before "ready"
     initialize()
     _write_frame(proto_out, _READY)

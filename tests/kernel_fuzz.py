@@ -57,7 +57,7 @@ from compiler.errors import CompilerError  # noqa: E402
 from compiler.ops import INVENTORY, default_schedule, get_op, random_inputs  # noqa: E402
 from compiler.ops.base import OpDef  # noqa: E402
 from compiler.tensor import Reduce  # noqa: E402
-from device_agent.worker import signal_name  # noqa: E402
+from device_agent.worker import signal_name, watch_parent  # noqa: E402
 
 OUTCOMES = ("ok", "rejected", "wrong", "crash", "hang", "exception")
 FINDINGS = ("wrong", "crash", "hang", "exception")
@@ -1389,18 +1389,6 @@ def describe(seed: int) -> str:
 
 # ============================================================================= the worker process
 
-def _watch_parent(period: float = 1.0):
-    """Exit when the parent dies, even while a kernel or a build spins forever."""
-    parent = os.getppid()
-
-    def watch():
-        while True:
-            time.sleep(period)
-            if os.getppid() != parent:
-                os._exit(3)
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def serve():
     """Worker main loop: one JSON request per line on stdin ({"seed": n, "fault": f}), one Result per
     line on the original stdout. fd 1 then points at stderr, so whatever LLVM or a kernel prints
@@ -1408,7 +1396,7 @@ def serve():
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    _watch_parent()
+    watch_parent()
     import tuner.space  # noqa: F401 - pay the imports before answering "ready"
     answers.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:

@@ -155,12 +155,18 @@ def schedule_conv_nchw(opdef, target=None) -> Schedule:
                               target.capabilities)
     order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
     acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order)
+    prepare_conv_input(s, acc, opdef, target)
+    return s
+
+
+def prepare_conv_input(s, acc, opdef, target):
+    """The NCHW conv's input as its micro-kernel `acc` reads it: de-interleaved columns for a
+    column stride above 1, else the padded input materialized."""
     sw = opdef.params["stride"][1]
     if sw > 1:
         deinterleave_padded_columns(s, acc, opdef.inputs[0], sw, target)
     else:
         materialize_pad(s, target)
-    return s
 
 
 def deinterleave_columns(s, acc, data, sw: int, pad):
@@ -269,5 +275,5 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
 
 
 __all__ = ["schedule_conv_nchw", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
-           "deinterleave_padded_columns", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
+           "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

@@ -20,9 +20,8 @@ from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, want_parallel
 from .schedule_conv import (
     MAX_UNROLLED_TAPS,
-    deinterleave_padded_columns,
-    materialize_pad,
     pick_tile,
+    prepare_conv_input,
     split_output_tile,
     unroll_inner_reduction,
     vector_tiles,
@@ -66,11 +65,7 @@ def schedule_conv_bias_relu(opdef, target=None) -> Schedule:
     if want_parallel(target, opdef.flops) and loop.extent > 1:
         st.parallel(loop)
 
-    sw = opdef.params["stride"][1]
-    if sw > 1:
-        deinterleave_padded_columns(s, conv, opdef.inputs[0], sw, target)
-    else:
-        materialize_pad(s, target)
+    prepare_conv_input(s, conv, opdef, target)
     return s
 
 
