@@ -80,6 +80,9 @@ def _run(path: Path, what: str, fn):
 
 
 def _workload(path: Path, result) -> Workload:
+    inputs: list[Tensor] | None
+    output: OpDef | Tensor
+    name: str | None
     if isinstance(result, OpDef):
         inputs, output, name = None, result, None
     elif isinstance(result, Tensor):

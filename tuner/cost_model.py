@@ -18,8 +18,12 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from xgboost import Booster
 
 RANK_OBJECTIVES = ("rank:pairwise", "rank:ndcg", "rank:map")
 _MODEL_FORMAT = 1
@@ -83,11 +87,16 @@ class XGBCostModel:
             # every pair within a query, sampled evenly ("topk" would only care about the top few)
             self.params.update({"lambdarank_pair_method": "mean", "lambdarank_num_pair_per_sample": 32})
         self.params.update(params)
-        self.booster = None
-        self.num_features = None
-        # own rows (this workload) and warm-start rows (other workloads), kept for retraining
-        self._X = self._t = self._g = None
-        self._hX = self._hy = self._hg = None
+        self.booster: Booster | None = None
+        self.num_features: int | None = None
+        # own rows (this workload) and warm-start rows (other workloads), kept for retraining:
+        # features, throughputs and group ids (own), features, normalized labels, group ids (warm)
+        self._X: np.ndarray | None = None
+        self._t: np.ndarray | None = None
+        self._g: np.ndarray | None = None
+        self._hX: np.ndarray | None = None
+        self._hy: np.ndarray | None = None
+        self._hg: np.ndarray | None = None
 
     # ------------------------------------------------------------------ training
     @property
@@ -164,24 +173,28 @@ class XGBCostModel:
             return X, t, g
         keys = np.unique(g)
         per = max(limit // len(keys), 2)
-        keep = []
+        picked: list[np.ndarray] = []  # row indices kept, per workload
         for key in keys:
             idx = np.flatnonzero(g == key)
             if len(idx) <= per:
-                keep.append(idx)
+                picked.append(idx)
                 continue
             order = idx[np.argsort(-t[idx], kind="stable")]
             best = order[: per // 2]
             rest = order[per // 2:]
-            keep.append(np.concatenate([best, rest[np.linspace(0, len(rest) - 1, per - len(best)).astype(int)]]))
-        keep = np.sort(np.concatenate(keep))
+            picked.append(np.concatenate([best, rest[np.linspace(0, len(rest) - 1, per - len(best)).astype(int)]]))
+        keep = np.sort(np.concatenate(picked))
         return X[keep], t[keep], g[keep]
 
     def _training_set(self):
-        parts = []
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (features, labels, groups)
         if self._X is not None and len(self._X):
+            if self._t is None or self._g is None:
+                raise RuntimeError("the cost model has feature rows without their throughputs or groups")
             parts.append((self._X, normalize_by_group(self._t, self._g), self._g))
         if self._hX is not None and len(self._hX):
+            if self._hy is None or self._hg is None:
+                raise RuntimeError("the cost model has warm-start rows without their labels or groups")
             parts.append((self._hX, self._hy, self._hg))
         if not parts:
             return None
@@ -252,7 +265,9 @@ class XGBCostModel:
                 if v is not None:
                     arrays[name] = v.astype(str) if v.dtype == object else v
         buf = io.BytesIO()
-        np.savez_compressed(buf, **arrays)
+        # numpy's stub gives savez_compressed a keyword `allow_pickle: bool` besides **kwds, and mypy
+        # checks every value of **arrays against it too; no key here is "allow_pickle".
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]
         Path(path).write_bytes(buf.getvalue())
 
     @classmethod

@@ -32,7 +32,7 @@ import numpy as np
 from compiler.arith import struct_key, to_lin
 from compiler.dtypes import is_float, nbytes
 from compiler.expr import Binary, Call, Cast, Compare, Const, Logical, Not, Select, Var
-from compiler.loop_ir import Allocate, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Store
+from compiler.loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Store
 from compiler.target import resolve_target
 
 FEATURE_VERSION = 1
@@ -117,6 +117,17 @@ class _Access:
 class _StoreInfo:
     __slots__ = ("loops", "ops", "loads", "guards", "guard_ops", "local_allocs", "local_alloc_bytes",
                  "accesses", "buffer", "reduction")
+    # filled in by _Walker._store
+    loops: list[tuple[Var, int, str]]   # the enclosing loops, outermost first
+    ops: list[int]                      # arithmetic counts, indexed like _OP_KINDS
+    loads: int
+    guards: int
+    guard_ops: float
+    local_allocs: int
+    local_alloc_bytes: int
+    accesses: list[_Access]
+    buffer: Buffer
+    reduction: bool
 
 
 def _coefs(e, ranges) -> dict:

@@ -204,6 +204,8 @@ def _avg_pool2d(p):
     widths = ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]))
     ones = np.pad(np.ones((1, 1, p["H"], p["W"]), dtype), widths)
     count = sum(_taps(ones, 2, ry, rx, (1, 1), stride, OH, OW) for ry in range(KH) for rx in range(KW))
+    if not isinstance(count, np.ndarray):  # sum() of no taps is the int 0 (the op rejects such kernels)
+        raise ValueError(f"avg_pool2d: kernel {KH}x{KW} has no taps")
     inv = (1.0 / count).astype(dtype)
 
     def fn(x):

@@ -83,6 +83,8 @@ class LocalRunner(Runner):
         self.worker = WorkerProcess()
 
     def request(self, br: BuildResult) -> MeasureRequest:
+        if br.kernel_bytes is None:  # `passthrough` answers such a build without measuring it
+            raise ValueError("request() needs a build result with a kernel; this build produced none")
         return MeasureRequest(kernel_bytes=br.kernel_bytes, reference_bytes=br.reference_bytes,
                               num_inputs=br.num_inputs, number=self.number, repeat=self.repeat,
                               min_repeat_ms=self.min_repeat_ms, cooldown_ms=self.cooldown_ms,

@@ -114,7 +114,7 @@ class Strategy(ABC):
     def _random_unvisited(self, n: int, taken: set | None = None) -> list:
         """Up to n uniformly random unvisited candidates not in `taken` (which it extends)."""
         taken = set() if taken is None else taken
-        out = []
+        out: list[Candidate] = []
         space = self.space
         tries = self.max_tries_per_candidate * max(n, 1)
         if space.enumerable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..candidate import Candidate
 from ..space.base import SpaceError
 from .base import Strategy
 
@@ -28,7 +29,8 @@ class GridSearch(Strategy):
         return self._next < len(self.space)
 
     def _propose(self, n: int) -> list:
-        out, taken = [], set()
+        out: list[Candidate] = []
+        taken: set[str] = set()
         size = len(self.space)
         while len(out) < n and self._next < size:
             c = self.space.get(self._next)
@@ -68,7 +70,8 @@ class GeneticSearch(Strategy):
         p = fit + 1e-3  # even a failed member has a small chance
         p = p / p.sum()
         elites = list(range(min(self.elite_num, len(pop))))
-        out, taken = [], set()
+        out: list[Candidate] = []
+        taken: set[str] = set()
         tries = self.max_tries_per_candidate * n
         k = 0
         while len(out) < n and tries > 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..candidate import Candidate
 from ..cost_model import XGBCostModel
 from .base import Strategy
 
@@ -79,7 +80,9 @@ class _ModelGuided(Strategy):
         expected = n * self.eps
         n_random = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
         n_random = min(n_random, n - 1) if n > 1 else n_random  # the best-predicted always goes
-        out, taken, k = [], set(), 0
+        out: list[Candidate] = []
+        taken: set[str] = set()
+        k = 0
         while len(out) < n - n_random and k < len(ranked):  # best predicted first, then random
             if self._fresh(ranked[k], taken):
                 out.append(ranked[k])
@@ -249,7 +252,8 @@ def _spread_over_sketches(ranked: list, n: int) -> list:
         groups.setdefault(c.payload.get("sketch") if isinstance(c.payload, dict) else None, []).append(c)
     if len(groups) < 2:
         return ranked
-    out, used = [], set()
+    out: list[Candidate] = []
+    used: set[str] = set()
     queues = [list(g) for g in groups.values()]  # in order of each sketch's best prediction
     while len(out) < max(n // 2, 1) and any(queues):
         for q in queues:

@@ -202,7 +202,7 @@ def generate_sketches(opdef, target=None) -> list:
     dag = _Dag(opdef)
     inlinable = {i for i in range(dag.n) if not dag.is_reduce(i) and not dag.is_output(i)}
     tiled = [i for i in range(dag.n) if dag.is_reduce(i) and dag.has_reuse(i, inlinable)]
-    consumer = {}
+    consumer: dict[int, int] = {}
     for i in reversed(tiled):
         j = dag.fusible_consumer(i, inlinable)
         if j is not None and j not in consumer.values() and j not in tiled:
@@ -508,6 +508,8 @@ class SketchSpace(SearchSpace):
         sid, params = cand.payload.get("sketch"), cand.payload.get("params")
         if not isinstance(params, dict):
             raise SpaceError("trace candidate has no sketch params (a hand-written trace cannot be mutated)")
+        if sid is None:
+            raise SpaceError("trace candidate names no sketch")
         return self.sketch(sid), params
 
     def mutate(self, cand: Candidate, rng) -> Candidate:

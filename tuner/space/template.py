@@ -85,7 +85,8 @@ def default_template_for(opdef):
     """The built-in template for an inventory operator, or None (use a SketchSpace then)."""
     _load_builtin_templates()
     from .templates import TEMPLATE_FOR_OP
-    return TEMPLATE_FOR_OP.get(getattr(opdef, "name", None))
+    name = getattr(opdef, "name", None)
+    return None if name is None else TEMPLATE_FOR_OP.get(name)
 
 
 def _load_builtin_templates():
@@ -181,7 +182,7 @@ class Knob:
         self.name = name
         self.entities = [_jsonable(e, f"knob {name!r}") for e in entities]
         self.definition = definition
-        self._index = {}
+        self._index: dict[str, int] = {}
         for i, e in enumerate(self.entities):
             k = _key(e)
             if k in self._index:

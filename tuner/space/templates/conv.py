@@ -120,7 +120,7 @@ def _reduction_knobs(cfg, natural):
         dflt_ku = 4 if last == "rc" and ext["rc"] % 4 == 0 else 1
         cfg.define_split("tile_rc", ext["rc"], policy="candidate", candidate=[[v] for v in _first(dflt_ku, kus)])
     cfg.define_reorder("order_red", len(natural))
-    anns = [[]]
+    anns: list[list[str]] = [[]]
     for _, e in natural:
         choices = ("none", "unroll") if e <= MAX_UNROLLED_TAPS else ("none",)
         anns = [a + [c] for a in anns for c in choices]
@@ -177,7 +177,7 @@ def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, 
     # vector statements: a bigger tile keeps loops, so it compiles in reasonable time (and runs
     # as slowly as its spilled accumulators deserve)
     body = -(-min(vec_factor, axes[vec_dim].extent) // vl)
-    unroll_dims = []
+    unroll_dims: list[int] = []
     for d, f in reversed(unrolled):
         f = min(f, axes[d].extent)
         if body * f <= MAX_UNROLLED_TILE:
