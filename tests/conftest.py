@@ -25,19 +25,34 @@ def pg_database():
         admin.close()
 
 
-def pg_schema_url(pg_database: str) -> str:
-    """A URL to an empty schema of the module's database (search_path set through libpq options)."""
+def pg_schema_url(pg_database: str, upgraded: bool = True) -> str:
+    """A URL to a fresh schema of the session's database (search_path set through libpq options),
+    upgraded to the current tunefarm schema as `tunefarm db upgrade` would, unless `upgraded=False`
+    (PostgreSQL is never migrated implicitly by opening it)."""
     import psycopg
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_database, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {schema}")
-    return f"{pg_database.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{schema}"
+    url = f"{pg_database.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{schema}"
+    if upgraded:
+        from tuner.records import open_store
+        open_store(url, upgrade=True).close()
+    return url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request, tmp_path):
+    """A records database URL, ready to open (PostgreSQL already upgraded)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'records.db'}"
     return pg_schema_url(request.getfixturevalue("pg_database"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db_url(request, tmp_path):
+    """A records database URL with no schema at all (PostgreSQL not upgraded)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'records.db'}"
+    return pg_schema_url(request.getfixturevalue("pg_database"), upgraded=False)
 
 

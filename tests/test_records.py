@@ -21,14 +21,14 @@ from alembic.migration import MigrationContext
 from conftest import pg_schema_url
 
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
-from tuner.records import JobState, SQLRecordsStore, StoreError, open_store
+from tuner.records import SQLRecordsStore, StoreError, open_store
 from tuner.records import engine as engine_mod
 from tuner.records.models import VERSION_TABLE, Base
 from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
 
-TABLES = {"workloads", "tasks", "jobs", "records", "agents", VERSION_TABLE}
+TABLES = {"workloads", "tasks", "jobs", "job_tasks", "job_events", "api_tokens", "records", "agents", VERSION_TABLE}
 TARGET = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -num-cores=2"
 MATMUL = Workload("matmul", {"M": 16, "N": 16, "K": 16})
 TASK = Task(MATMUL, TARGET, "local")
@@ -64,17 +64,61 @@ def table_names(url: str) -> set[str]:
 
 # ---------------------------------------------------------------------------------- schema
 
-def test_migration_creates_schema_and_is_idempotent(db_url):
+def test_migration_creates_schema_and_is_idempotent(empty_db_url):
+    db_url = empty_db_url
     assert table_names(db_url) == set()
-    with SQLRecordsStore(db_url) as s:
+    with SQLRecordsStore(db_url, upgrade=True) as s:
         s.add_records(TASK, [(cand(1), ok(1e-3))])
     assert TABLES <= table_names(db_url)
-    with SQLRecordsStore(db_url) as s:          # reopen: upgrade to head is a no-op
+    with SQLRecordsStore(db_url, upgrade=True) as s:          # reopen: upgrade to head is a no-op
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0002"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0003"]
     engine.dispose()
+
+
+def test_postgresql_is_never_migrated_implicitly(pg_database):
+    """Servers and workers refuse a PostgreSQL schema that is behind, naming the command that
+    upgrades it; SQLite (the embedded default) upgrades itself."""
+    url = pg_schema_url(pg_database, upgraded=False)
+    with pytest.raises(StoreError, match=r"no tunefarm schema yet; run `tunefarm db upgrade --db"):
+        open_store(url)
+    assert table_names(url) == set()
+    open_store(url, upgrade=True).close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:                  # as if written by the previous tunefarm
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0003; run `tunefarm db upgrade"):
+        open_store(url)
+    with engine.begin() as conn:                  # written by a newer tunefarm
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))
+    with pytest.raises(StoreError, match="newer than this tunefarm"):
+        open_store(url)
+    engine.dispose()
+
+
+def test_upgrade_from_0002_keeps_jobs_and_records(empty_db_url):
+    """A database written by the previous release (schema 0002, one task per job) upgrades in
+    place: its jobs keep their task (now job_tasks position 0) and their records."""
+    from alembic import command
+
+    from tuner.records.engine import _alembic_config
+    engine = sa.create_engine(empty_db_url)
+    cfg = _alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.execute(sa.text("INSERT INTO workloads (key, name, params, created_at) VALUES "
+                             "('k1', 'matmul', '{\"M\": 16}', CURRENT_TIMESTAMP)"))
+        conn.execute(sa.text("INSERT INTO tasks (id, workload_key, target, device_key) VALUES (7, 'k1', 'llvm', 'local')"))
+        conn.execute(sa.text("INSERT INTO jobs (id, task_id, state, space, strategy, trials, created_at, updated_at) "
+                             "VALUES (3, 7, 'done', 'sketch', 'model', 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+    engine.dispose()
+    with SQLRecordsStore(empty_db_url, upgrade=True) as s:
+        job = s.get_job(3)
+        assert (job.state, job.trials, len(job.tasks), job.tasks[0].workload_key, job.target) == ("done", 64, 1, "k1", "")
+        assert job.tasks[0].task.target == "llvm"
 
 
 def test_hand_written_migration_matches_models(db_url):
@@ -286,7 +330,8 @@ def test_not_a_database_file_is_left_alone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
 
 
-def test_failed_open_writes_nothing(db_url, tmp_path, monkeypatch):
+def test_failed_open_writes_nothing(empty_db_url, tmp_path, monkeypatch):
+    db_url = empty_db_url
     real_upgrade = engine_mod.command.upgrade
 
     def upgrade_then_fail(cfg, rev):
@@ -295,7 +340,7 @@ def test_failed_open_writes_nothing(db_url, tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine_mod.command, "upgrade", upgrade_then_fail)
     with pytest.raises(StoreError, match="disk on fire"):
-        SQLRecordsStore(db_url)
+        SQLRecordsStore(db_url, upgrade=True)
     monkeypatch.undo()
     if db_url.startswith("sqlite"):
         assert list(tmp_path.iterdir()) == []        # the file this open created is gone
@@ -322,44 +367,7 @@ def test_in_memory_sqlite(monkeypatch):
         assert s.count() == 1
 
 
-# ---------------------------------------------------------------------------------- jobs and agents
-
-def test_job_state_machine(store):
-    job = store.create_job(TASK, "template:matmul", "xgb", 200)
-    j = store.get_job(job)
-    assert (j.state, j.task, j.space, j.strategy, j.trials, j.heartbeat_at) == (
-        JobState.QUEUED, TASK, "template:matmul", "xgb", 200, None)
-    with pytest.raises(StoreError, match="cannot go from queued to done"):
-        store.set_job_state(job, "done")
-    assert store.set_job_state(job, JobState.RUNNING).state == "running"
-    assert store.heartbeat(job) == JobState.RUNNING
-    assert store.get_job(job).heartbeat_at is not None
-    store.add_records(TASK, [(cand(1), ok(1e-3))], job_id=job)
-    assert store.history()[0].job_id == job
-    with pytest.raises(StoreError, match="cannot go from running to queued"):
-        store.set_job_state(job, "queued")
-    assert store.set_job_state(job, "failed", error="tracker lost").error == "tracker lost"
-    for state in JobState:
-        with pytest.raises(StoreError, match="final state"):
-            store.set_job_state(job, state)
-    assert store.get_job(job).state == JobState.FAILED
-
-    queued = store.create_job(TASK, "sketch", "random", 10)
-    assert store.set_job_state(queued, "cancelled").state == JobState.CANCELLED
-    done = store.create_job(TASK, "sketch", "random", 10)
-    store.set_job_state(done, "running")
-    store.set_job_state(done, "done")
-    assert [j.id for j in store.list_jobs()] == [job, queued, done]
-    assert [j.id for j in store.list_jobs("done")] == [done]
-    with pytest.raises(StoreError, match="unknown job state"):
-        store.set_job_state(done, "paused")
-    with pytest.raises(StoreError, match="no job 12345"):
-        store.set_job_state(12345, "running")
-    with pytest.raises(StoreError, match="no job"):
-        store.get_job(12345)
-    with pytest.raises(StoreError, match="no job"):
-        store.heartbeat(12345)
-
+# ---------------------------------------------------------------------------------- agents
 
 def test_agents_upsert(store):
     store.upsert_agent("pi-1", "rpi4", {"cores": 4})

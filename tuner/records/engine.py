@@ -47,8 +47,13 @@ def shown(url: str | URL) -> str:
         return repr(url)
 
 
-def open_engine(url: str) -> Engine:
-    """An engine for `url`, connected once and migrated to the newest schema; or StoreError."""
+def open_engine(url: str, upgrade: bool | None = None) -> Engine:
+    """An engine for `url`, connected once, with its schema at this tunefarm's head; or StoreError.
+
+    `upgrade=None`: the embedded SQLite default is migrated on open; a server database
+    (PostgreSQL) is only checked, and one that is behind is refused with the command that
+    upgrades it: several servers and workers share it, and a schema change there is an
+    operator's deliberate step, not a side effect of whichever process opened it first."""
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -62,8 +67,13 @@ def open_engine(url: str) -> Engine:
                          "supported: sqlite:///… and postgresql://… (psycopg)") from None
     except (ArgumentError, TypeError, ValueError) as e:
         raise StoreError(f"bad database URL {shown(parsed)}: {e}") from None
+    if upgrade is None:
+        upgrade = parsed.get_backend_name() == "sqlite"
     try:
-        migrate(engine)
+        if upgrade:
+            migrate(engine)
+        else:
+            check_schema(engine)
     except BaseException as e:
         engine.dispose()
         if created_file is not None:
@@ -79,8 +89,7 @@ def open_engine(url: str) -> Engine:
 
 def migrate(engine: Engine) -> None:
     """Upgrade the schema to head in one transaction (a no-op on an up-to-date database)."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    cfg = _alembic_config()
     with engine.connect() as conn:
         conn = conn.execution_options(tunefarm_write=True)
         with conn.begin():
@@ -92,6 +101,38 @@ def migrate(engine: Engine) -> None:
             except CommandError as e:
                 raise StoreError(f"cannot migrate records database {shown(engine.url)}: {e} "
                                  "(was it written by a newer tunefarm?)") from None
+
+
+def check_schema(engine: Engine) -> None:
+    """StoreError unless the database's schema is at this tunefarm's head revision."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from .models import VERSION_TABLE
+    script = ScriptDirectory.from_config(_alembic_config())
+    head = script.get_current_head()
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    if current == head:
+        return
+    command_hint = f"run `tunefarm db upgrade --db '{shown(engine.url)}'`"
+    if current is None:
+        raise SchemaBehind(f"records database {shown(engine.url)} has no tunefarm schema yet; {command_hint}")
+    if current not in {rev.revision for rev in script.walk_revisions()}:
+        raise StoreError(f"records database {shown(engine.url)} is at schema {current}, newer than this tunefarm's "
+                         f"{head}: upgrade tunefarm")
+    raise SchemaBehind(f"records database {shown(engine.url)} is at schema {current}, this tunefarm needs {head}; "
+                       f"{command_hint}")
+
+
+class SchemaBehind(StoreError):
+    """The database's schema is older than this tunefarm's (`tunefarm db upgrade` fixes it)."""
+
+
+def _alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    return cfg
 
 
 def _sqlite_file_to_create(url: URL) -> Path | None:

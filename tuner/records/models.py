@@ -1,4 +1,5 @@
-"""SQLAlchemy models of the records store: workloads, tasks, jobs, records, agents.
+"""SQLAlchemy models of the records store: workloads, tasks, jobs (with their tasks and events),
+records, agents, API tokens.
 
 Only portable column types (JSON, Text, Float, Integer, timestamps) so one schema serves the
 embedded SQLite file and a shared PostgreSQL server. The schema itself is created by Alembic
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -92,21 +94,82 @@ class TaskRow(Base):
 
 
 class JobRow(Base):
-    """A tuning job; `state` moves along the state machine in values.JOB_TRANSITIONS."""
+    """A tuning job: its submitted spec over one or more tasks (JobTaskRow), its state along
+    values.JOB_TRANSITIONS and, while running, the lease of the worker that runs it."""
 
     __tablename__ = "jobs"
-    __table_args__ = (CheckConstraint("state IN ('queued', 'running', 'done', 'failed', 'cancelled')",
-                                      name="state"),)
+    __table_args__ = (
+        CheckConstraint("state IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="state"),
+        Index("ix_jobs_state_priority_id", "state", "priority", "id"),   # the next job to claim
+        Index("ix_jobs_state_id", "state", "id"),                        # newest first, by state
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)   # the first task
+    name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    spec: Mapped[dict] = mapped_column(JSON, server_default=text("'{}'"))
+    state: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(Text, server_default="")
+    device_key: Mapped[str] = mapped_column(String(255), server_default="local")
     space: Mapped[str] = mapped_column(Text)
     strategy: Mapped[str] = mapped_column(String(64))
+    scheduler: Mapped[str] = mapped_column(String(32), server_default="gradient")
+    priority: Mapped[int] = mapped_column(Integer, server_default="0")
     trials: Mapped[int] = mapped_column(Integer)
+    trials_done: Mapped[int] = mapped_column(Integer, server_default="0")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class JobTaskRow(Base):
+    """One task of a job, with its weight and the progress the worker last wrote."""
+
+    __tablename__ = "job_tasks"
+    __table_args__ = (UniqueConstraint("job_id", "position"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    weight: Mapped[float] = mapped_column(Float)
+    flops: Mapped[float | None] = mapped_column(Float, nullable=True)   # of the operator, for GFLOPS
+    trials: Mapped[int] = mapped_column(Integer, server_default="0")
+    batches: Mapped[int] = mapped_column(Integer, server_default="0")
+    best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_record_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    baseline_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class JobEventRow(Base):
+    """Something that happened to a job (claimed, new best, lease lost, failed, ...)."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+
+
+class TokenRow(Base):
+    """A bearer token of the REST API: only its SHA-256 is stored, with comma-separated scopes."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class RecordRow(Base):
@@ -117,6 +180,8 @@ class RecordRow(Base):
     __table_args__ = (
         UniqueConstraint("task_id", "fingerprint"),
         Index("ix_records_task_id_mean_cost", "task_id", "mean_cost"),
+        Index("ix_records_task_id_id", "task_id", "id"),          # a task's records, newest first
+        Index("ix_records_error_code_id", "error_code", "id"),    # records of one error code, newest first
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))

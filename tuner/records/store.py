@@ -2,7 +2,9 @@
 
 Records are the single source of truth of tuning: the search asks `measured_fingerprints` to
 resume without measuring a candidate twice, the cost model trains on `history`, the compiler
-replays `best`. Every method is one transaction, so a crash never leaves a half-added batch.
+replays `best`, the REST API pages through `records_page`. The SQL store also holds the job queue
+(jobs.py) and the API tokens (tokens.py). Every method is one transaction, so a crash never
+leaves a half-added batch.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from ..workload import Task, Workload
 from . import codec
 from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
-from .models import AgentRow, JobRow, RecordRow, TaskRow, WorkloadRow
-from .values import JOB_TRANSITIONS, Agent, Job, JobState, Record, StoreError, utcnow
+from .jobs import JobQueue, page_size
+from .models import AgentRow, RecordRow, TaskRow, WorkloadRow
+from .tokens import TokenStore
+from .values import Agent, Record, StoreError, utcnow
 
 
 class RecordsStore(ABC):
@@ -52,16 +56,6 @@ class RecordsStore(ABC):
     @abstractmethod
     def import_jsonl(self, fileobj: IO[str]) -> int: ...
     @abstractmethod
-    def create_job(self, task: Task, space: str, strategy: str, trials: int) -> int: ...
-    @abstractmethod
-    def set_job_state(self, job_id: int, state: str, error: str | None = None) -> Job: ...
-    @abstractmethod
-    def heartbeat(self, job_id: int) -> JobState: ...
-    @abstractmethod
-    def get_job(self, job_id: int) -> Job: ...
-    @abstractmethod
-    def list_jobs(self, state: str | None = None) -> list[Job]: ...
-    @abstractmethod
     def upsert_agent(self, name: str, device_key: str, info: dict | None = None) -> None: ...
     @abstractmethod
     def list_agents(self) -> list[Agent]: ...
@@ -76,17 +70,20 @@ class RecordsStore(ABC):
         self.close()
 
 
-def open_store(url: str | None = None) -> "SQLRecordsStore":
-    """Open `url`, else $TUNEFARM_DB_URL, else ~/.tunefarm/records.db; StoreError if it cannot be."""
-    return SQLRecordsStore(resolve_url(url))
+def open_store(url: str | None = None, upgrade: bool | None = None) -> "SQLRecordsStore":
+    """Open `url`, else $TUNEFARM_DB_URL, else ~/.tunefarm/records.db; StoreError if it cannot be.
+    SQLite is migrated on open; PostgreSQL must already be at this version's schema (`tunefarm db
+    upgrade`, or `upgrade=True`), see engine.open_engine."""
+    return SQLRecordsStore(resolve_url(url), upgrade=upgrade)
 
 
-class SQLRecordsStore(RecordsStore):
-    """Records in SQLite or PostgreSQL through SQLAlchemy; schema upgraded by Alembic on open."""
+class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
+    """Records, jobs and API tokens in SQLite or PostgreSQL through SQLAlchemy; schema upgraded by
+    Alembic on open."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, upgrade: bool | None = None):
         self.url = url
-        self._engine = open_engine(url)
+        self._engine = open_engine(url, upgrade=upgrade)
         self._keys: dict[Workload, tuple[str, str | None]] = {}
 
     def __repr__(self):
@@ -246,6 +243,34 @@ class SQLRecordsStore(RecordsStore):
                 stmt = stmt.where(RecordRow.candidate_kind != "default")
             return s.execute(stmt).scalar_one()
 
+    def records_page(self, workload_key: str | None = None, target: str | None = None,
+                     device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
+                     before_id: int | None = None, limit: int = 50) -> list[Record]:
+        """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
+        paging over indexed columns: no page costs more at 100 000 records than at 100)."""
+        stmt = self._joined().order_by(RecordRow.id.desc()).limit(page_size(limit))
+        if workload_key is not None:
+            stmt = stmt.where(TaskRow.workload_key == workload_key)
+        if target is not None:
+            stmt = stmt.where(TaskRow.target == target)
+        if device_key is not None:
+            stmt = stmt.where(TaskRow.device_key == device_key)
+        if job_id is not None:
+            stmt = stmt.where(RecordRow.job_id == job_id)
+        if error_code is not None:
+            stmt = stmt.where(RecordRow.error_code == int(error_code))
+        if before_id is not None:
+            stmt = stmt.where(RecordRow.id < before_id)
+        with self._session() as s:
+            return self._records(s, stmt)
+
+    def get_record(self, record_id: int) -> Record:
+        with self._session() as s:
+            got = self._records(s, self._joined().where(RecordRow.id == record_id))
+        if not got:
+            raise StoreError(f"no record {record_id}")
+        return got[0]
+
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:
         """Write records as JSON lines (oldest first); returns how many."""
         stmt = self._joined().order_by(RecordRow.id).execution_options(yield_per=500)
@@ -281,70 +306,6 @@ class SQLRecordsStore(RecordsStore):
                     added += 1
         return added
 
-    # ------------------------------------------------------------------- jobs
-    def create_job(self, task, space, strategy, trials) -> int:
-        key, canonical = self._workload_key(task.workload)
-        now = utcnow()
-        with self._session(write=True) as s:
-            task_id = self._task_id(s, key, task.workload, task.target, task.device_key, canonical)
-            row = JobRow(task_id=task_id, state=JobState.QUEUED.value, space=space, strategy=strategy,
-                         trials=int(trials), created_at=now, updated_at=now)
-            s.add(row)
-            s.flush()
-            return row.id
-
-    def set_job_state(self, job_id, state, error=None) -> Job:
-        """Move a job along queued → running → done/failed/cancelled (or queued → cancelled).
-
-        A compare-and-set UPDATE, so two servers racing on one job cannot both win; anything
-        else raises StoreError and changes nothing."""
-        try:
-            new = JobState(state)
-        except ValueError:
-            raise StoreError(f"unknown job state {state!r}; states are {', '.join(JobState)}") from None
-        sources = [old.value for old, targets in JOB_TRANSITIONS.items() if new in targets]
-        with self._session(write=True) as s:
-            done = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(sources))
-                             .values(state=new.value, error=error, updated_at=utcnow()))
-            if done.rowcount != 1:
-                current = self._job_row(s, job_id).state
-                allowed = ", ".join(sorted(JOB_TRANSITIONS[JobState(current)])) or "none (final state)"
-                raise StoreError(f"job {job_id}: cannot go from {current} to {new}; allowed: {allowed}")
-            return self._job(s, self._job_row(s, job_id))
-
-    def heartbeat(self, job_id) -> JobState:
-        """Mark a job alive; returns its state, so a worker learns of a cancellation."""
-        with self._session(write=True) as s:
-            s.execute(update(JobRow).where(JobRow.id == job_id).values(heartbeat_at=utcnow()))
-            return JobState(self._job_row(s, job_id).state)
-
-    def get_job(self, job_id) -> Job:
-        with self._session() as s:
-            return self._job(s, self._job_row(s, job_id))
-
-    def list_jobs(self, state=None) -> list[Job]:
-        stmt = select(JobRow).order_by(JobRow.id)
-        if state is not None:
-            stmt = stmt.where(JobRow.state == JobState(state).value)
-        with self._session() as s:
-            return [self._job(s, row) for row in s.execute(stmt).scalars()]
-
-    @staticmethod
-    def _job_row(s: Session, job_id: int) -> JobRow:
-        row = s.get(JobRow, job_id, populate_existing=True)
-        if row is None:
-            raise StoreError(f"no job {job_id}")
-        return row
-
-    @staticmethod
-    def _job(s: Session, row: JobRow) -> Job:
-        t = s.get(TaskRow, row.task_id)
-        w = s.get(WorkloadRow, t.workload_key)
-        return Job(id=row.id, task=Task(codec.to_workload(w), t.target, t.device_key),
-                   state=JobState(row.state), space=row.space, strategy=row.strategy, trials=row.trials,
-                   created_at=row.created_at, updated_at=row.updated_at, heartbeat_at=row.heartbeat_at,
-                   error=row.error)
-
     # ----------------------------------------------------------------- agents
     def upsert_agent(self, name, device_key, info=None) -> None:
         """Record that agent `name` was seen now; `info=None` keeps the info it had."""
@@ -357,3 +318,118 @@ class SQLRecordsStore(RecordsStore):
             return [Agent(a.name, a.device_key, dict(a.info), a.last_seen)
                     for a in s.execute(select(AgentRow).order_by(AgentRow.name)).scalars()]
 
+
+    # --- reads for the API
+    # What the REST layer (tuner.service.api) reads beyond the tuner's own methods. Each is
+    # keyset-paged or capped and runs on indexed columns: several API servers share the database
+    # with the workers, and no request may cost more at 100 000 records than a page of them.
+
+    def ping(self) -> None:
+        """One round trip to the database (readiness); StoreError when it does not answer."""
+        with self._session() as s:
+            s.execute(select(1)).scalar_one()
+
+    def records_after(self, after_id: int | None = None, limit: int = 500, workload_key: str | None = None,
+                      target: str | None = None) -> list[Record]:
+        """Records oldest first with ids above `after_id`: the streamed export's pages, in
+        export_jsonl's order, each its own short transaction instead of one held for the whole file."""
+        stmt = self._joined().order_by(RecordRow.id).limit(page_size(limit))
+        if after_id is not None:
+            stmt = stmt.where(RecordRow.id > after_id)
+        if workload_key is not None:
+            stmt = stmt.where(TaskRow.workload_key == workload_key)
+        if target is not None:
+            stmt = stmt.where(TaskRow.target == target)
+        with self._session() as s:
+            return self._records(s, stmt)
+
+    def baseline_record(self, workload_key: str, target: str, device_key: str | None = None) -> Record | None:
+        """The fastest valid measurement of the workload's default schedule on `target` (over all
+        device keys unless `device_key`), or None. Found by the default candidate's fingerprint,
+        so it is a lookup in the (task_id, fingerprint) unique index, not a scan of the task."""
+        from ..space.base import default_candidate
+        fingerprint = default_candidate(workload_key).fingerprint
+        stmt = (self._joined()
+                .where(TaskRow.workload_key == workload_key, TaskRow.target == target,
+                       RecordRow.fingerprint == fingerprint, RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
+                .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
+                          RecordRow.id).limit(1))
+        if device_key is not None:
+            stmt = stmt.where(TaskRow.device_key == device_key)
+        with self._session() as s:
+            got = self._records(s, stmt)
+        return got[0] if got else None
+
+    def list_workloads(self, after_key: str | None = None, limit: int = 50, name: str | None = None) -> list[dict]:
+        """Workloads by key, `limit` of them after `after_key` (keyset), each a dict with key,
+        name, params, is_compute (defined as a compute DAG) and records (how many are stored).
+        The DAG definitions themselves are not read: a page stays small."""
+        from sqlalchemy import Text, cast
+        is_compute = (WorkloadRow.definition.is_not(None) & (cast(WorkloadRow.definition, Text) != "null")).label("is_compute")
+        stmt = (select(WorkloadRow.key, WorkloadRow.name, WorkloadRow.params, is_compute)
+                .order_by(WorkloadRow.key).limit(page_size(limit)))
+        if after_key is not None:
+            stmt = stmt.where(WorkloadRow.key > after_key)
+        if name is not None:
+            stmt = stmt.where(WorkloadRow.name == name)
+        with self._session() as s:
+            rows = s.execute(stmt).all()
+            keys = [r.key for r in rows]
+            counts = dict(s.execute(select(TaskRow.workload_key, func.count(RecordRow.id))
+                                    .join(RecordRow, RecordRow.task_id == TaskRow.id)
+                                    .where(TaskRow.workload_key.in_(keys)).group_by(TaskRow.workload_key)).all()) if keys else {}
+        return [{"key": r.key, "name": r.name, "params": dict(r.params or {}), "is_compute": bool(r.is_compute),
+                 "records": int(counts.get(r.key, 0))} for r in rows]
+
+    def list_targets(self, after: str | None = None, limit: int = 50) -> list[dict]:
+        """Distinct targets in order, `limit` of them after `after` (keyset), each a dict with
+        target, tasks, workloads, device_keys (sorted) and records (how many are stored)."""
+        stmt = (select(TaskRow.target, func.count(TaskRow.id).label("tasks"),
+                       func.count(func.distinct(TaskRow.workload_key)).label("workloads"))
+                .group_by(TaskRow.target).order_by(TaskRow.target).limit(page_size(limit)))
+        if after is not None:
+            stmt = stmt.where(TaskRow.target > after)
+        with self._session() as s:
+            rows = s.execute(stmt).all()
+            targets = [r.target for r in rows]
+            keys: dict[str, list[str]] = {t: [] for t in targets}
+            counts: dict[str, int] = {}
+            if targets:
+                for t, key in s.execute(select(TaskRow.target, TaskRow.device_key).distinct()
+                                        .where(TaskRow.target.in_(targets)).order_by(TaskRow.target, TaskRow.device_key)):
+                    keys[t].append(key)
+                counts = dict(s.execute(select(TaskRow.target, func.count(RecordRow.id))
+                                        .join(RecordRow, RecordRow.task_id == TaskRow.id)
+                                        .where(TaskRow.target.in_(targets)).group_by(TaskRow.target)).all())
+        return [{"target": r.target, "tasks": int(r.tasks), "workloads": int(r.workloads), "device_keys": keys[r.target],
+                 "records": int(counts.get(r.target, 0))} for r in rows]
+
+    def recent_measurements(self, seconds: float = 60.0, cap: int = 20_000, chunk: int = 2_000) -> tuple[int, dict[int, int], bool]:
+        """(measurements stored in the last `seconds`, how many of them failed by error code,
+        whether the `cap` on rows read was hit so the numbers are a lower bound).
+
+        Walks the newest records backwards by primary key in chunks and stops at the first
+        chunk with nothing recent: an idle farm costs one chunk, a busy one at most `cap` rows,
+        and no index on created_at is needed. Records imported with old timestamps are not
+        counted (they were not measured now)."""
+        from datetime import timedelta
+        cutoff = utcnow() - timedelta(seconds=seconds)
+        count, errors, before, scanned = 0, {}, None, 0
+        with self._session() as s:
+            while scanned < cap:
+                want = min(chunk, cap - scanned)
+                stmt = (select(RecordRow.id, RecordRow.error_code, RecordRow.created_at)
+                        .order_by(RecordRow.id.desc()).limit(want))
+                if before is not None:
+                    stmt = stmt.where(RecordRow.id < before)
+                rows = s.execute(stmt).all()
+                scanned += len(rows)
+                recent = [r for r in rows if r.created_at >= cutoff]
+                for r in recent:
+                    count += 1
+                    if r.error_code != 0:
+                        errors[r.error_code] = errors.get(r.error_code, 0) + 1
+                if not recent or len(rows) < want:
+                    return count, errors, False
+                before = rows[-1].id
+        return count, errors, True

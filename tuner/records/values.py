@@ -28,14 +28,17 @@ class JobState(StrEnum):
 
 
 # queued → running → done / failed / cancelled. A queued job may also be cancelled before it
-# starts (a user withdrawing a submission); terminal states never change again.
+# starts (a user withdrawing a submission); a failed or cancelled job may be resumed (queued
+# again: it continues from its records). Done never changes again. A running job whose lease
+# expired is claimed again without leaving `running` (JobQueue.claim_job).
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
     JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED}),
     JobState.DONE: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.CANCELLED: frozenset({JobState.QUEUED}),
 }
+FINAL_STATES = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
 
 
 def utcnow() -> datetime:
@@ -74,19 +77,87 @@ class Record:
 
 
 @dataclass(frozen=True)
+class JobTask:
+    """One task of a job and the progress its worker last wrote (costs in seconds)."""
+
+    position: int
+    task: Task
+    workload_key: str
+    weight: float
+    flops: float | None = None
+    trials: int = 0
+    batches: int = 0
+    best_cost: float | None = None
+    best_record_id: int | None = None
+    baseline_cost: float | None = None
+
+    @property
+    def best_gflops(self) -> float | None:
+        if self.best_cost is None or not self.flops:
+            return None
+        return self.flops / self.best_cost / 1e9
+
+    @property
+    def speedup(self) -> float | None:
+        """How many times faster than the operator's default schedule the best schedule is."""
+        if self.best_cost is None or self.baseline_cost is None or self.best_cost <= 0:
+            return None
+        return self.baseline_cost / self.best_cost
+
+
+@dataclass(frozen=True)
 class Job:
-    """A tuning job as stored: its task, search set-up, state and liveness."""
+    """A tuning job as stored: its spec, tasks, state, lease and progress."""
 
     id: int
-    task: Task
     state: JobState
+    spec: dict
+    tasks: tuple[JobTask, ...]
+    target: str
+    device_key: str
     space: str
     strategy: str
+    scheduler: str
+    priority: int
     trials: int
+    trials_done: int
+    attempts: int
     created_at: datetime
     updated_at: datetime
+    name: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
     heartbeat_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
     error: str | None = None
+
+    @property
+    def task(self) -> Task:
+        """The first task (a single-task job's only one)."""
+        return self.tasks[0].task
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    id: int
+    job_id: int
+    at: datetime
+    kind: str
+    message: str
+    data: dict | None = None
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """An API token as stored (never its secret)."""
+
+    id: int
+    name: str
+    scopes: frozenset[str]
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
 
 
 @dataclass(frozen=True)

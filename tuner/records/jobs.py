@@ -1,0 +1,321 @@
+"""The job queue in SQL: submit, claim with a lease, renew, finish, cancel, resume, list, events.
+
+Every state change is one conditional UPDATE (compare-and-set on the state and, for a worker,
+on its lease), so two workers or two API servers racing on one job cannot both win, and the
+loser learns it from the row count instead of overwriting the winner.
+
+Claiming is one statement on PostgreSQL: `UPDATE jobs … FROM (SELECT id … ORDER BY priority
+DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED) … RETURNING`, so workers never queue behind each other's
+row locks; on SQLite the pick and the update run under the database's single write lock (BEGIN
+IMMEDIATE), which serializes claims. A job is claimable when queued, or running with an
+expired lease (its worker died): the new claim resumes it from its records. Lease times come
+from the claiming worker's clock; hosts of one farm are expected to keep time (NTP).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from ..workload import Task
+from . import codec
+from .models import JobEventRow, JobRow, JobTaskRow, TaskRow, WorkloadRow
+from .values import JOB_TRANSITIONS, Job, JobEvent, JobState, JobTask, StoreError, utcnow
+
+MAX_PAGE = 500
+
+
+class JobQueue:
+    """Job methods of SQLRecordsStore (which provides `_session`, `_workload_key`, `_task_id`)."""
+
+    # ------------------------------------------------------------------ submit
+    def submit_job(self, tasks: list[tuple[Task, float, float | None]], spec: dict, *, space: str, strategy: str,
+                   scheduler: str, trials: int, priority: int = 0, name: str | None = None) -> int:
+        """Queue a job over `tasks` [(task, weight, flops)] (all on one target and device key);
+        `spec` is the request as submitted, kept so a worker can rebuild everything from it."""
+        if not tasks:
+            raise StoreError("a job needs at least one task")
+        targets = {(t.target, t.device_key) for t, _, _ in tasks}
+        if len(targets) != 1:
+            raise StoreError(f"the tasks of one job share a target and device key, got {sorted(targets)}")
+        (target, device_key), = targets
+        now = utcnow()
+        keys = [self._workload_key(t.workload) for t, _, _ in tasks]
+        with self._session(write=True) as s:
+            task_ids = [self._task_id(s, key, task.workload, task.target, task.device_key, canonical)
+                        for (task, _, _), (key, canonical) in zip(tasks, keys)]
+            row = JobRow(task_id=task_ids[0], name=name, spec=spec, state=JobState.QUEUED.value, target=target, device_key=device_key,
+                         space=space, strategy=strategy, scheduler=scheduler, priority=int(priority),
+                         trials=int(trials), trials_done=0, attempts=0, created_at=now, updated_at=now)
+            s.add(row)
+            s.flush()
+            for pos, ((_, weight, flops), task_id) in enumerate(zip(tasks, task_ids)):
+                s.add(JobTaskRow(job_id=row.id, position=pos, task_id=task_id, weight=float(weight),
+                                 flops=None if flops is None else float(flops), trials=0, batches=0))
+            _event(s, row.id, "submitted", f"queued with {len(tasks)} task(s), {trials} trials", now=now)
+            return row.id
+
+    # ------------------------------------------------------------------ workers
+    def claim_job(self, worker: str, lease_seconds: float, device_keys: list[str] | None = None) -> Job | None:
+        """Lease the next job (highest priority, then oldest) to `worker`; None when none waits.
+
+        `device_keys`: only jobs measured on these device keys (None: any)."""
+        now = utcnow()
+        claimable = or_(JobRow.state == JobState.QUEUED.value,
+                        and_(JobRow.state == JobState.RUNNING.value, JobRow.lease_expires_at < now))
+        pick = select(JobRow.id).where(claimable)
+        if device_keys is not None:
+            pick = pick.where(JobRow.device_key.in_(sorted(set(device_keys))))
+        pick = pick.order_by(JobRow.priority.desc(), JobRow.id).limit(1)
+        values = dict(state=JobState.RUNNING.value, lease_owner=worker,
+                      lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now,
+                      attempts=JobRow.attempts + 1, started_at=func.coalesce(JobRow.started_at, now),
+                      updated_at=now, error=None)
+        with self._session(write=True) as s:
+            if s.get_bind().dialect.name == "postgresql":
+                # one statement: lock the next free row (skipping rows other claims hold), take it,
+                # and return who held it before (a reclaim) from the locked subquery
+                chosen = pick.add_columns(JobRow.lease_owner.label("previous")).with_for_update(skip_locked=True)
+                chosen = chosen.subquery()
+                got = s.execute(update(JobRow).where(JobRow.id == chosen.c.id).values(**values)
+                                .returning(JobRow.id, chosen.c.previous)
+                                .execution_options(synchronize_session=False)).first()
+            else:
+                # SQLite: this transaction holds the database's only write lock (BEGIN IMMEDIATE),
+                # so nothing can change between the pick and the update
+                got = s.execute(pick.add_columns(JobRow.lease_owner)).first()
+                if got is not None:
+                    s.execute(update(JobRow).where(JobRow.id == got[0]).values(**values)
+                              .execution_options(synchronize_session=False))
+            if got is None:
+                return None
+            claimed, previous_owner = got
+            job = self._job(s, self._job_row(s, claimed))
+            if previous_owner is not None:
+                _event(s, claimed, "reclaimed", f"lease of {previous_owner} expired; claimed by {worker} "
+                       f"(attempt {job.attempts}), resuming from its records", now=now,
+                       data={"worker": worker, "previous": previous_owner})
+            else:
+                _event(s, claimed, "claimed", f"claimed by {worker} (attempt {job.attempts})", now=now,
+                       data={"worker": worker})
+            return job
+
+    def renew_lease(self, job_id: int, worker: str, lease_seconds: float) -> JobState:
+        """Extend `worker`'s lease; returns the job's state. Anything but RUNNING (cancelled by a
+        user, or the lease lost to another worker: then the state is returned as it is, and
+        `lease_owner` differs) tells the worker to stop."""
+        now = utcnow()
+        with self._session(write=True) as s:
+            n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
+                                               JobRow.state == JobState.RUNNING.value)
+                          .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now)
+                          .execution_options(synchronize_session=False)).rowcount
+            if n == 1:
+                return JobState.RUNNING
+            row = self._job_row(s, job_id)
+            if row.state == JobState.RUNNING.value:  # running, but another worker holds it now
+                raise LeaseLost(f"job {job_id}: lease held by {row.lease_owner}, not {worker}")
+            return JobState(row.state)
+
+    def record_progress(self, job_id: int, worker: str, position: int, *, trials: int, batches: int,
+                        best_cost: float | None, best_record_id: int | None, baseline_cost: float | None,
+                        trials_done: int, lease_seconds: float) -> JobState:
+        """A task's progress after a batch, and the job's trial count, written with a lease
+        renewal in one transaction. Returns what renew_lease returns."""
+        now = utcnow()
+        with self._session(write=True) as s:
+            n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
+                                               JobRow.state == JobState.RUNNING.value)
+                          .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now,
+                                  trials_done=int(trials_done), updated_at=now)
+                          .execution_options(synchronize_session=False)).rowcount
+            if n == 1:
+                s.execute(update(JobTaskRow).where(JobTaskRow.job_id == job_id, JobTaskRow.position == position)
+                          .values(trials=int(trials), batches=int(batches), best_cost=best_cost,
+                                  best_record_id=best_record_id, baseline_cost=baseline_cost, updated_at=now)
+                          .execution_options(synchronize_session=False))
+                return JobState.RUNNING
+            row = self._job_row(s, job_id)
+            if row.state == JobState.RUNNING.value:
+                raise LeaseLost(f"job {job_id}: lease held by {row.lease_owner}, not {worker}")
+            return JobState(row.state)
+
+    def release_lease(self, job_id: int, worker: str, reason: str) -> bool:
+        """`worker` gives its running job back (it is shutting down): the lease ends now, so the
+        next claim resumes the job at once instead of after the lease would have expired."""
+        now = utcnow()
+        with self._session(write=True) as s:
+            n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
+                                               JobRow.state == JobState.RUNNING.value)
+                          .values(lease_expires_at=now, updated_at=now)
+                          .execution_options(synchronize_session=False)).rowcount
+            if n == 1:
+                _event(s, job_id, "released", reason, now=now)
+            return n == 1
+
+    def finish_job(self, job_id: int, worker: str, state: str, error: str | None = None) -> bool:
+        """`worker` ends its running job as done or failed (or cancelled, when it stopped on its
+        own). False when the job was no longer its to end (cancelled meanwhile, or reclaimed)."""
+        new = JobState(state)
+        if new not in JOB_TRANSITIONS[JobState.RUNNING]:
+            raise StoreError(f"a worker ends a job as done, failed or cancelled, not {new}")
+        now = utcnow()
+        with self._session(write=True) as s:
+            n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
+                                               JobRow.state == JobState.RUNNING.value)
+                          .values(state=new.value, error=error, finished_at=now, updated_at=now,
+                                  lease_owner=None, lease_expires_at=None)
+                          .execution_options(synchronize_session=False)).rowcount
+            if n == 1:
+                _event(s, job_id, new.value, error or f"{new.value} (worker {worker})", now=now)
+            return n == 1
+
+    # ------------------------------------------------------------------ users
+    def cancel_job(self, job_id: int, reason: str = "cancelled by user") -> Job:
+        """Cancel a queued or running job (its worker stops after its current batch)."""
+        return self._transition(job_id, JobState.CANCELLED, "cancelled", reason,
+                                extra={"finished_at": utcnow(), "lease_owner": None, "lease_expires_at": None})
+
+    def resume_job(self, job_id: int) -> Job:
+        """Queue a failed or cancelled job again; it continues from its records (nothing measured
+        twice, its earlier trials count against its budget)."""
+        return self._transition(job_id, JobState.QUEUED, "resumed", "queued again",
+                                extra={"finished_at": None, "error": None, "lease_owner": None,
+                                       "lease_expires_at": None})
+
+    def set_job_state(self, job_id: int, state: str, error: str | None = None) -> Job:
+        """Move a job along JOB_TRANSITIONS by hand (admin); StoreError if the move is not allowed."""
+        try:
+            new = JobState(state)
+        except ValueError:
+            raise StoreError(f"unknown job state {state!r}; states are {', '.join(JobState)}") from None
+        extra: dict = {"error": error}
+        if new in (JobState.DONE, JobState.FAILED, JobState.CANCELLED):
+            extra.update(finished_at=utcnow(), lease_owner=None, lease_expires_at=None)
+        return self._transition(job_id, new, new.value, error or f"set to {new.value}", extra=extra)
+
+    def _transition(self, job_id: int, new: JobState, kind: str, message: str, extra: dict) -> Job:
+        sources = [old.value for old, targets in JOB_TRANSITIONS.items() if new in targets]
+        now = utcnow()
+        with self._session(write=True) as s:
+            n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(sources))
+                          .values(state=new.value, updated_at=now, **extra)
+                          .execution_options(synchronize_session=False)).rowcount
+            if n != 1:
+                current = JobState(self._job_row(s, job_id).state)
+                allowed = ", ".join(sorted(JOB_TRANSITIONS[current])) or "none (final state)"
+                raise JobStateError(f"job {job_id} is {current}: cannot go to {new}; allowed: {allowed}",
+                                    current=current)
+            _event(s, job_id, kind, message, now=now)
+            return self._job(s, self._job_row(s, job_id))
+
+    # ------------------------------------------------------------------ reading
+    def get_job(self, job_id: int) -> Job:
+        with self._session() as s:
+            return self._job(s, self._job_row(s, job_id))
+
+    def list_jobs(self, state: str | None = None, workload: str | None = None, target: str | None = None,
+                  before_id: int | None = None, limit: int = 50) -> list[Job]:
+        """Jobs newest first, `limit` of them with ids below `before_id` (keyset paging: a page
+        costs the same at the millionth job as at the first). `workload`: a workload key or
+        operator name one of the job's tasks has."""
+        stmt = select(JobRow).order_by(JobRow.id.desc()).limit(page_size(limit))
+        if state is not None:
+            try:
+                stmt = stmt.where(JobRow.state == JobState(state).value)
+            except ValueError:
+                raise StoreError(f"unknown job state {state!r}; states are {', '.join(JobState)}") from None
+        if target is not None:
+            stmt = stmt.where(JobRow.target == target)
+        if before_id is not None:
+            stmt = stmt.where(JobRow.id < before_id)
+        if workload is not None:
+            has = (select(JobTaskRow.id).join(TaskRow, JobTaskRow.task_id == TaskRow.id)
+                   .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
+                   .where(JobTaskRow.job_id == JobRow.id, or_(WorkloadRow.key == workload, WorkloadRow.name == workload)))
+            stmt = stmt.where(exists(has))
+        with self._session() as s:
+            rows = list(s.execute(stmt).scalars())
+            return self._jobs(s, rows)
+
+    def count_jobs_by_state(self) -> dict[str, int]:
+        with self._session() as s:
+            counts = dict(s.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
+        return {st.value: int(counts.get(st.value, 0)) for st in JobState}
+
+    def add_job_event(self, job_id: int, kind: str, message: str, data: dict | None = None) -> None:
+        with self._session(write=True) as s:
+            _event(s, job_id, kind, message, data=data)
+
+    def job_events(self, job_id: int, after_id: int | None = None, limit: int = 200) -> list[JobEvent]:
+        """A job's events oldest first, those after event `after_id` (incremental polling)."""
+        stmt = (select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
+                .limit(page_size(limit)))
+        if after_id is not None:
+            stmt = stmt.where(JobEventRow.id > after_id)
+        with self._session() as s:
+            self._job_row(s, job_id)
+            return [JobEvent(e.id, e.job_id, e.at, e.kind, e.message, e.data) for e in s.execute(stmt).scalars()]
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _job_row(s: Session, job_id: int) -> JobRow:
+        row = s.get(JobRow, job_id, populate_existing=True)
+        if row is None:
+            raise UnknownJob(f"no job {job_id}")
+        return row
+
+    def _job(self, s: Session, row: JobRow) -> Job:
+        return self._jobs(s, [row])[0]
+
+    @staticmethod
+    def _jobs(s: Session, rows: list[JobRow]) -> list[Job]:
+        """Jobs with their tasks, in two queries for the whole page (not two per job)."""
+        if not rows:
+            return []
+        tasks: dict[int, list[JobTask]] = {r.id: [] for r in rows}
+        stmt = (select(JobTaskRow, TaskRow, WorkloadRow).join(TaskRow, JobTaskRow.task_id == TaskRow.id)
+                .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
+                .where(JobTaskRow.job_id.in_(list(tasks))).order_by(JobTaskRow.job_id, JobTaskRow.position))
+        for jt, t, w in s.execute(stmt):
+            tasks[jt.job_id].append(JobTask(
+                position=jt.position, task=Task(codec.to_workload(w), t.target, t.device_key), workload_key=w.key,
+                weight=jt.weight, flops=jt.flops, trials=jt.trials, batches=jt.batches, best_cost=jt.best_cost,
+                best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost))
+        return [Job(id=r.id, state=JobState(r.state), spec=dict(r.spec or {}), tasks=tuple(tasks[r.id]),
+                    target=r.target, device_key=r.device_key, space=r.space, strategy=r.strategy,
+                    scheduler=r.scheduler, priority=r.priority, trials=r.trials, trials_done=r.trials_done,
+                    attempts=r.attempts, created_at=r.created_at, updated_at=r.updated_at, name=r.name,
+                    started_at=r.started_at, finished_at=r.finished_at, heartbeat_at=r.heartbeat_at,
+                    lease_owner=r.lease_owner, lease_expires_at=r.lease_expires_at, error=r.error)
+                for r in rows]
+
+
+class UnknownJob(StoreError):
+    """No job has this id."""
+
+
+class JobStateError(StoreError):
+    """The job is not in a state the requested change starts from."""
+
+    def __init__(self, message: str, current: JobState):
+        super().__init__(message)
+        self.current = current
+
+
+class LeaseLost(StoreError):
+    """Another worker holds the job's lease now (this worker was presumed dead): stop, write nothing."""
+
+
+def _event(s: Session, job_id: int, kind: str, message: str, now: datetime | None = None,
+           data: dict | None = None) -> None:
+    s.add(JobEventRow(job_id=job_id, at=now or utcnow(), kind=kind, message=message, data=data))
+
+
+def page_size(limit: int) -> int:
+    """`limit` checked against MAX_PAGE: no request reads an unbounded number of rows."""
+    if not 1 <= int(limit) <= MAX_PAGE:
+        raise StoreError(f"page size must be 1..{MAX_PAGE}, got {limit}")
+    return int(limit)
