@@ -6,8 +6,9 @@
     tunefarm tune OPNAME ... | --workloads FILE    tune operators, record every measurement
     tunefarm best OPNAME / records export|import   the records
     tunefarm tracker / agent / farm status         the measurement farm
+    tunefarm serve / worker / db upgrade / token   the tuning service (REST API, job workers)
 
-One module per family of subcommands (ops.py, tune.py, farm.py), the helpers they share in
+One module per family of subcommands (ops.py, tune.py, farm.py, service.py), the helpers they share in
 common.py. User errors (an unknown operator, a bad parameter or target) print one line and exit
 with status 2, never a traceback.
 """
@@ -18,7 +19,7 @@ import argparse
 import os
 import sys
 
-from . import farm, ops, tune
+from . import farm, ops, service, tune
 from .common import DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, EXIT_USAGE, SMALL_PARAMS, UsageError, check_output
 
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops.register(sub)
     tune.register(sub)
     farm.register(sub)
+    service.register(sub)
     return parser
 
 

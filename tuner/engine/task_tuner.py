@@ -219,6 +219,8 @@ class TaskTuner:
         builds = self.builder.build(self.task, cands)
         rounds: dict = {c.fingerprint: [] for c in cands}
         for _ in range(self.retime_rounds):
+            if self._stop.is_set():   # a stop during the re-measurement: keep what was measured
+                break
             results = self.runner.run(self.task, builds)
             for c, res in zip(cands, results):
                 if res.ok and math.isfinite(res.mean_cost):

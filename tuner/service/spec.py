@@ -1,0 +1,144 @@
+"""A tuning job as data: what a user submits, checked completely before anything is stored.
+
+The same model is the REST API's request body (its OpenAPI schema), what the store keeps in
+`jobs.spec`, and what a worker rebuilds the job from, so a job means the same thing in every
+process. A compute DAG arrives as JSON (compiler.serialize) and is only ever parsed as data.
+
+`resolve(spec)` does the checks that need the compiler (operator names, parameters that type-check,
+the target string, the space kind for each operator) and raises SpecError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_TRIALS = 100_000
+MAX_WORKLOADS = 256
+SPACES = ("sketch", "template")
+
+
+class SpecError(ValueError):
+    """A job spec that cannot run: `field` is the dotted path of what is wrong (as in a 422)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+class WorkloadSpec(BaseModel):
+    """One workload: an inventory operator with parameters, or a compute DAG as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: str | None = Field(None, min_length=1, max_length=128, description="inventory operator, e.g. matmul")
+    params: dict[str, Any] = Field(default_factory=dict, description="the operator's parameters")
+    compute: dict[str, Any] | None = Field(None, description="a compute DAG (compiler.serialize.dag_to_json)")
+    name: str | None = Field(None, min_length=1, max_length=128, description="name of a compute workload")
+    weight: float = Field(1.0, gt=0, le=1e6, description="how often the operator occurs (task scheduler)")
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if (self.op is None) == (self.compute is None):
+            raise ValueError("give exactly one of 'op' (an inventory operator) or 'compute' (a compute DAG)")
+        if self.compute is not None and self.params:
+            raise ValueError("'params' belong to an inventory 'op'; a compute DAG has its shapes inside")
+        return self
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("weight must be finite")
+        return v
+
+
+class MeasureOptions(BaseModel):
+    """How candidates are timed (the measuring worker's or the agent's settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    number: int = Field(3, ge=1, le=1000, description="runs per timing")
+    repeat: int = Field(3, ge=1, le=100, description="timings per candidate")
+    min_repeat_ms: float = Field(50.0, ge=0, le=10_000)
+    timeout: float = Field(10.0, gt=0, le=600, description="seconds before a run is a timeout")
+    build_timeout: float = Field(20.0, gt=0, le=600, description="seconds before a build is a timeout")
+
+
+class JobSpec(BaseModel):
+    """A tuning job: workloads under one trial budget on one target and device key."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=200)
+    workloads: list[WorkloadSpec] = Field(min_length=1, max_length=MAX_WORKLOADS)
+    target: str | None = Field(None, max_length=1000, description="LLVM target string; default: the server's host")
+    device_key: str = Field("local", min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:-]+$",
+                            description="'local': measured by the worker's own machine; else a farm device key")
+    space: Literal["sketch", "template"] = "sketch"
+    strategy: Literal["random", "grid", "genetic", "model", "evolutionary"] | None = Field(
+        None, description="search strategy; default: model for template, evolutionary for sketch")
+    scheduler: Literal["gradient", "round-robin"] = "gradient"
+    trials: int = Field(64, ge=1, le=MAX_TRIALS, description="new measurements for the whole job")
+    batch_size: int = Field(8, ge=1, le=256)
+    top_k: int = Field(5, ge=0, le=64, description="candidates re-measured at the end of every task")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    measure: MeasureOptions = Field(default_factory=MeasureOptions)
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A checked spec: its tasks (one target, one device key), weights and flops."""
+
+    spec: JobSpec
+    tasks: list           # [Task]
+    weights: list[float]
+    flops: list[float]
+    strategy: str
+
+    def store_rows(self) -> list[tuple]:
+        return list(zip(self.tasks, self.weights, self.flops))
+
+
+def resolve(spec: JobSpec, default_target: str | None = None) -> ResolvedJob:
+    """Check everything that needs the compiler; SpecError(field, message) on the first problem.
+
+    `default_target`: the target of a spec without one (the server's host when None)."""
+    from compiler.errors import CompilerError
+    from compiler.target import resolve_target
+
+    from ..engine import DEFAULT_STRATEGY, make_space
+    from ..search import STRATEGIES
+    from ..workload import Task, Workload, WorkloadError
+
+    try:
+        target = resolve_target(spec.target if spec.target is not None else default_target)
+    except (CompilerError, ValueError) as e:
+        raise SpecError("target", str(e)) from None
+    strategy = spec.strategy or DEFAULT_STRATEGY[spec.space]
+    if strategy not in STRATEGIES:
+        raise SpecError("strategy", f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    tasks, weights, flops, keys = [], [], [], {}
+    for i, w in enumerate(spec.workloads):
+        where = f"workloads.{i}"
+        try:
+            if w.op is not None:
+                workload = Workload(w.op, w.params)
+            else:
+                workload = Workload(w.name or "custom", {}, w.compute)
+            opdef = workload.opdef()
+            key = opdef.workload_key()
+        except (WorkloadError, CompilerError, ValueError, TypeError, KeyError) as e:
+            raise SpecError(where, str(e)) from None
+        if key in keys:
+            raise SpecError(where, f"the same workload as workloads.{keys[key]}; give that one a larger weight")
+        keys[key] = i
+        try:
+            make_space(spec.space, opdef, target)
+        except (ValueError, CompilerError) as e:
+            raise SpecError("space", f"{spec.space} space for workloads.{i} ({workload.name}): {e}") from None
+        tasks.append(Task(workload, str(target), spec.device_key))
+        weights.append(float(w.weight))
+        flops.append(float(opdef.flops))
+    return ResolvedJob(spec, tasks, weights, flops, strategy)

@@ -1,0 +1,242 @@
+"""A job worker: claims jobs from the records database and runs them with the tuning engine.
+
+Workers are separate processes (`tunefarm worker`, or the one `tunefarm serve` starts): heavy
+work never runs in the API process. A worker
+- claims the next job with a lease (tuner.records.jobs: FOR UPDATE SKIP LOCKED on PostgreSQL),
+- rebuilds it from its stored spec (no user code: workloads are inventory operators or DAG JSON),
+- runs the engine (tune_tasks) with callbacks that, after every batch, write the task's progress
+  and renew the lease in one transaction, and stop the run when the job was cancelled or the lease
+  was lost (seen at the next batch),
+- renews the lease from a heartbeat thread as well, so a long batch or the final re-measurement
+  does not let the lease expire,
+- ends the job as done or failed (with the error), unless it was cancelled or reclaimed meanwhile.
+
+A worker that dies leaves its lease to expire; the next claim resumes the job from its records:
+nothing is measured twice (records are unique per task and fingerprint, and the engine skips what
+is stored) and the job's earlier search trials count against its budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import traceback
+from contextlib import ExitStack
+
+from ..records import JobState, StoreError
+from ..records.jobs import LeaseLost
+from .spec import JobSpec
+
+log = logging.getLogger("tunefarm.worker")
+
+DEFAULT_LEASE_S = 60.0
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class JobWorker:
+    """Claims and runs jobs from `store` until `stop` is set (or one job, with run_once)."""
+
+    def __init__(self, store, name: str | None = None, lease_seconds: float = DEFAULT_LEASE_S,
+                 poll_seconds: float = 2.0, device_keys: list[str] | None = None, tracker: str | None = None,
+                 tracker_token: str | None = None, tls_ca: str | None = None, build_workers: int | None = None):
+        """`device_keys`: the device keys this worker serves; default "local" only without a
+        tracker, any key with one (farm keys are measured through the tracker)."""
+        if lease_seconds < 3:
+            raise ValueError(f"lease must be at least 3 s, got {lease_seconds}")
+        self.store, self.name = store, name or default_worker_name()
+        self.lease_seconds, self.poll_seconds = float(lease_seconds), float(poll_seconds)
+        self.tracker, self.tracker_token, self.tls_ca = tracker, tracker_token, tls_ca
+        if device_keys is None and tracker is None:
+            device_keys = ["local"]
+        self.device_keys = device_keys
+        self.build_workers = build_workers
+        self.current_job: int | None = None
+
+    # ------------------------------------------------------------------ loop
+    def serve(self, stop: threading.Event) -> None:
+        """Claim and run jobs until `stop` is set; waits `poll_seconds` when the queue is empty."""
+        log.info("worker %s serving device keys %s", self.name, self.device_keys or "all")
+        while not stop.is_set():
+            try:
+                ran = self.run_once(stop)
+            except StoreError as e:   # database away for a moment: keep trying, do not die
+                log.warning("worker %s: %s", self.name, e)
+                ran = None
+            if ran is None:
+                stop.wait(self.poll_seconds)
+
+    def run_once(self, stop: threading.Event | None = None) -> int | None:
+        """Claim one job and run it to its end; its id, or None when no job was waiting."""
+        job = self.store.claim_job(self.name, self.lease_seconds, self.device_keys)
+        if job is None:
+            return None
+        self.current_job = job.id
+        try:
+            self.run_job(job, stop)
+        finally:
+            self.current_job = None
+        return job.id
+
+    # ------------------------------------------------------------------ one job
+    def run_job(self, job, stop: threading.Event | None = None) -> None:
+        run = _JobRun(self, job, stop)
+        try:
+            final = run.execute()
+        except LeaseLost as e:
+            log.warning("worker %s: %s; leaving job %d to its new owner", self.name, e, job.id)
+            return
+        except Exception as e:  # noqa: BLE001 - any failure of one job ends that job, not the worker
+            log.error("worker %s: job %d failed: %s", self.name, job.id, e)
+            detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+            self.store.finish_job(job.id, self.name, "failed", error=detail[:4000])
+            return
+        if final is not None:
+            self.store.finish_job(job.id, self.name, final.value)
+
+
+class _JobRun:
+    """One claimed job: the engine, its callbacks, the heartbeat thread."""
+
+    def __init__(self, worker: JobWorker, job, stop: threading.Event | None):
+        self.worker, self.job, self.outer_stop = worker, job, stop
+        self.store = worker.store
+        self.spec = JobSpec.model_validate(job.spec)
+        self.tasks = [jt.task for jt in job.tasks]
+        self.weights = [jt.weight for jt in job.tasks]
+        self.position = {t: jt.position for t, jt in zip(self.tasks, job.tasks)}
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self.stopped_because: JobState | None = None
+        self.lost: LeaseLost | None = None
+        self._lock = threading.Lock()
+        # progress as the store should show it: this job's search records per task so far
+        self.trials = {t: self.store.count(t, job_id=job.id, search_only=True) for t in self.tasks}
+        self.batches = {t: jt.batches for t, jt in zip(self.tasks, job.tasks)}
+        self.best_ids: dict = {t: jt.best_record_id for t, jt in zip(self.tasks, job.tasks)}
+        self.best_costs: dict = {t: jt.best_cost for t, jt in zip(self.tasks, job.tasks)}
+
+    def execute(self) -> JobState | None:
+        """Run the engine; the state to end the job in (None: it is not ours to end)."""
+        from ..engine import Callbacks
+        from ..tune import tune_tasks
+
+        m = self.spec.measure
+        with ExitStack() as owned:
+            builder, runner = self._measuring(owned, m)
+            heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"lease-{self.job.id}", daemon=True)
+            heartbeat.start()
+            owned.callback(heartbeat.join)
+            owned.callback(self._done.set)
+            out = tune_tasks(self.tasks, self.store, weights=self.weights, scheduler=self.spec.scheduler,
+                             space=self.spec.space, strategy=self.spec.strategy, trials=self.spec.trials,
+                             batch_size=self.spec.batch_size, seed=self.spec.seed, builder=builder, runner=runner,
+                             job_id=self.job.id, top_k=self.spec.top_k,
+                             callbacks=Callbacks(on_batch=self._on_batch, on_heartbeat=self._on_heartbeat))
+            if self.lost is not None:
+                raise self.lost
+            for task, result in zip(self.tasks, out.results):
+                self._write_progress(task, result, final=True)
+        if self.stopped_because is not None:
+            return None  # cancelled by a user: the job already says so
+        if self.outer_stop is not None and self.outer_stop.is_set() and out.stopped:
+            # the worker is shutting down: give the job back (its lease expires, another resumes it)
+            self.store.release_lease(self.job.id, self.worker.name, f"worker {self.worker.name} stopped; "
+                                     "the next worker resumes the job from its records")
+            return None
+        if all(r.best_candidate is None for r in out.results):
+            raise RuntimeError("no valid candidate was measured for any task (see the records' error codes)")
+        return JobState.DONE
+
+    def _measuring(self, owned: ExitStack, m):
+        from ..measure import BuilderPool, LocalRunner, RPCRunner
+        builder = owned.enter_context(BuilderPool(n_workers=self.worker.build_workers, timeout=m.build_timeout))
+        if self.job.device_key == "local":
+            from compiler.kernel_format import check_runnable
+            from compiler.target import resolve_target
+            check_runnable(resolve_target(self.job.target))   # KernelLoadError: this host cannot run it
+            runner = owned.enter_context(LocalRunner(number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms,
+                                                     timeout=m.timeout))
+        else:
+            if self.worker.tracker is None:
+                raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
+                                   "worker has no tracker (tunefarm worker --tracker HOST:PORT)")
+            runner = RPCRunner(self.worker.tracker, self.job.device_key, token=self.worker.tracker_token,
+                               tls_ca=self.worker.tls_ca, number=m.number, repeat=m.repeat,
+                               min_repeat_ms=m.min_repeat_ms, timeout=m.timeout)
+            owned.callback(runner.close)
+        return builder, runner
+
+    # ------------------------------------------------------------------ callbacks
+    def _on_batch(self, report) -> None:
+        task = report.task
+        if report.kind == "search":
+            self.trials[task] += len(report.candidates)
+            self.batches[task] += 1
+        if len(report.record_ids) == len(report.candidates) and report.kind != "retime":
+            ids = {c.fingerprint: i for c, i in zip(report.candidates, report.record_ids)}
+            best = report.result.best_candidate
+            if best is not None and best.fingerprint in ids:
+                self.best_ids[task] = ids[best.fingerprint]
+        self._write_progress(task, report.result, final=False)
+
+    def _on_heartbeat(self, engine) -> None:
+        """Called by the scheduler after every batch (and by a task tuner between re-measurement
+        rounds) with itself: the place to stop the engine from outside its own thread's flow."""
+        if self.outer_stop is not None and self.outer_stop.is_set():
+            self._stop.set()
+        if self._stop.is_set():
+            engine.request_stop()
+
+    def _write_progress(self, task, result, final: bool) -> None:
+        best = result.best_cost if math.isfinite(result.best_cost) else None
+        base = result.baseline_cost if math.isfinite(result.baseline_cost) else None
+        previous = self.best_costs.get(task)
+        try:
+            with self._lock:
+                state = self.store.record_progress(
+                    self.job.id, self.worker.name, self.position[task], trials=self.trials[task],
+                    batches=self.batches[task], best_cost=best, best_record_id=self.best_ids.get(task),
+                    baseline_cost=base, trials_done=sum(self.trials.values()),
+                    lease_seconds=self.worker.lease_seconds)
+        except LeaseLost as e:
+            self.lost = e
+            self._stop_engine()
+            return
+        if best is not None and (previous is None or best < previous * 0.99) and not final:
+            flops = result.flops or 0
+            self.store.add_job_event(self.job.id, "best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS "
+                                     f"after {self.trials[task]} trials",
+                                     data={"position": self.position[task], "cost": best, "trials": self.trials[task]})
+        if best is not None:
+            self.best_costs[task] = best if previous is None else min(previous, best)
+        if state != JobState.RUNNING:
+            self.stopped_because = state
+            self._stop_engine()
+
+    def _heartbeat_loop(self) -> None:
+        """Renew the lease every third of its length while the engine runs."""
+        while not self._done.wait(self.worker.lease_seconds / 3):
+            try:
+                with self._lock:
+                    state = self.store.renew_lease(self.job.id, self.worker.name, self.worker.lease_seconds)
+            except LeaseLost as e:
+                self.lost = e
+                self._stop_engine()
+                return
+            except StoreError as e:  # the database is away for a moment: try again next time
+                log.warning("job %d: lease renewal failed: %s", self.job.id, e)
+                continue
+            if state != JobState.RUNNING:
+                self.stopped_because = state
+                self._stop_engine()
+                return
+
+    def _stop_engine(self) -> None:
+        """Ask the engine to stop; it does at its next heartbeat (after the current batch)."""
+        self._stop.set()
