@@ -14,6 +14,12 @@ minutes apart on a shared machine: every candidate that was some task's best at 
 either run is re-timed in one interleaved session at the end, and both curves are computed from
 those costs. Last line: one JSON object.
 
+By default no task measures its default schedule (`--baseline` turns it on): the hand-written
+defaults of these convolutions are within noise of the best the search finds in a few hundred
+trials, so with them every curve starts at its end and both schedulers "reach" round-robin's final
+latency at once. Without them the bench measures what it is about: how fast each allocation rule
+brings the search's own best schedules down, as in Ansor's evaluation.
+
     .venv/bin/python bench/task_scheduler.py --trials 300 --seeds 3
 """
 
@@ -49,7 +55,8 @@ def resnet50_tasks(limit: int | None = None):
     return out
 
 
-def run_once(scheduler: str, tasks, weights, trials: int, seed: int, batch: int, space: str, builder, runner):
+def run_once(scheduler: str, tasks, weights, trials: int, seed: int, batch: int, space: str, baseline: bool,
+             builder, runner):
     """[(trials so far, {task: best candidate so far})] after every search batch, and the
     allocation of batches to tasks, of one tuning job on a fresh records database."""
     from tuner.engine import Callbacks
@@ -69,7 +76,7 @@ def run_once(scheduler: str, tasks, weights, trials: int, seed: int, batch: int,
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{Path(tmp) / 'records.db'}")
         out = tune_tasks(tasks, store, weights=weights, scheduler=scheduler, space=space, trials=trials,
-                         batch_size=batch, seed=seed, builder=builder, runner=runner, top_k=0,
+                         batch_size=batch, seed=seed, builder=builder, runner=runner, top_k=0, baseline=baseline,
                          callbacks=Callbacks(on_batch=on_batch))
         store.close()
     return steps, out.allocations
@@ -112,6 +119,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--space", choices=("sketch", "template"), default="template")
     ap.add_argument("--layers", type=int, default=None, help="only the first N layers (a quick run)")
+    ap.add_argument("--baseline", action="store_true", help="measure every task's default schedule first")
     args = ap.parse_args()
 
     from tuner.measure import BuilderPool, LocalRunner
@@ -124,9 +132,9 @@ def main():
     with BuilderPool(timeout=60) as builder, LocalRunner() as runner:
         for seed in range(args.seeds):
             rr_steps, _ = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
-                                   builder, runner)
+                                   args.baseline, builder, runner)
             gr_steps, alloc = run_once("gradient", tasks, weights, args.trials, seed, args.batch, args.space,
-                                       builder, runner)
+                                       args.baseline, builder, runner)
             pairs = {(t, c.fingerprint): (t, c) for _, best in rr_steps + gr_steps for t, c in best.items()}.values()
             costs = retime(pairs, builder, runner)
             rr_curve, gr_curve = (curve_of(st, tasks, weights, costs) for st in (rr_steps, gr_steps))
@@ -149,7 +157,7 @@ def main():
           f"({args.seeds} seeds, {args.trials} trials, {len(resnet50_tasks(args.layers))} tasks)")
     print(json.dumps({
         "tasks": len(resnet50_tasks(args.layers)), "trials": args.trials, "seeds": args.seeds, "batch": args.batch,
-        "space": args.space,
+        "space": args.space, "baseline": args.baseline,
         "weighted_latency_ms": {k: round(1e3 * mean(v), 4) for k, v in finals.items()},
         "weighted_latency_ms_per_seed": {k: [round(1e3 * x, 4) for x in v] for k, v in finals.items()},
         "gradient_trials_to_rr_final_over_rr_trials": round(frac, 3),

@@ -47,11 +47,12 @@ def tune(task: Task, store, space: str = "sketch", strategy: str | None = None, 
 def tune_tasks(tasks: list, store, weights=None, scheduler: str = "gradient", space: str = "sketch",
                strategy: str | None = None, trials: int = 64, seconds: float | None = None,
                batch_size: int = 8, seed: int = 0, builder=None, runner=None, job_id: int | None = None,
-               top_k: int = 5, retime_rounds: int = 3, on_batch=None,
+               top_k: int = 5, retime_rounds: int = 3, baseline: bool = True, on_batch=None,
                callbacks: Callbacks | None = None) -> SchedulerResult:
     """Tune several tasks under one budget of `trials` new measurements, sharing one cost model
     (rows grouped by workload, warm-started from other workloads' records); `scheduler` picks
-    which task gets each batch."""
+    which task gets each batch. `baseline=False` skips the default schedules (the scheduler then
+    starts from the first search batch of every task, as Ansor's does)."""
     if len(set(tasks)) != len(tasks):
         raise ValueError("the same task is listed twice; give it a larger weight instead")
     weights = check_arguments(len(tasks), weights, scheduler, trials)
@@ -62,7 +63,7 @@ def tune_tasks(tasks: list, store, weights=None, scheduler: str = "gradient", sp
         shared = XGBCostModel() if strategy_name in MODEL_GUIDED else None
         tuners = [TaskTuner(task, store, builder=builder, runner=runner, space=space, strategy=strategy_name,
                             trials=None, batch_size=batch_size, seed=seed + i, cost_model=shared, job_id=job_id,
-                            top_k=top_k, retime_rounds=retime_rounds, callbacks=callbacks)
+                            top_k=top_k, retime_rounds=retime_rounds, baseline=baseline, callbacks=callbacks)
                   for i, task in enumerate(tasks)]
         if shared is not None:
             warm_cost_model(store, tuners[0].task.target, {t.workload_key for t in tuners},
