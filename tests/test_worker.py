@@ -30,6 +30,11 @@ def submit(store, trials=8, batch_size=4, workloads=(MATMUL,), **kw) -> int:
                             scheduler=spec.scheduler, trials=spec.trials, priority=spec.priority, name=spec.name)
 
 
+def child_pids(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
 def job_records(store, job_id):
     return [r for r in store.history() if r.job_id == job_id]
 
@@ -52,8 +57,9 @@ def wait_for(cond, timeout=60.0, step=0.05):
 def test_worker_runs_a_two_task_job_to_done(store):
     relu = {"op": "conv2d_nchw", "params": {"N": 1, "C": 4, "H": 8, "W": 8, "F": 8, "KH": 3, "KW": 3}, "weight": 2}
     jid = submit(store, trials=12, workloads=(MATMUL, relu))
-    assert JobWorker(store, name="w1", build_workers=1).run_once() == jid
-    job = store.get_job(jid)
+    with JobWorker(store, name="w1", build_workers=1) as worker:
+        assert worker.run_once() == jid
+        job = store.get_job(jid)
     assert job.state == JobState.DONE, job.error
     assert job.trials_done == 12 and job.finished_at is not None and job.lease_owner is None
     recs = job_records(store, jid)
@@ -65,19 +71,20 @@ def test_worker_runs_a_two_task_job_to_done(store):
         assert jt.best_gflops > 0 and jt.batches >= 1
     kinds = [e.kind for e in store.job_events(jid)]
     assert kinds[:2] == ["submitted", "claimed"] and kinds[-1] == "done" and "best" in kinds
-    assert JobWorker(store, name="w1").run_once() is None              # nothing else queued
+    with JobWorker(store, name="w1") as idle:
+        assert idle.run_once() is None                                 # nothing else queued
 
 
 def test_cancel_is_seen_at_the_next_batch(store):
     jid = submit(store, trials=400, batch_size=2)
-    worker = JobWorker(store, name="w1", build_workers=1)
-    t = threading.Thread(target=worker.run_once)
-    t.start()
-    assert wait_for(lambda: store.get_job(jid).trials_done >= 2)
-    store.cancel_job(jid)
-    at_cancel = len(job_records(store, jid))
-    t.join(timeout=60)
-    assert not t.is_alive()
+    with JobWorker(store, name="w1", build_workers=1) as worker:
+        t = threading.Thread(target=worker.run_once)
+        t.start()
+        assert wait_for(lambda: store.get_job(jid).trials_done >= 2)
+        store.cancel_job(jid)
+        at_cancel = len(job_records(store, jid))
+        t.join(timeout=60)
+        assert not t.is_alive()
     job = store.get_job(jid)
     assert job.state == JobState.CANCELLED and job.trials_done < 400
     assert len(job_records(store, jid)) <= at_cancel + 2                 # at most the batch in flight
@@ -90,17 +97,18 @@ def test_cancel_is_seen_at_the_next_batch(store):
 def test_a_job_that_cannot_run_here_fails_with_the_reason_and_the_worker_goes_on(store):
     bad = submit(store, target="llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
     good = submit(store, trials=4)
-    worker = JobWorker(store, name="w1", build_workers=1)
-    assert worker.run_once() == bad
-    job = store.get_job(bad)
-    assert job.state == JobState.FAILED and "aarch64" in job.error and job_records(store, bad) == []
-    assert worker.run_once() == good and store.get_job(good).state == JobState.DONE
+    with JobWorker(store, name="w1", build_workers=1) as worker:
+        assert worker.run_once() == bad
+        job = store.get_job(bad)
+        assert job.state == JobState.FAILED and "aarch64" in job.error and job_records(store, bad) == []
+        assert worker.run_once() == good and store.get_job(good).state == JobState.DONE
 
 
 def test_farm_job_without_a_tracker_fails_clearly(store):
     jid = submit(store, device_key="rpi4")
-    assert JobWorker(store, name="w1").run_once() is None               # a local worker does not take it
-    assert JobWorker(store, name="w2", device_keys=["rpi4"]).run_once() == jid
+    with JobWorker(store, name="w1") as local, JobWorker(store, name="w2", device_keys=["rpi4"]) as farm:
+        assert local.run_once() is None               # a local worker does not take it
+        assert farm.run_once() == jid
     job = store.get_job(jid)
     assert job.state == JobState.FAILED and "no tracker" in job.error
 
@@ -118,12 +126,17 @@ def test_killed_worker_job_is_reclaimed_and_finishes_without_duplicates(db_url):
         with SQLRecordsStore(db_url) as store:
             assert wait_for(lambda: store.get_job(jid).trials_done >= 4 or proc.poll() is not None, timeout=120)
             assert proc.poll() is None, proc.stderr.read().decode()
+            children = child_pids(proc.pid)          # its build processes and measuring worker
+            assert len(children) >= 2
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+            assert wait_for(lambda: not any(os.path.exists(f"/proc/{c}") for c in children), timeout=10), \
+                "the killed worker's build processes or measuring worker outlived it"
             before = store.get_job(jid)
             assert before.state == JobState.RUNNING and before.lease_owner == "doomed"
             assert wait_for(lambda: store.get_job(jid).lease_expires_at < utcnow(), timeout=10)
-            assert JobWorker(store, name="rescuer", lease_seconds=10, build_workers=1).run_once() == jid
+            with JobWorker(store, name="rescuer", lease_seconds=10, build_workers=1) as rescuer:
+                assert rescuer.run_once() == jid
             job = store.get_job(jid)
             assert job.state == JobState.DONE and job.attempts == 2, job.error
             recs = job_records(store, jid)

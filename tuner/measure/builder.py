@@ -53,6 +53,16 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- in the build process
 
+def _build_process_init(user_initializer) -> None:
+    """Every build process exits when its parent dies (a SIGKILLed job worker must not leave its
+    build processes behind: they hold the pool's queue ends, so they would never see EOF), then
+    runs the pool's initializer."""
+    from device_agent.worker import watch_parent
+    watch_parent()
+    if user_initializer is not None:
+        user_initializer()
+
+
 def _warm_up() -> int:
     """Import and initialise what every build needs, so the first build's time is its own."""
     import compiler.runtime  # noqa: F401
@@ -139,7 +149,8 @@ class BuilderPool:
     # -------------------------------------------------------------- pool lifecycle
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            pool = ProcessPoolExecutor(self.n_workers, mp_context=self._ctx, initializer=self.initializer)
+            pool = ProcessPoolExecutor(self.n_workers, mp_context=self._ctx, initializer=_build_process_init,
+                                       initargs=(self.initializer,))
             # start every process and pay its imports now, not inside the first builds' timeouts
             warm = [pool.submit(_warm_up) for _ in range(self.n_workers)]
             try:
