@@ -57,6 +57,7 @@ def cmd_worker(args) -> int:
         else:
             worker.serve(stop)
     finally:
+        worker.close()
         store.close()
     return EXIT_OK
 

@@ -57,6 +57,28 @@ class JobWorker:
         self.device_keys = device_keys
         self.build_workers = build_workers
         self.current_job: int | None = None
+        # builder pools and local runners by their settings, kept across jobs: starting build
+        # processes and a measuring worker costs seconds, more than a small job's tuning
+        self._machinery: dict = {}
+
+    def close(self) -> None:
+        """Stop the build processes and measuring workers this worker started."""
+        for m in self._machinery.values():
+            m.close()
+        self._machinery.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def machinery(self, kind: str, settings: tuple, make):
+        """The builder pool or local runner with these settings, started once per worker."""
+        key = (kind, settings)
+        if key not in self._machinery:
+            self._machinery[key] = make()
+        return self._machinery[key]
 
     # ------------------------------------------------------------------ loop
     def serve(self, stop: threading.Event) -> None:
@@ -155,20 +177,23 @@ class _JobRun:
 
     def _measuring(self, owned: ExitStack, m):
         from ..measure import BuilderPool, LocalRunner, RPCRunner
-        builder = owned.enter_context(BuilderPool(n_workers=self.worker.build_workers, timeout=m.build_timeout))
+        w = self.worker
+        builder = w.machinery("builder", (m.build_timeout,),
+                              lambda: BuilderPool(n_workers=w.build_workers, timeout=m.build_timeout))
         if self.job.device_key == "local":
             from compiler.kernel_format import check_runnable
             from compiler.target import resolve_target
             check_runnable(resolve_target(self.job.target))   # KernelLoadError: this host cannot run it
-            runner = owned.enter_context(LocalRunner(number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms,
-                                                     timeout=m.timeout))
+            settings = (m.number, m.repeat, m.min_repeat_ms, m.timeout)
+            runner = w.machinery("runner", settings, lambda: LocalRunner(number=m.number, repeat=m.repeat,
+                                                                         min_repeat_ms=m.min_repeat_ms,
+                                                                         timeout=m.timeout))
         else:
-            if self.worker.tracker is None:
+            if w.tracker is None:
                 raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
                                    "worker has no tracker (tunefarm worker --tracker HOST:PORT)")
-            runner = RPCRunner(self.worker.tracker, self.job.device_key, token=self.worker.tracker_token,
-                               tls_ca=self.worker.tls_ca, number=m.number, repeat=m.repeat,
-                               min_repeat_ms=m.min_repeat_ms, timeout=m.timeout)
+            runner = RPCRunner(w.tracker, self.job.device_key, token=w.tracker_token, tls_ca=w.tls_ca,
+                               number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms, timeout=m.timeout)
             owned.callback(runner.close)
         return builder, runner
 
