@@ -1,0 +1,193 @@
+"""`tunefarm submit` and `tunefarm jobs`: the tuning service from the command line (over REST).
+
+    tunefarm submit matmul --param M=512 --trials 64 [--watch]
+    tunefarm submit --workloads resnet.yaml --scheduler gradient --trials 800
+    tunefarm jobs [--state running]          newest first
+    tunefarm jobs show ID | watch ID | cancel ID | resume ID
+
+The server is --server (default $TUNEFARM_SERVER, else http://127.0.0.1:8080), the token
+--token (default $TUNEFARM_TOKEN). Workloads are read and checked here as for `tunefarm tune`;
+a --compute FILE.py is run here, on the user's machine, and only its DAG (JSON) is sent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from .common import DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, check_op_names, parse_param
+
+
+def _client(args):
+    from ..service.client import ServiceClient
+    return ServiceClient(args.server, token=args.token)
+
+
+def _spec_from_args(args) -> dict:
+    from ..compute_file import load_compute_file
+    from ..workload import WorkloadError
+    from ..workload_file import read_workloads
+
+    if not args.ops and not args.workloads and not args.compute:
+        raise UsageError("give one or more operators (e.g. `tunefarm submit matmul`), --workloads FILE "
+                         "or --compute FILE.py")
+    check_op_names(args.ops)
+    workloads: list[dict] = []
+    for op in args.ops:
+        params = dict(DEFAULT_PARAMS.get(op, {}))
+        params.update(parse_param(p) for p in args.param)
+        workloads.append({"op": op, "params": params})
+    try:
+        if args.workloads:
+            workloads += [{"op": w.name, "params": dict(w.params), "weight": weight}
+                          for w, weight in read_workloads(args.workloads)]
+        for path in args.compute:
+            w = load_compute_file(path)
+            workloads.append({"compute": w.definition, "name": w.name})
+    except WorkloadError as e:
+        raise UsageError(str(e)) from None
+    spec = {"workloads": workloads, "trials": args.trials, "space": args.space, "scheduler": args.scheduler,
+            "batch_size": args.batch, "top_k": args.top_k, "priority": args.priority, "device_key": args.key}
+    for name in ("strategy", "target", "name"):
+        if getattr(args, name) is not None:
+            spec[name] = getattr(args, name)
+    return spec
+
+
+def cmd_submit(args) -> int:
+    from ..service.client import APIError
+    spec = _spec_from_args(args)
+    with _client(args) as c:
+        try:
+            job = c.submit(spec)
+        except APIError as e:
+            return _failed("submit", e)
+        print(f"job {job['id']} {job['state']}: {len(job['tasks'])} task(s), {job['trials']} trials on {job['target']}")
+        if args.watch:
+            try:
+                job = c.watch(job["id"], interval=args.interval, on_update=_print_update)
+            except APIError as e:
+                return _failed("submit", e)
+            except KeyboardInterrupt:
+                print(f"(still {job['state']}; `tunefarm jobs watch {job['id']}` follows it again)")
+                return 130
+            _print_job(job)
+            return EXIT_OK if job["state"] == "done" else EXIT_FAIL
+    return EXIT_OK
+
+
+def cmd_jobs(args) -> int:
+    from ..service.client import APIError
+    with _client(args) as c:
+        try:
+            if args.action == "list":
+                page = c.jobs(state=args.state, workload=args.workload, target=args.target, limit=args.limit)
+                _print_table(page["items"])
+                if page.get("next_before") is not None:
+                    print(f"(more: newest first, {args.limit} shown; --limit N for more)")
+                return EXIT_OK
+            if args.id is None:
+                raise UsageError(f"`tunefarm jobs {args.action}` needs a job id")
+            if args.action == "show":
+                _print_job(c.job(args.id))
+            elif args.action == "cancel":
+                _print_job(c.cancel(args.id))
+            elif args.action == "resume":
+                _print_job(c.resume(args.id))
+            elif args.action == "watch":
+                job = c.watch(args.id, interval=args.interval, on_update=_print_update)
+                _print_job(job)
+                return EXIT_OK if job["state"] == "done" else EXIT_FAIL
+        except APIError as e:
+            return _failed("jobs", e)
+        except KeyboardInterrupt:
+            return 130
+    return EXIT_OK
+
+
+def _failed(command: str, e) -> int:
+    print(f"tunefarm {command}: error: {e}", file=sys.stderr)
+    return EXIT_FAIL
+
+
+def _fmt(x, spec: str = ".3g", none: str = "-") -> str:
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _best(job: dict) -> str:
+    tasks = job["tasks"]
+    if len(tasks) == 1:
+        t = tasks[0]
+        return f"{_fmt(t['best_gflops'])} GFLOPS ({_fmt(t['speedup'], '.2f')}x)"
+    done = [t for t in tasks if t["best_cost"] is not None]
+    if len(done) < len(tasks):
+        return f"{len(done)}/{len(tasks)} tasks measured"
+    return f"{1e3 * sum(t['weight'] * t['best_cost'] for t in tasks):.3f} ms weighted"
+
+
+def _print_table(jobs: list) -> None:
+    print(f"{'id':>6}  {'state':<10} {'progress':>12}  {'workloads':<32} best")
+    for j in jobs:
+        names = ", ".join(t["workload"]["name"] for t in j["tasks"])
+        names = names if len(names) <= 32 else names[:29] + "..."
+        print(f"{j['id']:>6}  {j['state']:<10} {j['trials_done']:>5}/{j['trials']:<6}  {names:<32} {_best(j)}")
+
+
+def _print_job(job: dict) -> None:
+    print(f"job {job['id']}{' (' + job['name'] + ')' if job.get('name') else ''}: {job['state']}, "
+          f"{job['trials_done']}/{job['trials']} trials, {job['attempts']} attempt(s), {job['space']} space, "
+          f"{job['strategy']}, {job['scheduler']} scheduler, target {job['target']}, device key {job['device_key']}")
+    for t in job["tasks"]:
+        base = t["flops"] / t["baseline_cost"] / 1e9 if t["flops"] and t["baseline_cost"] else None
+        print(f"  [{t['position']}] {t['workload']['name']} (weight {t['weight']:g}): {t['trials']} trials, best "
+              f"{_fmt(t['best_gflops'])} GFLOPS, default {_fmt(base)} GFLOPS, {_fmt(t['speedup'], '.2f')}x over "
+              "the default")
+    if job.get("error"):
+        print(f"  error: {job['error']}")
+
+
+def _print_update(job: dict, events: list) -> None:
+    for e in events:
+        print(f"  {e['at'][11:19]} {e['kind']}: {e['message']}", flush=True)
+
+
+def _server_args(p) -> None:
+    p.add_argument("--server", default=None, help="the service's URL (default $TUNEFARM_SERVER, else http://127.0.0.1:8080)")
+    p.add_argument("--token", default=os.environ.get("TUNEFARM_TOKEN"), help="API token (default $TUNEFARM_TOKEN)")
+
+
+def register(sub) -> None:
+    """Add submit and jobs to the `tunefarm` parser."""
+    p = sub.add_parser("submit", help="submit a tuning job to a tunefarm server",
+                       description="Submit a tuning job over REST: operators (default sizes, --param applied to each), "
+                                   "a --workloads FILE with weights, or --compute FILE.py (its DAG is sent as JSON).")
+    p.add_argument("ops", nargs="*", metavar="OPNAME", help="operators to tune (one task each)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V", help="operator parameter (repeatable)")
+    p.add_argument("--workloads", default=None, metavar="FILE", help="JSON/YAML file of workloads with weights")
+    p.add_argument("--compute", action="append", default=[], metavar="FILE.py", help="a file defining a compute")
+    p.add_argument("--trials", type=int, default=64, help="new measurements for the whole job")
+    p.add_argument("--space", choices=("sketch", "template"), default="sketch")
+    p.add_argument("--strategy", default=None, help="random, grid, genetic, model or evolutionary")
+    p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient")
+    p.add_argument("--batch", type=int, default=8, help="candidates per measured batch")
+    p.add_argument("--top-k", type=int, default=5, help="candidates re-measured at the end of every task")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first")
+    p.add_argument("--target", default=None, help="LLVM target string (default: the server's host)")
+    p.add_argument("--key", default="local", help="device key ('local': the worker's own machine)")
+    p.add_argument("--name", default=None, help="a name for the job")
+    p.add_argument("--watch", action="store_true", help="follow the job until it ends")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between polls with --watch")
+    _server_args(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list, show, watch, cancel or resume jobs on a tunefarm server")
+    p.add_argument("action", nargs="?", default="list", choices=("list", "show", "watch", "cancel", "resume"))
+    p.add_argument("id", nargs="?", type=int, default=None, help="job id (show, watch, cancel, resume)")
+    p.add_argument("--state", default=None, choices=("queued", "running", "done", "failed", "cancelled"))
+    p.add_argument("--workload", default=None, help="workload key or operator name")
+    p.add_argument("--target", default=None)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between polls (watch)")
+    _server_args(p)
+    p.set_defaults(func=cmd_jobs)
