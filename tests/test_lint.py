@@ -23,7 +23,7 @@ def test_ruff_finds_nothing():
 
 
 def test_mypy_finds_nothing():
-    """mypy over the files [tool.mypy] lists (the compiler and the tuning engine). It runs on this
+    """mypy over the files [tool.mypy] lists (the compiler and the tuner except its records store and CLI). It runs on this
     interpreter, not a `mypy` found on PATH, so it sees this environment's packages (numpy's types);
     its incremental cache (.mypy_cache, ignored by git) makes a rerun take about a second."""
     if importlib.util.find_spec("mypy") is None:
