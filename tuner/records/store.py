@@ -26,7 +26,7 @@ from .engine import first_line, open_engine, resolve_url, shown
 from .jobs import JobQueue, page_size
 from .models import AgentRow, RecordRow, TaskRow, WorkloadRow
 from .tokens import TokenStore
-from .values import Agent, Record, StoreError, utcnow
+from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
 
 class RecordsStore(ABC):
@@ -268,7 +268,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         with self._session() as s:
             got = self._records(s, self._joined().where(RecordRow.id == record_id))
         if not got:
-            raise StoreError(f"no record {record_id}")
+            raise UnknownRecord(f"no record {record_id}")
         return got[0]
 
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:
@@ -414,7 +414,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         counted (they were not measured now)."""
         from datetime import timedelta
         cutoff = utcnow() - timedelta(seconds=seconds)
-        count, errors, before, scanned = 0, {}, None, 0
+        count, before, scanned = 0, None, 0
+        errors: dict[int, int] = {}
         with self._session() as s:
             while scanned < cap:
                 want = min(chunk, cap - scanned)

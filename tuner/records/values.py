@@ -19,6 +19,10 @@ class StoreError(RuntimeError):
     """The store cannot do what was asked: bad URL, unreachable database, bad input, bad transition."""
 
 
+class UnknownRecord(StoreError):
+    """No record has this id."""
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"

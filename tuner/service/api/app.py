@@ -1,0 +1,64 @@
+"""The FastAPI application of the tuning service: `create_app(store_url, ...)`.
+
+One app, one store (opened in the lifespan, closed at shutdown), routers per resource under
+/api/v1, health and metrics at the root, the OpenAPI document at /openapi.json (the contract;
+/docs renders it). Route handlers are plain functions: the store is synchronous, so FastAPI runs
+them in its thread pool and a slow query never blocks the event loop. The API never tunes:
+it queues jobs that worker processes claim from the database.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from ...records import open_store
+from . import errors
+from .auth import TokenTouches
+from .deps import ApiSettings
+from .errors import responses
+from .limits import BodyLimit
+from .lowering import Lowering
+from .metrics import ApiMetrics, RequestTiming
+from .routers import best, farm, health, jobs, records, targets, workloads
+
+API_PREFIX = "/api/v1"
+VERSION = "1.0.0"
+
+
+def create_app(store_url: str | None = None, *, public_read: bool = False, tracker: str | None = None,
+               tracker_token: str | None = None, max_body_bytes: int = 8 << 20) -> FastAPI:
+    """The REST API on the records database at `store_url` (default: $TUNEFARM_DB_URL, else the
+    embedded SQLite file). `public_read`: reads need no token. `tracker`/`tracker_token`: where
+    /api/v1/farm gets its live summary. Bodies over `max_body_bytes` are refused with 413."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.store = open_store(store_url)      # StoreError (e.g. schema behind) stops the server
+        try:
+            yield
+        finally:
+            app.state.store.close()
+
+    app = FastAPI(title="tunefarm", version=VERSION, lifespan=lifespan,
+                  description="Tuning jobs, measured records and the best schedules of the tunefarm service. "
+                              "Reads need a `read` token unless the server is public; writes need `submit`.")
+    app.state.settings = ApiSettings(public_read=public_read, tracker=tracker, tracker_token=tracker_token,
+                                     max_body_bytes=max_body_bytes)
+    app.state.token_touches = TokenTouches()
+    app.state.lowering = Lowering()
+    app.state.metrics = ApiMetrics(lambda: app.state.store)
+    errors.install(app)
+
+    shared = responses(401, 403, 503)       # every /api/v1 route: token checks and the database
+    for module in (jobs, records, best, workloads, targets, farm):
+        app.include_router(module.router, prefix=API_PREFIX, responses=shared)
+        app.state.metrics.add_routes(module.router.routes, API_PREFIX)
+    app.include_router(health.router)
+    app.state.metrics.add_routes(health.router.routes)
+    app.state.metrics.add_static(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequestTiming, metrics=app.state.metrics)     # outermost: times everything, 413s too
+    return app

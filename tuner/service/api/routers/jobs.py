@@ -1,0 +1,79 @@
+"""Jobs: submit, list (keyset pages, newest first), show, cancel, resume, events.
+
+A submission is checked completely (pydantic for shapes and ranges, spec.resolve for what needs
+the compiler: operators, parameters, target, space) before anything is stored; a SpecError
+becomes a 422 naming the field. The API only queues the job: workers claim and run it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from ...spec import JobSpec, SpecError, resolve
+from .. import auth
+from ..deps import MAX_ID, MAX_PAGE, Store
+from ..errors import ApiError, responses
+from ..schemas import EventOut, EventPage, JobOut, JobPage, State
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+
+
+@router.post("", status_code=201, response_model=JobOut, dependencies=[Depends(auth.submit)],
+             responses=responses(400, 409, 413, 422), summary="Submit a tuning job")
+def submit_job(spec: JobSpec, store: Store, request: Request, response: Response) -> JobOut:
+    """Queue a job over one or several workloads (inventory operators or compute DAGs as JSON)."""
+    try:
+        resolved = resolve(spec)
+    except SpecError as e:
+        raise ApiError(422, e.message, field=e.field) from None
+    job_id = store.submit_job(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
+                              strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
+                              priority=spec.priority, name=spec.name)
+    response.headers["Location"] = str(request.url_for("get_job", job_id=job_id))
+    return JobOut.of(store.get_job(job_id))
+
+
+@router.get("", response_model=JobPage, dependencies=[Depends(auth.read)], responses=responses(422),
+            summary="List jobs, newest first")
+def list_jobs(store: Store,
+              state: Annotated[State | None, Query(description="only jobs in this state")] = None,
+              workload: Annotated[str | None, Query(max_length=255, description="a workload key or operator name")] = None,
+              target: Annotated[str | None, Query(max_length=4096)] = None,
+              before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
+              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
+    jobs = store.list_jobs(state=state, workload=workload, target=target, before_id=before, limit=limit)
+    return JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
+                   next_before=jobs[-1].id if len(jobs) == limit else None)
+
+
+@router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
+            summary="A job: state, progress, best so far per task, baseline, errors, timings")
+def get_job(job_id: JobId, store: Store) -> JobOut:
+    return JobOut.of(store.get_job(job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
+             responses=responses(404, 409, 422), summary="Cancel a queued or running job")
+def cancel_job(job_id: JobId, store: Store) -> JobOut:
+    """A running job's worker stops after its current batch."""
+    return JobOut.of(store.cancel_job(job_id))
+
+
+@router.post("/{job_id}/resume", response_model=JobOut, dependencies=[Depends(auth.submit)],
+             responses=responses(404, 409, 422), summary="Queue a failed or cancelled job again")
+def resume_job(job_id: JobId, store: Store) -> JobOut:
+    """It continues from its records: nothing is measured twice."""
+    return JobOut.of(store.resume_job(job_id))
+
+
+@router.get("/{job_id}/events", response_model=EventPage, dependencies=[Depends(auth.read)],
+            responses=responses(404, 422), summary="A job's events, oldest first (poll with `after`)")
+def job_events(job_id: JobId, store: Store,
+               after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events after this id")] = None,
+               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> EventPage:
+    events = store.job_events(job_id, after_id=after, limit=limit)
+    return EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after)

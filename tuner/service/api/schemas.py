@@ -1,0 +1,318 @@
+"""Response models of the REST API: the OpenAPI document is the contract, so every response has one.
+
+They are built from the store's frozen values (tuner.records.values) by the `of` constructors
+here, never from SQL rows, so the API shows exactly what the store hands out. Floats that may be
+non-finite in stored data (an error record's mean cost, an imported NaN) are sent as null: JSON
+has no Infinity, and a schema that says `number` must not see one. A workload's compute DAG is
+never echoed in lists (it can be large): `is_compute` says it has one.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from ...candidate import ErrorCode
+from ...records.values import Agent, Job, JobEvent, JobState, JobTask, Record
+
+
+def _finite_or_none(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+        return None
+    return value
+
+
+Num = Annotated[float | None, BeforeValidator(_finite_or_none)]
+State = Literal["queued", "running", "done", "failed", "cancelled"]
+
+
+# ------------------------------------------------------------------------------------ errors
+
+class ValidationIssue(BaseModel):
+    """One problem pydantic found in the request (FastAPI's format)."""
+
+    model_config = ConfigDict(extra="allow")
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error response: `detail` says what is wrong (a list of issues for request validation,
+    FastAPI's format), `field` names the request field when one is to blame, `state` is a job's
+    current state when that is why a change was refused."""
+
+    detail: str | list[ValidationIssue]
+    field: str | None = None
+    state: State | None = None
+
+
+# ------------------------------------------------------------------------------------ shared
+
+class WorkloadRef(BaseModel):
+    """A workload without its (possibly large) compute DAG."""
+
+    key: str
+    name: str
+    params: dict[str, Any]
+    is_compute: bool = Field(description="defined as a compute DAG (JSON) rather than an inventory operator")
+
+
+def workload_ref(key: str, workload) -> WorkloadRef:
+    return WorkloadRef(key=key, name=workload.name, params=dict(workload.params), is_compute=workload.definition is not None)
+
+
+class CandidateOut(BaseModel):
+    kind: str = Field(description="config (template), trace (sketch) or default (the operator's default schedule)")
+    payload: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------ jobs
+
+class JobTaskOut(BaseModel):
+    """One task of a job with the progress its worker last wrote (costs in seconds)."""
+
+    position: int
+    workload: WorkloadRef
+    target: str
+    device_key: str
+    weight: float
+    flops: Num = None
+    trials: int
+    batches: int
+    best_cost: Num = None
+    best_gflops: Num = None
+    best_record_id: int | None = None
+    baseline_cost: Num = Field(default=None, description="the default schedule's cost")
+    speedup: Num = Field(default=None, description="baseline_cost / best_cost")
+
+    @classmethod
+    def of(cls, t: JobTask) -> JobTaskOut:
+        return cls(position=t.position, workload=workload_ref(t.workload_key, t.task.workload), target=t.task.target,
+                   device_key=t.task.device_key, weight=t.weight, flops=t.flops, trials=t.trials, batches=t.batches,
+                   best_cost=t.best_cost, best_gflops=t.best_gflops, best_record_id=t.best_record_id,
+                   baseline_cost=t.baseline_cost, speedup=t.speedup)
+
+
+class JobOut(BaseModel):
+    """A job: state, progress, per-task best and baseline, lease, timings and error."""
+
+    id: int
+    name: str | None = None
+    state: State
+    target: str
+    device_key: str
+    space: str
+    strategy: str
+    scheduler: str
+    priority: int
+    trials: int
+    trials_done: int
+    progress: float = Field(description="trials_done / trials, 0..1")
+    attempts: int = Field(description="how many times a worker claimed it")
+    error: str | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    tasks: list[JobTaskOut]
+    spec: dict[str, Any] | None = Field(default=None, description="the submitted spec (in a job's own view, not in lists)")
+
+    @classmethod
+    def of(cls, job: Job, with_spec: bool = True) -> JobOut:
+        progress = min(1.0, job.trials_done / job.trials) if job.trials > 0 else 0.0
+        return cls(id=job.id, name=job.name, state=JobState(job.state).value, target=job.target, device_key=job.device_key,
+                   space=job.space, strategy=job.strategy, scheduler=job.scheduler, priority=job.priority,
+                   trials=job.trials, trials_done=job.trials_done, progress=progress, attempts=job.attempts,
+                   error=job.error, lease_owner=job.lease_owner, lease_expires_at=job.lease_expires_at,
+                   created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
+                   finished_at=job.finished_at, heartbeat_at=job.heartbeat_at,
+                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None)
+
+
+class JobPage(BaseModel):
+    """Jobs newest first; pass `next_before` as `before` for the next page (null: no more)."""
+
+    items: list[JobOut]
+    next_before: int | None = None
+
+
+class EventOut(BaseModel):
+    id: int
+    job_id: int
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, e: JobEvent) -> EventOut:
+        return cls(id=e.id, job_id=e.job_id, at=e.at, kind=e.kind, message=e.message, data=e.data)
+
+
+class EventPage(BaseModel):
+    """A job's events oldest first; poll again with `after=next_after`."""
+
+    items: list[EventOut]
+    next_after: int | None = Field(default=None, description="the last event's id (or the `after` given, when nothing is new)")
+
+
+# ------------------------------------------------------------------------------------ records
+
+class ResultOut(BaseModel):
+    costs: list[Num] = Field(description="seconds per timing; empty for an error")
+    mean_cost: Num = None
+    error_code: int
+    error_name: str | None = Field(default=None, description="the ErrorCode's name, when this tunefarm knows the code")
+    error_msg: str
+    build_seconds: Num = None
+    run_seconds: Num = None
+    measured_by: str
+
+
+def _error_name(code: int) -> str | None:
+    try:
+        return ErrorCode(code).name
+    except ValueError:          # a code added by a newer tunefarm
+        return None
+
+
+class RecordOut(BaseModel):
+    """One measured candidate with its task, result and timings."""
+
+    id: int
+    workload: WorkloadRef
+    target: str
+    device_key: str
+    job_id: int | None = None
+    candidate: CandidateOut
+    result: ResultOut
+    retimed_cost: Num = Field(default=None, description="median of the end-of-run re-measurement, if it had one")
+    cost: Num = Field(default=None, description="what best-of ranks by: retimed_cost, else the mean")
+    created_at: datetime
+
+    @classmethod
+    def of(cls, r: Record) -> RecordOut:
+        res = r.result
+        code = int(res.error_code)
+        ok = res.ok and bool(res.costs)
+        assert r.id is not None, "a stored record has an id"
+        return cls(id=r.id, workload=workload_ref(r.workload_key, r.workload), target=r.target, device_key=r.device_key,
+                   job_id=r.job_id, candidate=CandidateOut(kind=r.candidate.kind, payload=r.candidate.payload),
+                   result=ResultOut(costs=list(res.costs), mean_cost=res.mean_cost if ok else None, error_code=code,
+                                    error_name=_error_name(code),
+                                    error_msg=res.error_msg, build_seconds=res.build_seconds,
+                                    run_seconds=res.run_seconds, measured_by=res.measured_by),
+                   retimed_cost=r.retimed_cost, cost=r.cost if ok else None, created_at=r.created_at)
+
+
+class RecordPage(BaseModel):
+    """Records newest first; pass `next_before` as `before` for the next page (null: no more)."""
+
+    items: list[RecordOut]
+    next_before: int | None = None
+
+
+class ImportOut(BaseModel):
+    added: int = Field(description="records that were new (the others were already stored)")
+
+
+class BestOut(BaseModel):
+    """The best record of (workload, target): its throughput, speed-up and lowered code."""
+
+    workload: WorkloadRef
+    target: str
+    record: RecordOut
+    candidate: CandidateOut
+    flops: Num = Field(default=None, description="floating-point operations of the workload")
+    gflops: Num = None
+    baseline: RecordOut | None = Field(default=None, description="the default schedule's record, if measured")
+    baseline_gflops: Num = None
+    speedup: Num = Field(default=None, description="baseline cost / best cost")
+    loop_ir: str | None = Field(default=None, description="the best schedule lowered to loop IR")
+    loop_ir_error: str | None = Field(default=None, description="why the loop IR could not be made")
+
+
+# ------------------------------------------------------------------------------------ catalogue
+
+class WorkloadOut(WorkloadRef):
+    records: int
+
+
+class WorkloadPage(BaseModel):
+    """Workloads by key; pass `next_after` as `after` for the next page (null: no more)."""
+
+    items: list[WorkloadOut]
+    next_after: str | None = None
+
+
+class TargetOut(BaseModel):
+    target: str
+    tasks: int
+    workloads: int
+    device_keys: list[str]
+    records: int
+
+
+class TargetPage(BaseModel):
+    """Targets in order; pass `next_after` as `after` for the next page (null: no more)."""
+
+    items: list[TargetOut]
+    next_after: str | None = None
+
+
+# ------------------------------------------------------------------------------------ farm
+
+class FarmAgentOut(BaseModel):
+    """An agent as the tracker reports it (slots, queues, counts) or as the store last saw it."""
+
+    name: str
+    device_key: str
+    last_seen: datetime | None = None
+    last_seen_seconds_ago: Num = None
+    info: dict[str, Any] = Field(default_factory=dict, description="device description (cpu, cores, ...)")
+    slots: int | None = None
+    in_flight: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    leases_lost: int | None = None
+    draining: bool | None = None
+
+    @classmethod
+    def of_store(cls, a: Agent, now: datetime) -> FarmAgentOut:
+        return cls(name=a.name, device_key=a.device_key, last_seen=a.last_seen,
+                   last_seen_seconds_ago=max(0.0, (now - a.last_seen).total_seconds()), info=dict(a.info))
+
+
+class FarmKeyOut(BaseModel):
+    device_key: str
+    agents: int
+    queued: int | None = Field(default=None, description="requests waiting (tracker only)")
+    in_flight: int | None = None
+    completed: int | None = None
+
+
+class FarmOut(BaseModel):
+    source: Literal["tracker", "store"] = Field(description="tracker: live summary; store: agents as last recorded")
+    tracker_version: str | None = None
+    protocol_version: int | None = None
+    uptime_seconds: Num = None
+    agents: list[FarmAgentOut]
+    keys: list[FarmKeyOut]
+
+
+# ------------------------------------------------------------------------------------ health
+
+class HealthOut(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready"] = "ready"
+    database: str = Field(description="the database back-end (sqlite, postgresql)")
