@@ -238,9 +238,16 @@ def _read_frame(fd: int, deadline: float | None = None):
     return pickle.loads(body)
 
 
-def watch_parent(period: float = 1.0) -> None:
-    """Exit when the parent dies, even while a kernel spins forever (ctypes calls release the GIL)."""
-    parent = os.getppid()
+def watch_parent(period: float = 1.0, parent: int | None = None) -> None:
+    """Exit when the parent dies, even while a kernel spins forever (ctypes calls release the GIL).
+
+    `parent`: the pid the parent had when it started this process. Give it when the parent may
+    die before this runs (a process pool's initializer runs after the interpreter's start-up): the
+    current parent would then already be init, and the watch would wait for nothing."""
+    if parent is None:
+        parent = os.getppid()
+    elif os.getppid() != parent:
+        os._exit(3)
 
     def watch():
         while True:

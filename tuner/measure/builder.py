@@ -53,12 +53,12 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- in the build process
 
-def _build_process_init(user_initializer) -> None:
+def _build_process_init(parent: int, user_initializer) -> None:
     """Every build process exits when its parent dies (a SIGKILLed job worker must not leave its
     build processes behind: they hold the pool's queue ends, so they would never see EOF), then
     runs the pool's initializer."""
     from device_agent.worker import watch_parent
-    watch_parent()
+    watch_parent(parent=parent)
     if user_initializer is not None:
         user_initializer()
 
@@ -150,7 +150,7 @@ class BuilderPool:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             pool = ProcessPoolExecutor(self.n_workers, mp_context=self._ctx, initializer=_build_process_init,
-                                       initargs=(self.initializer,))
+                                       initargs=(os.getpid(), self.initializer))
             # start every process and pay its imports now, not inside the first builds' timeouts
             warm = [pool.submit(_warm_up) for _ in range(self.n_workers)]
             try:
