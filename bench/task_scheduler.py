@@ -108,6 +108,18 @@ def curve_of(steps, tasks, weights, costs) -> list:
     return out
 
 
+def print_layers(tasks, weights, rr_best, gr_best, rr_alloc, gr_alloc, costs) -> None:
+    """Per layer: weight, batches each scheduler gave it, its re-timed best under each (ms), and
+    its share of the weighted latency: where the two objectives differ."""
+    print(f"  {'layer (C,H,W,F,K,s)':<26}{'w':>3}{'rr b':>6}{'gr b':>6}{'rr ms':>9}{'gr ms':>9}{'rr w*ms':>9}{'gr w*ms':>9}")
+    for i, (t, w) in enumerate(zip(tasks, weights)):
+        p = t.workload.params
+        name = f"{p['C']},{p['H']},{p['W']},{p['F']},{p['KH']},{p['stride']}"
+        rr, gr = (1e3 * costs.get((t, best[t].fingerprint), math.inf) for best in (rr_best, gr_best))
+        print(f"  {name:<26}{w:>3g}{rr_alloc.count(i):>6}{gr_alloc.count(i):>6}{rr:>9.3f}{gr:>9.3f}"
+              f"{w * rr:>9.3f}{w * gr:>9.3f}")
+
+
 def trials_to_reach(curve, target: float) -> int | None:
     return next((n for n, v in curve if v <= target), None)
 
@@ -131,7 +143,7 @@ def main():
     fractions = []
     with BuilderPool(timeout=60) as builder, LocalRunner() as runner:
         for seed in range(args.seeds):
-            rr_steps, _ = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
+            rr_steps, rr_alloc = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
                                    args.baseline, builder, runner)
             gr_steps, alloc = run_once("gradient", tasks, weights, args.trials, seed, args.batch, args.space,
                                        args.baseline, builder, runner)
@@ -148,6 +160,7 @@ def main():
                   f"{1e3 * gr_final:.3f} ms (re-timed together); gradient reached round-robin's final after "
                   f"{reached} of {rr_trials} trials (batches per task: "
                   f"{[alloc.count(i) for i in range(len(tasks))]})", flush=True)
+            print_layers(tasks, weights, rr_steps[-1][1], gr_steps[-1][1], rr_alloc, alloc, costs)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     print(f"{'scheduler':<14}{'weighted latency ms':>22}")
     for name, vals in finals.items():

@@ -1,0 +1,314 @@
+"""The tuning service under load: the API on PostgreSQL with 2 job workers, 32 concurrent clients.
+
+Set-up, all on 127.0.0.1: a fresh PostgreSQL database (dropped at the end) upgraded with
+`tunefarm db upgrade`'s code, seeded with `--records` records (default 10 000) over 100 matmul
+workloads: candidates sampled from the real template space of each (so /best lowers real loop
+IR), with synthetic costs — this measures the service, not kernels. Then `tunefarm serve
+--workers 0` and two `tunefarm worker` processes.
+
+Phase 1 (the reference, same run): one client, each read route 50 times in turn: unloaded latency.
+Phase 2: 32 clients for `--seconds` (30) mixing submits of small real jobs (5 %), job polls (35 %),
+record pages (35 %, filtered and deep keyset cursors) and best queries (25 %). Half-way through,
+one worker is SIGKILLed. Afterwards every submitted job must finish (the killed worker's job is
+claimed again when its lease expires): jobs lost (acknowledged but missing or unfinished) and
+duplicated (a job with more search records than its trials, or ended twice) must be 0.
+
+Prints a table per route (requests, rps, p50, p99, unloaded p50, errors) and, last, one JSON
+object. Aim: p99 < 100 ms for the read routes at 10 000 records on this 2-core machine.
+
+    .venv/bin/python bench/service_load.py [--records 10000] [--seconds 30] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
+LEASE_S = 5
+READ_ROUTES = ("job", "records", "best")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def seed_records(store, n_records: int, n_workloads: int = 100):
+    """[(workload key, target)] of the seeded tasks; candidates sampled from each template space."""
+    import numpy as np
+
+    from compiler.target import Target
+    from tuner.candidate import MeasureResult
+    from tuner.space.base import default_candidate
+    from tuner.space.template import TemplateSpace
+    from tuner.workload import Task, Workload
+
+    target = Target.host()
+    rng = np.random.default_rng(0)
+    per = max(1, n_records // n_workloads)
+    tasks = []
+    for i in range(n_workloads):
+        size = 64 + 16 * i
+        workload = Workload("matmul", {"M": size, "N": size, "K": 64})
+        opdef = workload.opdef()
+        task = Task(workload, str(target), "local")
+        space = TemplateSpace(opdef, None, target)
+        cands, seen = [default_candidate(opdef.workload_key())], set()
+        while len(cands) < per and len(seen) < len(space):
+            c = space.sample(rng)
+            if c.fingerprint not in seen:
+                seen.add(c.fingerprint)
+                cands.append(c)
+        flops = opdef.flops
+        results = []
+        for _ in cands:
+            gflops = float(rng.uniform(5, 150))
+            if rng.random() < 0.03:
+                results.append(MeasureResult(costs=[], error_code=4, error_msg="RUNTIME_ERROR (seeded)"))
+            else:
+                cost = flops / gflops / 1e9
+                results.append(MeasureResult(costs=[cost, cost * 1.02], build_seconds=0.1, run_seconds=0.01))
+        store.add_records(task, zip(cands, results))
+        tasks.append((opdef.workload_key(), str(target)))
+    return tasks
+
+
+def start_api(url: str, port: int) -> subprocess.Popen:
+    import httpx
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", url, "--port", str(port),
+                             "--workers", "0", "--no-session-token"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("tunefarm serve did not start")
+
+
+def start_worker(url: str, name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", name,
+                             "--lease", str(LEASE_S), "--poll", "0.5"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def small_job(i: int) -> dict:
+    return {"name": f"load-{i}", "workloads": [{"op": "relu", "params": {"shape": [1000 + i]}}], "trials": 2,
+            "batch_size": 2, "top_k": 1, "strategy": "random",
+            "measure": {"number": 1, "repeat": 1, "min_repeat_ms": 0}}
+
+
+class Load:
+    """The clients' shared state: latencies per route, errors, submitted jobs."""
+
+    def __init__(self, tasks, job_ids):
+        self.tasks, self.job_ids = tasks, list(job_ids)
+        self.lat: dict[str, list[float]] = {}
+        self.errors: dict[str, int] = {}
+        self.submitted: list[int] = []
+        self.next_job = 0
+        self.oldest_record = None
+
+    async def request(self, client, route: str, method: str, path: str, **kw):
+        t0 = time.perf_counter()
+        try:
+            r = await client.request(method, path, **kw)
+            ok = r.status_code < 400
+        except Exception:  # noqa: BLE001 - a refused or dropped request is an error of this route
+            r, ok = None, False
+        self.lat.setdefault(route, []).append(time.perf_counter() - t0)
+        if not ok:
+            self.errors[route] = self.errors.get(route, 0) + 1
+        return r if ok else None
+
+    async def one(self, client, rng: random.Random, route: str):
+        if route == "submit":
+            i = self.next_job
+            self.next_job += 1
+            r = await self.request(client, route, "POST", "/jobs", json=small_job(i))
+            if r is not None:
+                self.submitted.append(r.json()["id"])
+                self.job_ids.append(r.json()["id"])
+        elif route == "job":
+            if self.job_ids:
+                await self.request(client, route, "GET", f"/jobs/{rng.choice(self.job_ids)}")
+        elif route == "records":
+            params: dict = {"limit": 50}
+            pick = rng.random()
+            if pick < 0.4:
+                params["workload_key"] = rng.choice(self.tasks)[0]
+            elif pick < 0.7 and self.oldest_record:
+                params["before"] = rng.randint(1, self.oldest_record)      # a deep page
+            await self.request(client, route, "GET", "/records", params=params)
+        elif route == "best":
+            key, target = rng.choice(self.tasks)
+            await self.request(client, route, "GET", "/best", params={"workload_key": key, "target": target})
+
+
+async def run_clients(base: str, token: str, load: Load, clients: int, seconds: float, on_half) -> float:
+    import httpx
+    mix = [("submit", 0.05), ("job", 0.35), ("records", 0.35), ("best", 0.25)]
+    routes, weights = zip(*mix)
+    deadline = time.monotonic() + seconds
+    half = [False]
+
+    async def client_loop(n: int):
+        rng = random.Random(n)
+        async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                                     timeout=30) as client:
+            while time.monotonic() < deadline:
+                await load.one(client, rng, rng.choices(routes, weights)[0])
+                if not half[0] and time.monotonic() > deadline - seconds / 2:
+                    half[0] = True
+                    on_half()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client_loop(n) for n in range(clients)))
+    return time.perf_counter() - t0
+
+
+async def unloaded(base: str, token: str, load: Load, per_route: int = 50) -> dict:
+    import httpx
+    ref = Load(load.tasks, load.job_ids)
+    ref.oldest_record = load.oldest_record
+    rng = random.Random(99)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        for _ in range(per_route):
+            for route in READ_ROUTES:
+                await ref.one(c, rng, route)
+    return ref.lat
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=10_000)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--drain-timeout", type=float, default=300.0, help="seconds to wait for submitted jobs")
+    args = ap.parse_args()
+
+    import httpx
+    import psycopg
+
+    from tuner.records import open_store
+
+    name = f"tunefarm_load_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    procs: list[subprocess.Popen] = []
+    try:
+        t0 = time.perf_counter()
+        store = open_store(url, upgrade=True)
+        tasks = seed_records(store, args.records)
+        token, _ = store.create_token("load", "submit")
+        n_records = store.count()
+        print(f"seeded {n_records} records over {len(tasks)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+
+        port = free_port()
+        procs.append(start_api(url, port))
+        workers = [start_worker(url, f"load-w{n}") for n in range(2)]
+        procs += workers
+        base = f"http://127.0.0.1:{port}/api/v1"
+        load = Load(tasks, [])
+        first = httpx.get(f"{base}/records", params={"limit": 1}, headers={"Authorization": f"Bearer {token}"}).json()
+        load.oldest_record = first["items"][0]["id"]
+        # a few jobs to poll from the start
+        for i in range(4):
+            r = httpx.post(f"{base}/jobs", json=small_job(10_000 + i), headers={"Authorization": f"Bearer {token}"})
+            load.submitted.append(r.json()["id"])
+            load.job_ids.append(r.json()["id"])
+        load.next_job = 0
+
+        ref_lat = asyncio.run(unloaded(base, token, load))
+        killed: list[int] = []
+
+        def kill_one():
+            workers[0].send_signal(signal.SIGKILL)
+            killed.append(workers[0].pid)
+
+        elapsed = asyncio.run(run_clients(base, token, load, args.clients, args.seconds, kill_one))
+
+        # every submitted job must finish: the killed worker's job after its lease expired
+        deadline = time.monotonic() + args.drain_timeout
+        while time.monotonic() < deadline:
+            states = [store.get_job(j).state for j in load.submitted]
+            if all(s in ("done", "failed", "cancelled") for s in states):
+                break
+            time.sleep(1)
+        lost = duplicated = 0
+        for jid in load.submitted:
+            try:
+                job = store.get_job(jid)
+            except Exception:  # noqa: BLE001 - an acknowledged job that is not stored is lost
+                lost += 1
+                continue
+            if job.state != "done":
+                lost += 1
+            events = [e.kind for e in store.job_events(jid)]
+            search = [r for r in store.records_page(job_id=jid, limit=100) if r.candidate.kind != "default"]
+            if events.count("done") > 1 or len(search) > job.trials:
+                duplicated += 1
+        reclaimed = sum("reclaimed" in [e.kind for e in store.job_events(j)] for j in load.submitted)
+
+        rows = {}
+        print(f"{'route':<10}{'requests':>10}{'rps':>8}{'p50 ms':>9}{'p99 ms':>9}{'unloaded p50':>14}{'errors':>8}")
+        for route in ("submit", "job", "records", "best"):
+            lat = load.lat.get(route, [])
+            ref = ref_lat.get(route, [])
+            rows[route] = {"requests": len(lat), "rps": round(len(lat) / elapsed, 1),
+                           "p50_ms": round(1e3 * pct(lat, 0.5), 2), "p99_ms": round(1e3 * pct(lat, 0.99), 2),
+                           "unloaded_p50_ms": round(1e3 * statistics.median(ref), 2) if ref else None,
+                           "errors": load.errors.get(route, 0)}
+            r = rows[route]
+            print(f"{route:<10}{r['requests']:>10}{r['rps']:>8}{r['p50_ms']:>9}{r['p99_ms']:>9}"
+                  f"{r['unloaded_p50_ms'] if r['unloaded_p50_ms'] is not None else '-':>14}{r['errors']:>8}")
+        total = sum(len(v) for v in load.lat.values())
+        read_p99 = max(rows[r]["p99_ms"] for r in READ_ROUTES)
+        print(f"{total / elapsed:.0f} requests/s with {args.clients} clients; {len(load.submitted)} jobs submitted, "
+              f"{reclaimed} reclaimed after the killed worker, lost {lost}, duplicated {duplicated}; "
+              f"read p99 {read_p99} ms at {n_records} records")
+        print(json.dumps({
+            "records": n_records, "clients": args.clients, "seconds": round(elapsed, 1),
+            "requests_per_second": round(total / elapsed, 1), "routes": rows,
+            "read_p99_ms": read_p99,
+            "read_p99_over_unloaded_p50": {r: round(rows[r]["p99_ms"] / rows[r]["unloaded_p50_ms"], 2)
+                                           for r in READ_ROUTES if rows[r]["unloaded_p50_ms"]},
+            "errors": sum(load.errors.values()), "jobs_submitted": len(load.submitted),
+            "jobs_reclaimed": reclaimed, "jobs_lost": lost, "jobs_duplicated": duplicated,
+        }))
+        store.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+if __name__ == "__main__":
+    main()
