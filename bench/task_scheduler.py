@@ -20,7 +20,7 @@ trials, so with them every curve starts at its end and both schedulers "reach" r
 latency at once. Without them the bench measures what it is about: how fast each allocation rule
 brings the search's own best schedules down, as in Ansor's evaluation.
 
-    .venv/bin/python bench/task_scheduler.py --trials 300 --seeds 3
+    .venv/bin/python bench/task_scheduler.py --trials 600 --seeds 3
 """
 
 from __future__ import annotations
@@ -126,12 +126,13 @@ def trials_to_reach(curve, target: float) -> int | None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--trials", type=int, default=600)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--space", choices=("sketch", "template"), default="template")
     ap.add_argument("--layers", type=int, default=None, help="only the first N layers (a quick run)")
     ap.add_argument("--baseline", action="store_true", help="measure every task's default schedule first")
+    ap.add_argument("--min-repeat-ms", type=float, default=20.0, help="timing floor per measurement")
     args = ap.parse_args()
 
     from tuner.measure import BuilderPool, LocalRunner
@@ -141,7 +142,7 @@ def main():
     tasks, weights = [t for t, _ in entries], [w for _, w in entries]
     finals = {"round-robin": [], "gradient": []}
     fractions = []
-    with BuilderPool(timeout=60) as builder, LocalRunner() as runner:
+    with BuilderPool(timeout=60) as builder, LocalRunner(min_repeat_ms=args.min_repeat_ms) as runner:
         for seed in range(args.seeds):
             rr_steps, rr_alloc = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
                                    args.baseline, builder, runner)

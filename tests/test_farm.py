@@ -271,6 +271,30 @@ def test_cli_tune_through_the_farm(farm, tmp_path, capsys):
     assert "UNAUTHENTICATED" in capsys.readouterr().err
 
 
+def test_a_job_worker_runs_a_farm_job_through_the_tracker(farm, tmp_path):
+    """A job submitted for device key KEY is claimed by a worker with --tracker and measured by
+    the farm's agents; a local-only worker never takes it."""
+    from tuner.service.spec import JobSpec, resolve
+    from tuner.service.worker import JobWorker
+    address, agents, _ = farm
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    spec = JobSpec(workloads=[{"op": "matmul", "params": MM.params}], device_key=KEY, target=str(Target.host()),
+                   trials=4, batch_size=2,
+                   space="template", strategy="random", top_k=1, measure=QUICK)
+    job = resolve(spec)
+    jid = store.submit_job(job.store_rows(), spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
+                           scheduler=spec.scheduler, trials=spec.trials)
+    with JobWorker(store, name="local-only") as local:
+        assert local.run_once() is None
+    with JobWorker(store, name="farm-worker", tracker=address, tracker_token=TUNER_TOKEN, build_workers=1) as w:
+        assert w.run_once() == jid
+    done = store.get_job(jid)
+    assert done.state == "done" and done.trials_done == 4, done.error
+    records = store.records_page(job_id=jid)
+    assert len(records) == 4 + 1 and all(r.result.measured_by in agents and r.device_key == KEY for r in records)
+    store.close()
+
+
 def test_build_errors_pass_through_and_results_keep_their_order(farm, builds):
     address, agents, _ = farm
     task, (good, naive) = builds

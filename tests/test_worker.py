@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from compiler.target import Target
 from tuner.records import JobState, SQLRecordsStore
 from tuner.records.values import utcnow
 from tuner.service.spec import JobSpec, resolve
@@ -105,7 +106,7 @@ def test_a_job_that_cannot_run_here_fails_with_the_reason_and_the_worker_goes_on
 
 
 def test_farm_job_without_a_tracker_fails_clearly(store):
-    jid = submit(store, device_key="rpi4")
+    jid = submit(store, device_key="rpi4", target=str(Target.host()))
     with JobWorker(store, name="w1") as local, JobWorker(store, name="w2", device_keys=["rpi4"]) as farm:
         assert local.run_once() is None               # a local worker does not take it
         assert farm.run_once() == jid

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 
 from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store
 
@@ -84,8 +85,15 @@ def cmd_serve(args) -> int:
     if session is not None:
         print(f"tunefarm serve: session token (admin, revoked when this server stops): {session[0]}", flush=True)
         print(f"tunefarm serve: open http://{shown_host}:{args.port}/?token={session[0]}", flush=True)
+    server = _server_without_signal_handling(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
+
+    def on_signal(signum, _frame):
+        server.should_exit = True           # uvicorn finishes its requests, then run() returns
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
-        uvicorn.run(app, host=host, port=args.port, log_level="warning")
+        server.run()
     finally:
         for p in workers:
             p.send_signal(signal.SIGTERM)
@@ -98,6 +106,19 @@ def cmd_serve(args) -> int:
             with open_store(url) as s:
                 s.revoke_token(session[1])
     return EXIT_OK
+
+
+def _server_without_signal_handling(config):
+    """uvicorn's Server, minus its own signal handling: uvicorn re-raises SIGTERM after shutting
+    down, which would end this process before it stops its workers and revokes its token."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server(config)
 
 
 def _spawn_worker(url: str, args, n: int) -> subprocess.Popen:

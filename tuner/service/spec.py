@@ -84,7 +84,7 @@ class JobSpec(BaseModel):
     top_k: int = Field(5, ge=0, le=64, description="candidates re-measured at the end of every task")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    measure: MeasureOptions = Field(default_factory=MeasureOptions)
+    measure: MeasureOptions = Field(default_factory=lambda: MeasureOptions())
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,10 @@ def resolve(spec: JobSpec, default_target: str | None = None) -> ResolvedJob:
     from ..search import STRATEGIES
     from ..workload import Task, Workload, WorkloadError
 
+    if spec.target is None and default_target is None and spec.device_key != "local":
+        raise SpecError("target", f"device key {spec.device_key!r} measures on the farm's devices: give their target "
+                                  "string (e.g. 'llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1'); only 'local' jobs "
+                                  "default to the server's host")
     try:
         target = resolve_target(spec.target if spec.target is not None else default_target)
     except (CompilerError, ValueError) as e:
@@ -119,7 +123,10 @@ def resolve(spec: JobSpec, default_target: str | None = None) -> ResolvedJob:
     strategy = spec.strategy or DEFAULT_STRATEGY[spec.space]
     if strategy not in STRATEGIES:
         raise SpecError("strategy", f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    tasks, weights, flops, keys = [], [], [], {}
+    tasks: list = []
+    weights: list[float] = []
+    flops: list[float] = []
+    keys: dict[str, int] = {}
     for i, w in enumerate(spec.workloads):
         where = f"workloads.{i}"
         try:

@@ -132,6 +132,7 @@ class _JobRun:
         self.tasks = [jt.task for jt in job.tasks]
         self.weights = [jt.weight for jt in job.tasks]
         self.position = {t: jt.position for t, jt in zip(self.tasks, job.tasks)}
+        self.keys = {t: jt.workload_key for t, jt in zip(self.tasks, job.tasks)}
         self._stop = threading.Event()
         self._done = threading.Event()
         self.stopped_because: JobState | None = None
@@ -163,6 +164,7 @@ class _JobRun:
             if self.lost is not None:
                 raise self.lost
             for task, result in zip(self.tasks, out.results):
+                self._note_final_best(task, result)
                 self._write_progress(task, result, final=True)
         if self.stopped_because is not None:
             return None  # cancelled by a user: the job already says so
@@ -208,7 +210,8 @@ class _JobRun:
             best = report.result.best_candidate
             if best is not None and best.fingerprint in ids:
                 self.best_ids[task] = ids[best.fingerprint]
-        self._write_progress(task, report.result, final=False)
+        # a re-measurement round is no discovery: no "best" event for it
+        self._write_progress(task, report.result, final=report.kind == "retime")
 
     def _on_heartbeat(self, engine) -> None:
         """Called by the scheduler after every batch (and by a task tuner between re-measurement
@@ -217,6 +220,15 @@ class _JobRun:
             self._stop.set()
         if self._stop.is_set():
             engine.request_stop()
+
+    def _note_final_best(self, task, result) -> None:
+        """After the re-measurement the best may be a record of an earlier attempt or batch: take
+        its id from the store, which ranks by the same re-measured costs."""
+        if result.best_candidate is None:
+            return
+        top = self.store.best(self.keys[task], task.target, k=1, device_key=task.device_key)
+        if top and top[0].candidate.fingerprint == result.best_candidate.fingerprint:
+            self.best_ids[task] = top[0].id
 
     def _write_progress(self, task, result, final: bool) -> None:
         best = result.best_cost if math.isfinite(result.best_cost) else None

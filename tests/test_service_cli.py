@@ -1,0 +1,126 @@
+"""`tunefarm serve` as a user starts it (the embedded default: API + one local worker process on
+a SQLite file, a session token printed and revoked at exit), and the Python client and CLI on it:
+`tunefarm submit --watch`, `tunefarm jobs [show|cancel]`, errors a user can read."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tuner.cli import main
+from tuner.records import open_store
+from tuner.service.client import APIError, ServiceClient
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real `tunefarm serve` on a free loopback port; yields (url, session token, db url, process)."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('serve') / 'records.db'}"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    token, lines = None, []
+    deadline = time.monotonic() + 60
+    while token is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"session token \(admin, revoked when this server stops\): (tf_\S+)", line)
+        token = m.group(1) if m else None
+    assert token is not None, "".join(lines)
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    yield url, token, db, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+
+
+def test_submit_watch_list_show_and_errors(server, capsys):
+    url, token, _, _ = server
+    args = ["--server", url, "--token", token]
+    assert main(["submit", "relu", "--param", "shape=256", "--trials", "4", "--batch", "2", "--watch",
+                 "--interval", "0.3", *args]) == 0
+    out = capsys.readouterr().out
+    job_id = int(re.search(r"job (\d+) queued", out).group(1))
+    assert "claimed by serve-" in out and f"job {job_id}: done, 4/4 trials" in out
+    assert re.search(r"relu \(weight 1\): 4 trials, best [0-9.]+ GFLOPS, default [0-9.]+ GFLOPS", out)
+
+    assert main(["jobs", *args]) == 0
+    assert re.search(rf"\s{job_id}\s+done\s+4/4\s+relu", capsys.readouterr().out)
+    assert main(["jobs", "show", str(job_id), *args]) == 0
+    assert "1 attempt(s)" in capsys.readouterr().out
+
+    assert main(["jobs", "cancel", str(job_id), *args]) == 1          # a done job stays done
+    assert "409" in capsys.readouterr().err
+    assert main(["jobs", "show", "999999", *args]) == 1
+    assert "404: no job 999999" in capsys.readouterr().err
+    assert main(["submit", "relu", "--server", url, "--token", "tf_wrong"]) == 1
+    assert "401" in capsys.readouterr().err
+    assert main(["submit", "relu", "--trials", "0", *args]) == 1
+    assert "trials" in capsys.readouterr().err
+    assert main(["submit", "no_such_op", *args]) == 2                  # checked here, nothing sent
+    assert "unknown operator" in capsys.readouterr().err
+
+
+def test_client_pages_and_reports_unreachable_servers(server):
+    url, token, _, _ = server
+    with ServiceClient(url, token=token) as c:
+        ids = [c.submit({"workloads": [{"op": "relu", "params": {"shape": [64 + i]}}], "trials": 1,
+                         "priority": -5})["id"] for i in range(3)]
+        page = c.jobs(limit=2)
+        assert len(page["items"]) == 2 and page["next_before"] is not None
+        assert {j["id"] for j in c.iter_jobs(limit=2)} >= set(ids)
+        with pytest.raises(APIError) as e:
+            c.submit({"workloads": [{"op": "matmul", "params": {"M": "x", "N": 4, "K": 4}}]})
+        assert e.value.status == 422 and e.value.field == "workloads.0"
+        for jid in ids:                    # leave the server's worker idle for the next test
+            try:
+                c.cancel(jid)
+            except APIError as err:        # it finished already
+                assert err.status == 409 and err.state == "done"
+    with ServiceClient(f"http://127.0.0.1:{free_port()}", token=token) as c, pytest.raises(APIError) as e:
+        c.jobs()
+    assert e.value.status is None and "cannot reach" in str(e.value)
+
+
+def test_stopping_serve_revokes_its_token_and_stops_its_worker(server):
+    url, token, db, proc = server
+    worker_pids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+    assert worker_pids, "tunefarm serve started no local worker"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) == 0
+    with open_store(db) as store:
+        assert store.verify_token(token) is None
+    for pid in worker_pids:
+        assert not _alive(int(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
