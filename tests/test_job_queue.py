@@ -72,9 +72,10 @@ def test_claim_order_lease_progress_and_finish(store):
     with pytest.raises(LeaseLost):
         store.renew_lease(high, "w2", 30)
     assert store.record_progress(high, "w1", 0, trials=8, batches=1, best_cost=1e-3, best_record_id=None,
-                                 baseline_cost=2e-3, trials_done=8, lease_seconds=30) == JobState.RUNNING
+                                 baseline_cost=2e-3, trials_done=8, lease_seconds=30, errors=2) == JobState.RUNNING
     job = store.get_job(high)
     assert job.trials_done == 8 and job.tasks[0].trials == 8 and job.tasks[0].speedup == pytest.approx(2.0)
+    assert job.tasks[0].errors == 2
     assert job.tasks[0].best_gflops == pytest.approx(1e6 / 1e-3 / 1e9)
     assert store.finish_job(high, "w1", "done") is True
     assert store.finish_job(high, "w1", "done") is False             # not running any more

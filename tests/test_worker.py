@@ -67,6 +67,7 @@ def test_worker_runs_a_two_task_job_to_done(store):
     search = [r for r in recs if r.candidate.kind != "default"]
     assert len(search) == 12 and len(recs) == 14                       # + one baseline per task
     assert sum(jt.trials for jt in job.tasks) == 12
+    assert sum(jt.errors for jt in job.tasks) == len([r for r in recs if not r.result.ok])
     for jt in job.tasks:
         assert jt.best_cost is not None and jt.baseline_cost is not None and jt.speedup > 0
         assert jt.best_gflops > 0 and jt.batches >= 1

@@ -53,7 +53,7 @@ class JobQueue:
             s.flush()
             for pos, ((_, weight, flops), task_id) in enumerate(zip(tasks, task_ids)):
                 s.add(JobTaskRow(job_id=row.id, position=pos, task_id=task_id, weight=float(weight),
-                                 flops=None if flops is None else float(flops), trials=0, batches=0))
+                                 flops=None if flops is None else float(flops), trials=0, batches=0, errors=0))
             _event(s, row.id, "submitted", f"queued with {len(tasks)} task(s), {trials} trials", now=now)
             return row.id
 
@@ -121,7 +121,7 @@ class JobQueue:
 
     def record_progress(self, job_id: int, worker: str, position: int, *, trials: int, batches: int,
                         best_cost: float | None, best_record_id: int | None, baseline_cost: float | None,
-                        trials_done: int, lease_seconds: float) -> JobState:
+                        trials_done: int, lease_seconds: float, errors: int = 0) -> JobState:
         """A task's progress after a batch, and the job's trial count, written with a lease
         renewal in one transaction. Returns what renew_lease returns."""
         now = utcnow()
@@ -133,7 +133,7 @@ class JobQueue:
                           .execution_options(synchronize_session=False)).rowcount
             if n == 1:
                 s.execute(update(JobTaskRow).where(JobTaskRow.job_id == job_id, JobTaskRow.position == position)
-                          .values(trials=int(trials), batches=int(batches), best_cost=best_cost,
+                          .values(trials=int(trials), batches=int(batches), errors=int(errors), best_cost=best_cost,
                                   best_record_id=best_record_id, baseline_cost=baseline_cost, updated_at=now)
                           .execution_options(synchronize_session=False))
                 return JobState.RUNNING
@@ -282,7 +282,8 @@ class JobQueue:
         for jt, t, w in s.execute(stmt):
             tasks[jt.job_id].append(JobTask(
                 position=jt.position, task=Task(codec.to_workload(w), t.target, t.device_key), workload_key=w.key,
-                weight=jt.weight, flops=jt.flops, trials=jt.trials, batches=jt.batches, best_cost=jt.best_cost,
+                weight=jt.weight, flops=jt.flops, trials=jt.trials, batches=jt.batches, errors=jt.errors,
+                best_cost=jt.best_cost,
                 best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost))
         return [Job(id=r.id, state=JobState(r.state), spec=dict(r.spec or {}), tasks=tuple(tasks[r.id]),
                     target=r.target, device_key=r.device_key, space=r.space, strategy=r.strategy,

@@ -140,6 +140,7 @@ class JobTaskRow(Base):
     flops: Mapped[float | None] = mapped_column(Float, nullable=True)   # of the operator, for GFLOPS
     trials: Mapped[int] = mapped_column(Integer, server_default="0")
     batches: Mapped[int] = mapped_column(Integer, server_default="0")
+    errors: Mapped[int] = mapped_column(Integer, server_default="0")     # failed measurements
     best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_record_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     baseline_cost: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -91,6 +91,7 @@ class JobTask:
     flops: float | None = None
     trials: int = 0
     batches: int = 0
+    errors: int = 0                 # measurements of this task in this job that failed
     best_cost: float | None = None
     best_record_id: int | None = None
     baseline_cost: float | None = None

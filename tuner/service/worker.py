@@ -141,6 +141,7 @@ class _JobRun:
         # progress as the store should show it: this job's search records per task so far
         self.trials = {t: self.store.count(t, job_id=job.id, search_only=True) for t in self.tasks}
         self.batches = {t: jt.batches for t, jt in zip(self.tasks, job.tasks)}
+        self.errors = {t: jt.errors for t, jt in zip(self.tasks, job.tasks)}
         self.best_ids: dict = {t: jt.best_record_id for t, jt in zip(self.tasks, job.tasks)}
         self.best_costs: dict = {t: jt.best_cost for t, jt in zip(self.tasks, job.tasks)}
 
@@ -205,6 +206,8 @@ class _JobRun:
         if report.kind == "search":
             self.trials[task] += len(report.candidates)
             self.batches[task] += 1
+        if report.kind != "retime":
+            self.errors[task] += sum(not r.ok for r in report.results)
         if len(report.record_ids) == len(report.candidates) and report.kind != "retime":
             ids = {c.fingerprint: i for c, i in zip(report.candidates, report.record_ids)}
             best = report.result.best_candidate
@@ -238,7 +241,8 @@ class _JobRun:
             with self._lock:
                 state = self.store.record_progress(
                     self.job.id, self.worker.name, self.position[task], trials=self.trials[task],
-                    batches=self.batches[task], best_cost=best, best_record_id=self.best_ids.get(task),
+                    batches=self.batches[task], errors=self.errors[task], best_cost=best,
+                    best_record_id=self.best_ids.get(task),
                     baseline_cost=base, trials_done=sum(self.trials.values()),
                     lease_seconds=self.worker.lease_seconds)
         except LeaseLost as e:

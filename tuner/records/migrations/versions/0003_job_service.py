@@ -11,7 +11,7 @@ Create Date: 2026-11-23
   `finished_at` say how far and how often it ran. `task_id` stays: the job's first task (a
   job of the previous schema gets it as job_tasks position 0).
 - job_tasks: the tasks of a job with their weights and progress (search trials, batches, best and
-  baseline cost), written by the worker after every batch, so listing jobs never aggregates records.
+  baseline cost, failed measurements), written by the worker after every batch, so listing jobs never aggregates records.
 - job_events: what happened to a job when (claimed, new best, failed, ...).
 - api_tokens: bearer tokens of the REST API, stored as SHA-256 hashes with their scopes.
 - records: (task_id, id) and (error_code, id) indexes for newest-first pages filtered by task or
@@ -43,6 +43,7 @@ def upgrade() -> None:
         sa.Column("flops", sa.Float(), nullable=True),
         sa.Column("trials", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("batches", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("errors", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("best_cost", sa.Float(), nullable=True),
         sa.Column("best_record_id", sa.Integer(), nullable=True),
         sa.Column("baseline_cost", sa.Float(), nullable=True),
@@ -53,8 +54,8 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", "position", name="uq_job_tasks_job_id_position"),
     )
     op.create_index("ix_job_tasks_task_id", "job_tasks", ["task_id"])
-    op.execute("INSERT INTO job_tasks (job_id, position, task_id, weight, trials, batches) "
-               "SELECT id, 0, task_id, 1.0, 0, 0 FROM jobs")
+    op.execute("INSERT INTO job_tasks (job_id, position, task_id, weight, trials, batches, errors) "
+               "SELECT id, 0, task_id, 1.0, 0, 0, 0 FROM jobs")
 
     # Plain ADD COLUMNs, no batch table copy: on SQLite a copy drops the old `jobs` table, and
     # with foreign keys on that DROP cascades into job_tasks and nulls records.job_id.
