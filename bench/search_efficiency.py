@@ -149,8 +149,12 @@ def main():
                     res = {}
                     for kind, strategy in (("random", "random"), ("guided", GUIDED[space])):
                         store = fresh_store()
+                        # search trials only: no default-schedule baseline and no end-of-run
+                        # re-measurement, so the bar and the curves are the same kind of number
+                        # (in-run costs of search candidates)
                         r = tune(task, store, space=space, strategy=strategy, trials=args.trials,
-                                 batch_size=args.batch, seed=seed, builder=builder, runner=runner)
+                                 batch_size=args.batch, seed=seed, builder=builder, runner=runner,
+                                 baseline=False, top_k=0)
                         share = top_sketch_share(store, task) if space == "sketch" else None
                         store.close()
                         res[kind] = r
