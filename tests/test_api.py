@@ -560,3 +560,26 @@ def test_real_server_over_http(db_url):
         thread.join(timeout=20)
         store.close()
     assert not thread.is_alive()
+
+
+def test_read_token_checks_are_cached_briefly_and_writes_always_ask_the_database(db_url):
+    """A token verified for a read is trusted for the cache's few seconds (no database round trip
+    per request); a write asks the database, and a revoked token is forgotten at once."""
+    import time as _time
+
+    from tuner.records import SQLRecordsStore
+    from tuner.service.api.auth import TokenCache
+    with SQLRecordsStore(db_url) as store:
+        secret, info = store.create_token("cached", "submit")
+        cache = TokenCache(seconds=0.3)
+        assert cache.verify(store, secret).id == info.id
+        store.revoke_token(info.id)
+        assert cache.verify(store, secret).id == info.id              # a read within the window
+        assert cache.verify(store, secret, fresh=True) is None        # a write: refused, and forgotten
+        assert cache.verify(store, secret) is None
+        other, other_info = store.create_token("cached-2", "read")
+        cache.verify(store, other)
+        _time.sleep(0.35)
+        store.revoke_token(other_info.id)
+        assert cache.verify(store, other) is None                     # past the window: asked again
+        assert cache.verify(store, "tf_unknown") is None

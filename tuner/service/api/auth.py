@@ -5,7 +5,8 @@ public_read. A missing or unknown token is 401 with a WWW-Authenticate challenge
 known token with too small a scope 403. A token that is presented is always checked, even on a
 public read, so a client with a revoked token learns it at once. `last_used_at` is written at
 most once a minute per token and after the response: a write per request would serialize reads
-on SQLite's single write lock.
+on SQLite's single write lock. For reads a verified token is trusted for 5 s (TokenCache), so a
+revocation stops its reads within 5 s and its writes at once.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Annotated
 from fastapi import BackgroundTasks, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ...records.tokens import SCOPES
+from ...records.tokens import SCOPES, token_hash
 from ...records.values import StoreError, TokenInfo
 from .errors import ApiError
 
 REALM = 'Bearer realm="tunefarm"'
 TOUCH_EVERY_S = 60.0
+CACHE_S = 5.0           # how long a verified token is trusted without asking the database again
 
 bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
                     description="an API token (`tunefarm token create --scope read|submit|admin`), sent as "
@@ -46,6 +48,35 @@ class TokenTouches:
             return True
 
 
+class TokenCache:
+    """Verified tokens for CACHE_S seconds, keyed by the secret's SHA-256 (the secret itself is
+    not kept): a token check per request was a database round trip per request. A revoked
+    token keeps working here for at most CACHE_S seconds; unknown tokens are not cached."""
+
+    def __init__(self, seconds: float = CACHE_S, size: int = 1024):
+        self.seconds, self.size = seconds, size
+        self._known: dict[str, tuple[float, TokenInfo]] = {}
+        self._lock = threading.Lock()
+
+    def verify(self, store, secret: str, fresh: bool = False) -> TokenInfo | None:
+        """The token's info (None: unknown or revoked); `fresh` asks the database regardless."""
+        key = token_hash(secret)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._known.get(key)
+            if not fresh and hit is not None and now - hit[0] < self.seconds:
+                return hit[1]
+        info = store.verify_token(secret)
+        with self._lock:
+            if info is None:
+                self._known.pop(key, None)
+                return None
+            if len(self._known) >= self.size:
+                self._known.clear()
+            self._known[key] = (now, info)
+        return info
+
+
 def _touch(store, token_id: int) -> None:
     try:
         store.touch_token(token_id)
@@ -64,7 +95,9 @@ def require(scope: str) -> Callable:
                 return None
             raise ApiError(401, f"this needs an API token with scope {scope!r}: send Authorization: Bearer tf_...",
                            field="Authorization", headers={"WWW-Authenticate": REALM})
-        info = state.store.verify_token(credentials.credentials)
+        # reads may trust a token verified in the last few seconds; writes always ask the database,
+        # so a revoked token can never write again
+        info = state.token_cache.verify(state.store, credentials.credentials, fresh=scope != "read")
         if info is None:
             raise ApiError(401, "unknown or revoked API token", field="Authorization",
                            headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'})
