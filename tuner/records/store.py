@@ -12,9 +12,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from typing import IO
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -23,10 +25,12 @@ from ..workload import Task, Workload
 from . import codec
 from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
-from .jobs import JobQueue, page_size
-from .models import AgentRow, RecordRow, TaskRow, WorkloadRow
+from .jobs import JobQueue, UnknownJob, page_size
+from .models import AgentRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
+
+MAX_MEASUREMENTS = 5000     # a job's measurements per page: compact rows for charts, not records
 
 
 class RecordsStore(ABC):
@@ -445,3 +449,135 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                     return count, errors, False
                 before = rows[-1].id
         return count, errors, True
+
+    # --- reads for the dashboard
+    # What the web dashboard (tuner.service.dashboard) reads through the API: a job's measurements
+    # for its charts, records in other orders than newest first, and the best record of every task.
+    # Each is one bounded statement on indexed columns (or one per page), like the reads above.
+
+    def job_measurements(self, job_id: int, after_id: int | None = None, limit: int = 1000) -> tuple[datetime, list[dict]]:
+        """(the job's creation time, its records oldest first with ids above `after_id`), each a
+        dict with id, created_at, position (of its task in the job), mean_cost (None for an
+        error), flops (of its task), error_code and candidate_kind. One statement: the job row by
+        primary key, left-joined to its records (records.job_id index) and their job_tasks row, so
+        an unknown job (UnknownJob) and a job without records (an empty list) are told apart."""
+        if not 1 <= int(limit) <= MAX_MEASUREMENTS:
+            raise StoreError(f"measurements page size must be 1..{MAX_MEASUREMENTS}, got {limit}")
+        on = RecordRow.job_id == JobRow.id
+        if after_id is not None:
+            on = and_(on, RecordRow.id > after_id)
+        stmt = (select(JobRow.created_at.label("job_created"), RecordRow.id, RecordRow.created_at, JobTaskRow.position,
+                       RecordRow.mean_cost, JobTaskRow.flops, RecordRow.error_code, RecordRow.candidate_kind)
+                .select_from(JobRow)
+                .outerjoin(RecordRow, on)
+                .outerjoin(JobTaskRow, and_(JobTaskRow.job_id == JobRow.id, JobTaskRow.task_id == RecordRow.task_id))
+                .where(JobRow.id == job_id)
+                .order_by(RecordRow.id).limit(int(limit)))
+        with self._session() as s:
+            rows = s.execute(stmt).all()
+        if not rows:
+            raise UnknownJob(f"no job {job_id}")
+        created = rows[0].job_created
+        return created, [{"id": r.id, "created_at": r.created_at, "position": r.position, "mean_cost": r.mean_cost,
+                          "flops": r.flops, "error_code": r.error_code, "candidate_kind": r.candidate_kind}
+                         for r in rows if r.id is not None]
+
+    def job_error_counts(self, job_ids: list[int]) -> dict[int, int]:
+        """How many of each job's measurements failed (jobs without any are left out): one grouped
+        statement over the records.job_id index for a page of jobs."""
+        if not job_ids:
+            return {}
+        stmt = (select(RecordRow.job_id, func.count(RecordRow.id)).where(RecordRow.job_id.in_(list(job_ids)), RecordRow.error_code != 0)
+                .group_by(RecordRow.job_id))
+        with self._session() as s:
+            return {int(j): int(n) for j, n in s.execute(stmt)}
+
+    def records_sorted(self, order: str, workload_key: str | None = None, target: str | None = None,
+                       device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
+                       after_id: int | None = None, after_cost: float | None = None, limit: int = 50) -> list[Record]:
+        """Records in `order`, after a keyset cursor (records_page is newest first):
+
+        - "oldest": ids ascending, those above `after_id`;
+        - "fastest": valid records of `workload_key` (required) by mean cost ascending, ties by
+          id, after the (after_cost, after_id) cursor. Served by the (task_id, mean_cost) index:
+          the workload's few tasks are looked up first, then each is an index range. Error records
+          have no cost and are not in this order."""
+        if order not in ("oldest", "fastest"):
+            raise StoreError(f"unknown record order {order!r}; records_sorted knows oldest and fastest")
+        stmt = self._joined().limit(page_size(limit))
+        if workload_key is not None:
+            stmt = stmt.where(TaskRow.workload_key == workload_key)
+        if target is not None:
+            stmt = stmt.where(TaskRow.target == target)
+        if device_key is not None:
+            stmt = stmt.where(TaskRow.device_key == device_key)
+        if job_id is not None:
+            stmt = stmt.where(RecordRow.job_id == job_id)
+        if error_code is not None:
+            stmt = stmt.where(RecordRow.error_code == int(error_code))
+        if order == "oldest":
+            stmt = stmt.order_by(RecordRow.id)
+            if after_id is not None:
+                stmt = stmt.where(RecordRow.id > after_id)
+        else:
+            if workload_key is None:
+                raise StoreError("records by cost need a workload key (the order is served per task by an index)")
+            if (after_cost is None) != (after_id is None):
+                raise StoreError("the cost cursor is a pair: give both after_cost and after_id, or neither")
+            stmt = stmt.where(RecordRow.mean_cost.is_not(None)).order_by(RecordRow.mean_cost, RecordRow.id)
+            if after_cost is not None:
+                stmt = stmt.where(or_(RecordRow.mean_cost > after_cost,
+                                      (RecordRow.mean_cost == after_cost) & (RecordRow.id > after_id)))
+        with self._session() as s:
+            return self._records(s, stmt)
+
+    def best_per_task(self, after_task_id: int | None = None, limit: int = 50,
+                      target: str | None = None) -> list[TaskBest]:
+        """Tasks by id after `after_task_id` (keyset), on `target` if given, each with its fastest
+        valid record by mean cost and the default schedule's record (None when not measured).
+
+        Three statements for the whole page: the tasks with the id of their best record as a
+        correlated subquery (`ORDER BY mean_cost, id LIMIT 1`, one range of the (task_id,
+        mean_cost) index per task: never a scan of the records); those records by primary key;
+        the baselines by their fingerprint (the (task_id, fingerprint) unique index). The
+        ranking is by the tuning-time mean: `best()` prefers re-measured costs, which no index
+        serves, so it may pick another of the top candidates."""
+        from ..space.base import default_candidate
+        # mean_cost is NULL for every failed measurement (codec.mean_cost_column), so no error_code
+        # test: an equality on it would tempt a planner into the (error_code, id) index instead
+        best_id = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None))
+                   .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
+        stmt = (select(TaskRow, WorkloadRow, best_id.label("best_id"))
+                .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
+                .order_by(TaskRow.id).limit(page_size(limit)))
+        if after_task_id is not None:
+            stmt = stmt.where(TaskRow.id > after_task_id)
+        if target is not None:
+            stmt = stmt.where(TaskRow.target == target)
+        with self._session() as s:
+            rows = s.execute(stmt).all()
+            ids = [r.best_id for r in rows if r.best_id is not None]
+            best = {rec.id: rec for rec in self._records(s, self._joined().where(RecordRow.id.in_(ids)))} if ids else {}
+            fps = {default_candidate(r.TaskRow.workload_key).fingerprint: r.TaskRow.workload_key for r in rows}
+            baselines: dict[int, Record] = {}
+            if rows:
+                stmt = self._joined().where(RecordRow.task_id.in_([r.TaskRow.id for r in rows]), RecordRow.fingerprint.in_(sorted(fps)),
+                                            RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
+                for r, t, w in s.execute(stmt):
+                    if fps.get(r.fingerprint) == t.workload_key:
+                        baselines[t.id] = codec.to_record(r, t, w)
+        return [TaskBest(r.TaskRow.id, r.TaskRow.workload_key, codec.to_workload(r.WorkloadRow), r.TaskRow.target,
+                         r.TaskRow.device_key, best.get(r.best_id), baselines.get(r.TaskRow.id)) for r in rows]
+
+
+@dataclass(frozen=True)
+class TaskBest:
+    """A task with its fastest valid record and its default schedule's record (best_per_task)."""
+
+    task_id: int
+    workload_key: str
+    workload: Workload
+    target: str
+    device_key: str
+    best: Record | None
+    baseline: Record | None

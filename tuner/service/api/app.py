@@ -1,10 +1,11 @@
 """The FastAPI application of the tuning service: `create_app(store_url, ...)`.
 
 One app, one store (opened in the lifespan, closed at shutdown), routers per resource under
-/api/v1, health and metrics at the root, the OpenAPI document at /openapi.json (the contract;
-/docs renders it). Route handlers are plain functions: the store is synchronous, so FastAPI runs
-them in its thread pool and a slow query never blocks the event loop. The API never tunes:
-it queues jobs that worker processes claim from the database.
+/api/v1, health and metrics at the root, the web dashboard at / (tuner.service.dashboard), the
+OpenAPI document at /openapi.json (the contract; /docs renders it). Route handlers are plain
+functions: the store is synchronous, so FastAPI runs them in its thread pool and a slow query
+never blocks the event loop. The API never tunes: it queues jobs that worker processes claim
+from the database.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ...records import open_store
+from ..dashboard import install as install_dashboard
 from . import errors
-from .auth import TokenTouches
+from .auth import TokenCache, TokenTouches
 from .deps import ApiSettings
 from .errors import responses
 from .limits import BodyLimit
@@ -47,6 +49,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     app.state.settings = ApiSettings(public_read=public_read, tracker=tracker, tracker_token=tracker_token,
                                      max_body_bytes=max_body_bytes)
     app.state.token_touches = TokenTouches()
+    app.state.token_cache = TokenCache()
     app.state.lowering = Lowering()
     app.state.metrics = ApiMetrics(lambda: app.state.store)
     errors.install(app)
@@ -57,6 +60,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
         app.state.metrics.add_routes(module.router.routes, API_PREFIX)
     app.include_router(health.router)
     app.state.metrics.add_routes(health.router.routes)
+    install_dashboard(app)                  # the web dashboard at / (static files, reads the API above)
     app.state.metrics.add_static(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -83,6 +83,7 @@ class JobTaskOut(BaseModel):
     flops: Num = None
     trials: int
     batches: int
+    errors: int = Field(0, description="failed measurements of this task, as its worker counted them")
     best_cost: Num = None
     best_gflops: Num = None
     best_record_id: int | None = None
@@ -93,6 +94,7 @@ class JobTaskOut(BaseModel):
     def of(cls, t: JobTask) -> JobTaskOut:
         return cls(position=t.position, workload=workload_ref(t.workload_key, t.task.workload), target=t.task.target,
                    device_key=t.task.device_key, weight=t.weight, flops=t.flops, trials=t.trials, batches=t.batches,
+                   errors=t.errors,
                    best_cost=t.best_cost, best_gflops=t.best_gflops, best_record_id=t.best_record_id,
                    baseline_cost=t.baseline_cost, speedup=t.speedup)
 
@@ -123,9 +125,10 @@ class JobOut(BaseModel):
     heartbeat_at: datetime | None = None
     tasks: list[JobTaskOut]
     spec: dict[str, Any] | None = Field(default=None, description="the submitted spec (in a job's own view, not in lists)")
+    errors: int | None = Field(default=None, description="how many of its stored measurements failed")
 
     @classmethod
-    def of(cls, job: Job, with_spec: bool = True) -> JobOut:
+    def of(cls, job: Job, with_spec: bool = True, errors: int | None = None) -> JobOut:
         progress = min(1.0, job.trials_done / job.trials) if job.trials > 0 else 0.0
         return cls(id=job.id, name=job.name, state=JobState(job.state).value, target=job.target, device_key=job.device_key,
                    space=job.space, strategy=job.strategy, scheduler=job.scheduler, priority=job.priority,
@@ -133,7 +136,7 @@ class JobOut(BaseModel):
                    error=job.error, lease_owner=job.lease_owner, lease_expires_at=job.lease_expires_at,
                    created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
                    finished_at=job.finished_at, heartbeat_at=job.heartbeat_at,
-                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None)
+                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None, errors=errors)
 
 
 class JobPage(BaseModel):
@@ -212,11 +215,21 @@ class RecordOut(BaseModel):
                    retimed_cost=r.retimed_cost, cost=r.cost if ok else None, created_at=r.created_at)
 
 
+def _none(value) -> bool:
+    return value is None
+
+
 class RecordPage(BaseModel):
-    """Records newest first; pass `next_before` as `before` for the next page (null: no more)."""
+    """Records in the requested order. Newest first (the default): pass `next_before` as `before`
+    for the next page (null: no more). Oldest first: `next_after` as `after`. Fastest first:
+    `next_after_cost` as `after_cost` and `next_after` as `after`. The cursors of the other
+    orders are left out of the response."""
 
     items: list[RecordOut]
     next_before: int | None = None
+    next_after: int | None = Field(default=None, exclude_if=_none, description="order=oldest|fastest: the next page's `after`")
+    next_after_cost: float | None = Field(default=None, exclude_if=_none,
+                                          description="order=fastest: the next page's `after_cost` (the last record's mean cost)")
 
 
 class ImportOut(BaseModel):
@@ -237,6 +250,59 @@ class BestOut(BaseModel):
     speedup: Num = Field(default=None, description="baseline cost / best cost")
     loop_ir: str | None = Field(default=None, description="the best schedule lowered to loop IR")
     loop_ir_error: str | None = Field(default=None, description="why the loop IR could not be made")
+
+
+# ------------------------------------------------------------------------------------ dashboard
+
+class MeasurementOut(BaseModel):
+    """One measured candidate of a job, compact: what a convergence chart needs and no more."""
+
+    id: int = Field(description="the record's id")
+    seconds: float = Field(description="when it was stored, in seconds since the job was created")
+    position: int | None = Field(description="position of its task in the job")
+    cost: Num = Field(description="mean seconds per run; null for an error")
+    gflops: Num = Field(description="from the task's flop count; null for an error")
+    error_code: int
+    kind: str = Field(description="candidate kind: config, trace, or default (the baseline)")
+
+
+class MeasurementPage(BaseModel):
+    """A job's measurements oldest first; poll again with `after=next_after`."""
+
+    items: list[MeasurementOut]
+    next_after: int | None = Field(default=None, description="the last item's id (or the `after` given, when nothing is new)")
+
+
+class RecordIROut(BaseModel):
+    """A record's schedule lowered to loop IR, or why it could not be."""
+
+    record_id: int
+    loop_ir: str | None = None
+    loop_ir_error: str | None = None
+
+
+class TaskBestOut(BaseModel):
+    """A task (workload × target × device key) with its fastest valid record by mean cost."""
+
+    task_id: int
+    workload: WorkloadRef
+    target: str
+    device_key: str
+    record_id: int | None = Field(default=None, description="null: no valid record yet")
+    kind: str | None = Field(default=None, description="the best record's candidate kind")
+    cost: Num = Field(default=None, description="the best record's cost (re-measured, else mean)")
+    flops: Num = None
+    gflops: Num = None
+    baseline_record_id: int | None = None
+    baseline_cost: Num = Field(default=None, description="the default schedule's cost")
+    speedup: Num = Field(default=None, description="baseline_cost / cost")
+
+
+class TaskBestPage(BaseModel):
+    """Tasks by id; pass `next_after` as `after` for the next page (null: no more)."""
+
+    items: list[TaskBestOut]
+    next_after: int | None = None
 
 
 # ------------------------------------------------------------------------------------ catalogue

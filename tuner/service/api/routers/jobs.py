@@ -1,4 +1,5 @@
-"""Jobs: submit, list (keyset pages, newest first), show, cancel, resume, events.
+"""Jobs: submit, list (keyset pages, newest first), show, cancel, resume, events, and the compact
+measurements a job's convergence charts are drawn from.
 
 A submission is checked completely (pydantic for shapes and ranges, spec.resolve for what needs
 the compiler: operators, parameters, target, space) before anything is stored; a SpecError
@@ -11,11 +12,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
+from ....records.store import MAX_MEASUREMENTS
 from ...spec import JobSpec, SpecError, resolve
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, responses
-from ..schemas import EventOut, EventPage, JobOut, JobPage, State
+from ..schemas import EventOut, EventPage, JobOut, JobPage, MeasurementOut, MeasurementPage, State
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -46,14 +48,15 @@ def list_jobs(store: Store,
               before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
     jobs = store.list_jobs(state=state, workload=workload, target=target, before_id=before, limit=limit)
-    return JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
+    errors = store.job_error_counts([j.id for j in jobs])
+    return JobPage(items=[JobOut.of(j, with_spec=False, errors=errors.get(j.id, 0)) for j in jobs],
                    next_before=jobs[-1].id if len(jobs) == limit else None)
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
             summary="A job: state, progress, best so far per task, baseline, errors, timings")
 def get_job(job_id: JobId, store: Store) -> JobOut:
-    return JobOut.of(store.get_job(job_id))
+    return JobOut.of(store.get_job(job_id), errors=store.job_error_counts([job_id]).get(job_id, 0))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
@@ -77,3 +80,22 @@ def job_events(job_id: JobId, store: Store,
                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> EventPage:
     events = store.job_events(job_id, after_id=after, limit=limit)
     return EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after)
+
+
+@router.get("/{job_id}/measurements", response_model=MeasurementPage, dependencies=[Depends(auth.read)],
+            responses=responses(404, 422), summary="A job's measurements, oldest first, compact (for charts; poll with `after`)")
+def job_measurements(job_id: JobId, store: Store,
+                     after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only records after this id")] = None,
+                     limit: Annotated[int, Query(ge=1, le=MAX_MEASUREMENTS)] = 1000) -> MeasurementPage:
+    """Every record the job measured (its baselines too, kind `default`) with its time since the
+    job was created, its task's position, cost, GFLOPS and error code: one bounded query."""
+    created, rows = store.job_measurements(job_id, after_id=after, limit=limit)
+    items = [MeasurementOut(id=r["id"], seconds=max(0.0, (r["created_at"] - created).total_seconds()), position=r["position"],
+                            cost=r["mean_cost"], gflops=_gflops(r["flops"], r["mean_cost"]), error_code=r["error_code"],
+                            kind=r["candidate_kind"])
+             for r in rows]
+    return MeasurementPage(items=items, next_after=rows[-1]["id"] if rows else after)
+
+
+def _gflops(flops: float | None, cost: float | None) -> float | None:
+    return flops / cost / 1e9 if flops and cost and cost > 0 else None

@@ -1,4 +1,5 @@
-"""Records: filtered keyset pages, one record, a streamed JSON-lines export, a JSON-lines import.
+"""Records: filtered keyset pages (newest, oldest or fastest first), one record and its loop IR, a
+streamed JSON-lines export, a JSON-lines import.
 
 The export is written page by page (each page its own short transaction) as the client reads
 it, so neither the server's memory nor a database transaction grows with the number of
@@ -11,7 +12,7 @@ import codecs
 import io
 import tempfile
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
@@ -22,7 +23,7 @@ from ....records.values import StoreError, UnknownRecord
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, from_store_error, responses
-from ..schemas import ImportOut, RecordOut, RecordPage
+from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage
 
 router = APIRouter(prefix="/records", tags=["records"])
 
@@ -34,18 +35,47 @@ WorkloadKey = Annotated[str | None, Query(min_length=1, max_length=64, descripti
 Target = Annotated[str | None, Query(min_length=1, max_length=4096, description="target string, exactly as stored")]
 
 
+Order = Literal["newest", "oldest", "fastest"]
+
+
 @router.get("", response_model=RecordPage, dependencies=[Depends(auth.read)], responses=responses(422),
-            summary="Records, newest first, filtered")
+            summary="Records, filtered, newest first (or oldest or fastest first)")
 def list_records(store: Store, workload_key: WorkloadKey = None, target: Target = None,
                  device_key: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
                  job_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                  error_code: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="0: valid records only")] = None,
+                 order: Annotated[Order, Query(description="newest (ids descending, cursor `before`), oldest (ids ascending, "
+                                                           "cursor `after`) or fastest (valid records by mean cost, cursor "
+                                                           "`after_cost` + `after`; needs `workload_key`)")] = "newest",
                  before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
+                 after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="page cursor: `next_after` of the last page")] = None,
+                 after_cost: Annotated[float | None, Query(ge=0, allow_inf_nan=False,
+                                                           description="page cursor (fastest): `next_after_cost` of the last page")] = None,
                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> RecordPage:
-    records = store.records_page(workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
-                                 error_code=error_code, before_id=before, limit=limit)
-    return RecordPage(items=[RecordOut.of(r) for r in records],
-                      next_before=records[-1].id if len(records) == limit else None)
+    if order == "newest":
+        for name, value in (("after", after), ("after_cost", after_cost)):
+            if value is not None:
+                raise ApiError(422, f"{name} is a cursor of order=oldest or fastest; newest first pages with `before`", field=name)
+        records = store.records_page(workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
+                                     error_code=error_code, before_id=before, limit=limit)
+        return RecordPage(items=[RecordOut.of(r) for r in records],
+                          next_before=records[-1].id if len(records) == limit else None)
+    if before is not None:
+        raise ApiError(422, f"order={order} pages with `after`, not `before`", field="before")
+    if order == "oldest" and after_cost is not None:
+        raise ApiError(422, "after_cost is a cursor of order=fastest", field="after_cost")
+    if order == "fastest":
+        if workload_key is None:
+            raise ApiError(422, "order=fastest needs a workload_key (records are ranked by cost within a workload)",
+                           field="workload_key")
+        if (after_cost is None) != (after is None):
+            raise ApiError(422, "order=fastest pages with both after_cost and after (next_after_cost, next_after)",
+                           field="after_cost" if after_cost is None else "after")
+    records = store.records_sorted(order, workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
+                                   error_code=error_code, after_id=after, after_cost=after_cost, limit=limit)
+    last = records[-1] if len(records) == limit else None
+    return RecordPage(items=[RecordOut.of(r) for r in records], next_after=last.id if last else None,
+                      next_after_cost=codec.mean_cost_column(last.result) if last is not None and order == "fastest" else None)
 
 
 @router.get("/export", response_class=StreamingResponse, dependencies=[Depends(auth.read)],
@@ -110,3 +140,15 @@ def get_record(store: Store, record_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -
         return RecordOut.of(store.get_record(record_id))
     except UnknownRecord as e:
         raise ApiError(404, str(e), field="record_id") from None
+
+
+@router.get("/{record_id}/ir", response_model=RecordIROut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
+            summary="A record's schedule lowered to loop IR (or why it cannot be)")
+def record_ir(request: Request, store: Store, record_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> RecordIROut:
+    """Lowered on the server from the stored workload and candidate, cached per record."""
+    try:
+        rec = store.get_record(record_id)
+    except UnknownRecord as e:
+        raise ApiError(404, str(e), field="record_id") from None
+    loop_ir, why = request.app.state.lowering.loop_ir(rec)
+    return RecordIROut(record_id=record_id, loop_ir=loop_ir, loop_ir_error=why)

@@ -1,0 +1,162 @@
+// #/jobs/12: one job, live. Every 2 s: the job (state, per-task progress), its new events
+// (`after=`) and its new measurements (`after=`), so a poll costs the same at the end of a long
+// job as at its start; the charts get the appended points without a reload.
+
+import { api } from "../api.js";
+import { Chart, jobConvergence } from "../chart.js";
+import { badge, errorName, fmt, fmtDuration, fmtGflops, fmtSpeedup, fmtTime, h, jobTiming, replace, targetDetails, workloadText } from "../dom.js";
+import { dataTable } from "../table.js";
+import { jobActions } from "./submit.js";
+
+export const title = "Job";
+
+const POLL_MS = 2000;
+const MEASUREMENTS_PAGE = 5000;
+const EVENTS_SHOWN = 200;
+
+export async function render(main, { match }, ctx) {
+  const id = Number(match[1]);
+  document.title = `Job ${id} · tunefarm`;
+  const heading = h("h1", {}, `Job ${id}`);
+  const status = h("div", { "aria-live": "polite" });
+  const actions = h("div", { class: "actions" });
+  const facts = h("dl", { class: "facts" });
+  const byTrials = new Chart("Best GFLOPS against trials");
+  const byTime = new Chart("Best GFLOPS against time");
+  ctx.onClose(() => { byTrials.close(); byTime.close(); });
+  const tasks = dataTable(taskColumns(), [], {
+    label: "Tasks of the job", key: (t) => t.position, href: (t) => (t.best_record_id ? `#/records/${t.best_record_id}` : null),
+    caption: "Trials and batches are the scheduler's allocation so far; a row opens the task's best record.",
+  });
+  const events = dataTable(eventColumns(), [], { label: "Events of the job", key: (e) => e.id, empty: "No events yet." });
+  const errorsLine = h("p", { class: "muted" });
+
+  main.append(heading, status, actions, facts,
+    h("section", { "aria-labelledby": "conv-h" }, h("h2", { id: "conv-h" }, "Convergence"), h("div", { class: "charts" }, byTrials.el, byTime.el), errorsLine),
+    h("section", { "aria-labelledby": "tasks-h" }, h("h2", { id: "tasks-h" }, "Tasks"), tasks.el),
+    h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), events.el));
+
+  let job = null;
+  let eventsAfter = null;
+  let measuredAfter = null;
+  const measurements = [];
+  const eventList = [];
+
+  // one poll at a time (the timer's and a button's): two would both append what is after the same cursor
+  let inFlight = null;
+  function poll() {
+    if (!inFlight) inFlight = pollOnce().finally(() => { inFlight = null; });
+    return inFlight;
+  }
+
+  async function pollOnce() {
+    const [j, ev, fresh] = await Promise.all([
+      api(`/jobs/${id}`, { signal: ctx.signal }),
+      api(`/jobs/${id}/events`, { params: { after: eventsAfter, limit: 500 }, signal: ctx.signal }),
+      newMeasurements(),
+    ]);
+    job = j;
+    eventsAfter = ev.next_after;
+    eventList.push(...ev.items);
+    showJob();
+    if (ev.items.length || eventList.length === 0) events.update(eventList.slice(-EVENTS_SHOWN).reverse());
+    if (fresh || !byTrials.u) drawCharts();
+  }
+
+  async function newMeasurements() {
+    let got = 0;
+    for (;;) {
+      const page = await api(`/jobs/${id}/measurements`, { params: { after: measuredAfter, limit: MEASUREMENTS_PAGE }, signal: ctx.signal });
+      measurements.push(...page.items);
+      measuredAfter = page.next_after;
+      got += page.items.length;
+      if (page.items.length < MEASUREMENTS_PAGE) return got;
+    }
+  }
+
+  let shownState = null;
+  let target = null;
+
+  function showJob() {
+    replace(heading, `Job ${id}`, job.name ? ` · ${job.name}` : "", " ", badge(job.state));
+    if (job.state !== shownState) {          // rebuilt only on a change: a focused button keeps its focus
+      shownState = job.state;
+      const buttons = jobActions(job, (msg) => replace(status, msg ? h("p", { class: "error", role: "alert" }, msg) : ""), () => poll());
+      replace(actions, typeof buttons === "string" ? null : buttons,
+        h("a", { class: "button secondary", href: `#/records?job_id=${id}` }, "Records of this job"),
+        h("a", { class: "button secondary", href: `#/compare?ids=${id}` }, "Compare with other jobs"));
+    }
+    const t = jobTiming(job);
+    const errors = measurements.filter((m) => m.error_code !== 0).length;
+    const rows = [
+      ["State", job.state], ["Trials", `${job.trials_done} of ${job.trials} (${fmt(job.progress * 100, 0)} %)`],
+      ["Trials per second", t.rate ? fmt(t.rate, 2) : "—"], ["Elapsed", fmtDuration(t.elapsed)],
+      ["ETA", job.state === "running" ? fmtDuration(t.eta) : "—"], ["Measurement errors", String(errors)],
+      ["Device key", job.device_key], ["Space · strategy", `${job.space} · ${job.strategy}`],
+      ["Scheduler", job.scheduler], ["Priority", String(job.priority)], ["Attempts", String(job.attempts)],
+      ["Worker", job.lease_owner || "—"], ["Submitted", fmtTime(job.created_at)], ["Finished", fmtTime(job.finished_at)],
+    ];
+    if (job.error) rows.push(["Error", job.error, "wide"]);
+    if (!target) target = targetDetails(job.target);       // built once: its open/closed state survives polls
+    rows.push(["Target", target, "wide"]);
+    replace(facts, rows.map(([k, v, cls]) => h("div", { class: cls || null }, h("dt", {}, k), h("dd", {}, v))));
+    const summary = chartSummary(job, measurements);
+    byTrials.summary.textContent = summary;
+    byTime.summary.textContent = summary;
+    const total = job.tasks.reduce((a, x) => a + x.trials, 0);
+    tasks.update(job.tasks.map((x) => ({ ...x, share: total ? x.trials / total : null })));
+  }
+
+  function drawCharts() {
+    if (!job) return;
+    const summary = chartSummary(job, measurements);
+    byTrials.set({ ...jobConvergence(measurements, job.tasks, "trials"), summary });
+    byTime.set({ ...jobConvergence(measurements, job.tasks, "time"), summary });
+    const codes = {};
+    for (const m of measurements) if (m.error_code !== 0) codes[m.error_code] = (codes[m.error_code] || 0) + 1;
+    const parts = Object.entries(codes).map(([c, n]) => `${errorName(Number(c))}: ${n}`);
+    errorsLine.textContent = parts.length ? `Failed measurements (marked below zero): ${parts.join(", ")}.` : "No failed measurements.";
+  }
+
+  try {
+    await poll();
+  } catch (e) {
+    ctx.fail(main, e);
+    return;
+  }
+  ctx.every(POLL_MS, poll);
+}
+
+function chartSummary(job, measurements) {
+  const search = measurements.filter((m) => m.kind !== "default");
+  const best = job.tasks.map((t) => t.best_gflops).filter((v) => v !== null && v !== undefined);
+  if (!search.length) return job.state === "queued" ? "Waiting for a worker." : "No measurements yet.";
+  // the tasks' best as the worker last wrote it: re-measured with the default schedule at the end
+  const what = job.state === "done" ? "Final best (re-measured)" : "Best so far";
+  const head = best.length ? `${what}: ${best.map(fmtGflops).join(", ")} GFLOPS` : "No valid measurement yet";
+  const sp = job.tasks.length === 1 && job.tasks[0].speedup ? `, ${fmtSpeedup(job.tasks[0].speedup)} the default schedule` : "";
+  return `${head} after ${search.length} trials${sp}.`;
+}
+
+function taskColumns() {
+  return [
+    { label: "#", num: true, render: (t) => String(t.position) },
+    { label: "Workload", cls: "wrap", render: (t) => workloadText(t.workload) },
+    { label: "Weight", num: true, render: (t) => fmt(t.weight, 1) },
+    { label: "Trials", num: true, render: (t) => String(t.trials) },
+    { label: "Batches", num: true, render: (t) => String(t.batches) },
+    { label: "Share of trials", num: true, render: (t) => (t.share === null ? "—" : `${fmt(100 * t.share, 0)} %`) },
+    { label: "Best GFLOPS", num: true, render: (t) => fmtGflops(t.best_gflops) },
+    { label: "Default GFLOPS", num: true, render: (t) => (t.flops && t.baseline_cost ? fmtGflops(t.flops / t.baseline_cost / 1e9) : "—") },
+    { label: "Speed-up", num: true, render: (t) => fmtSpeedup(t.speedup) },
+    { label: "Best record", num: true, render: (t) => (t.best_record_id ? String(t.best_record_id) : "—") },
+  ];
+}
+
+function eventColumns() {
+  return [
+    { label: "Time", render: (e) => fmtTime(e.at) },
+    { label: "Event", render: (e) => e.kind },
+    { label: "Message", cls: "wrap", render: (e) => e.message },
+  ];
+}
