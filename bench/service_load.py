@@ -193,6 +193,27 @@ async def unloaded(base: str, token: str, load: Load, per_route: int = 50) -> di
     return ref.lat
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its waited-for children (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15]) / ticks
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a worker's build pool and measuring worker)."""
+    total = cpu_seconds(pid)
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except FileNotFoundError:
+        return total
+    return total + sum(tree_cpu_seconds(int(c)) for c in children)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -246,7 +267,12 @@ def main():
             workers[0].send_signal(signal.SIGKILL)
             killed.append(workers[0].pid)
 
+        api_pid, worker_pids = procs[0].pid, [w.pid for w in workers]
+        # the killed worker's CPU cannot be read after its death: the surviving worker's is reported
+        cpu0 = {"api": cpu_seconds(api_pid), "worker": tree_cpu_seconds(worker_pids[1]), "clients": cpu_seconds(os.getpid())}
         elapsed = asyncio.run(run_clients(base, token, load, args.clients, args.seconds, kill_one))
+        cpu1 = {"api": cpu_seconds(api_pid), "worker": tree_cpu_seconds(worker_pids[1]), "clients": cpu_seconds(os.getpid())}
+        cpu_share = {k: round((cpu1[k] - cpu0[k]) / elapsed, 2) for k in cpu1}
 
         # every submitted job must finish: the killed worker's job after its lease expired
         deadline = time.monotonic() + args.drain_timeout
@@ -287,6 +313,8 @@ def main():
         print(f"{total / elapsed:.0f} requests/s with {args.clients} clients; {len(load.submitted)} jobs submitted, "
               f"{reclaimed} reclaimed after the killed worker, lost {lost}, duplicated {duplicated}; "
               f"read p99 {read_p99} ms at {n_records} records")
+        print(f"cores used during the load (of {os.cpu_count()}): API server {cpu_share['api']}, the surviving job "
+              f"worker {cpu_share['worker']} (with its build and measuring processes), load clients {cpu_share['clients']}")
         print(json.dumps({
             "records": n_records, "clients": args.clients, "seconds": round(elapsed, 1),
             "requests_per_second": round(total / elapsed, 1), "routes": rows,
@@ -295,6 +323,7 @@ def main():
                                            for r in READ_ROUTES if rows[r]["unloaded_p50_ms"]},
             "errors": sum(load.errors.values()), "jobs_submitted": len(load.submitted),
             "jobs_reclaimed": reclaimed, "jobs_lost": lost, "jobs_duplicated": duplicated,
+            "cores_used": cpu_share,
         }))
         store.close()
     finally:
