@@ -56,3 +56,23 @@ def empty_db_url(request, tmp_path):
     return pg_schema_url(request.getfixturevalue("pg_database"), upgraded=False)
 
 
+
+
+@pytest.fixture
+def env(db_url):
+    """The API app on a SQLite file and on PostgreSQL, with a token per scope (tests/api_env.py)."""
+    from api_env import Env, make_env
+    from fastapi.testclient import TestClient
+    store, app, tokens = make_env(db_url)
+    with store, TestClient(app) as client:
+        yield Env(store, client, tokens)
+
+
+@pytest.fixture
+def sqlite_env(tmp_path):
+    """The API app on a SQLite file only."""
+    from api_env import Env, make_env
+    from fastapi.testclient import TestClient
+    store, app, tokens = make_env(f"sqlite:///{tmp_path / 'api.db'}")
+    with store, TestClient(app) as client:
+        yield Env(store, client, tokens)

@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+from api_env import make_env
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
@@ -25,9 +26,6 @@ import compiler as C
 from compiler.target import resolve_target
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.engine import make_space
-from tuner.records import open_store
-from tuner.records.tokens import SCOPES
-from tuner.service.api import create_app
 from tuner.space.base import default_candidate
 from tuner.workload import Task, Workload
 
@@ -49,43 +47,6 @@ def err(code=ErrorCode.WRONG_ANSWER) -> MeasureResult:
     return MeasureResult(costs=[], error_code=code, error_msg=f"{code.name} here", measured_by="agent-2")
 
 
-class Env:
-    """A running app, its client, a second store on the same database, and a token per scope."""
-
-    def __init__(self, store, client: TestClient, tokens: dict[str, str]):
-        self.store, self.client, self.tokens = store, client, tokens
-
-    def h(self, scope: str = "admin") -> dict:
-        return {"Authorization": f"Bearer {self.tokens[scope]}"}
-
-    def get(self, url, scope="read", **kw):
-        return self.client.get(url, headers=self.h(scope), **kw)
-
-    def post(self, url, scope="submit", **kw):
-        return self.client.post(url, headers=self.h(scope), **kw)
-
-    def n_jobs(self) -> int:
-        return sum(self.store.count_jobs_by_state().values())
-
-
-def make_env(url: str, **app_kw):
-    store = open_store(url)
-    tokens = {scope: store.create_token(f"test-{scope}", scope)[0] for scope in SCOPES}
-    return store, create_app(url, **app_kw), tokens
-
-
-@pytest.fixture
-def env(db_url):
-    store, app, tokens = make_env(db_url)
-    with store, TestClient(app) as client:
-        yield Env(store, client, tokens)
-
-
-@pytest.fixture
-def sqlite_env(tmp_path):
-    store, app, tokens = make_env(f"sqlite:///{tmp_path / 'api.db'}")
-    with store, TestClient(app) as client:
-        yield Env(store, client, tokens)
 
 
 # ---------------------------------------------------------------------------------- jobs

@@ -10,9 +10,10 @@ import re
 
 import numpy as np
 import pytest
+from api_env import make_env
 from fastapi.testclient import TestClient
 from sqlalchemy import event
-from test_api import MATMUL_JOB, TARGET, cand, err, make_env, ok
+from test_api import MATMUL_JOB, TARGET, cand, err, ok
 
 from compiler.target import resolve_target
 from tuner.candidate import ErrorCode
@@ -20,33 +21,6 @@ from tuner.engine import make_space
 from tuner.records.store import MAX_MEASUREMENTS
 from tuner.space.base import default_candidate
 from tuner.workload import Task, Workload
-
-
-class Env:
-    """A running app, a second store on its database, and tokens per scope (reads use `read`)."""
-
-    def __init__(self, store, client, tokens):
-        self.store, self.client, self.tokens = store, client, tokens
-
-    def get(self, url, **kw):
-        return self.client.get(url, headers={"Authorization": f"Bearer {self.tokens['read']}"}, **kw)
-
-    def post(self, url, **kw):
-        return self.client.post(url, headers={"Authorization": f"Bearer {self.tokens['submit']}"}, **kw)
-
-
-@pytest.fixture
-def env(db_url):
-    store, app, tokens = make_env(db_url)
-    with store, TestClient(app) as client:
-        yield Env(store, client, tokens)
-
-
-@pytest.fixture
-def sqlite_env(tmp_path):
-    store, app, tokens = make_env(f"sqlite:///{tmp_path / 'api.db'}")
-    with store, TestClient(app) as client:
-        yield Env(store, client, tokens)
 
 
 def job_task(job: dict, position: int = 0) -> Task:

@@ -264,16 +264,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
         paging over indexed columns: no page costs more at 100 000 records than at 100)."""
         stmt = self._joined().order_by(RecordRow.id.desc()).limit(page_size(limit))
-        if workload_key is not None:
-            stmt = stmt.where(TaskRow.workload_key == workload_key)
-        if target is not None:
-            stmt = stmt.where(TaskRow.target == target)
-        if device_key is not None:
-            stmt = stmt.where(TaskRow.device_key == device_key)
-        if job_id is not None:
-            stmt = stmt.where(RecordRow.job_id == job_id)
-        if error_code is not None:
-            stmt = stmt.where(RecordRow.error_code == int(error_code))
+        stmt = _record_filters(stmt, workload_key, target, device_key, job_id, error_code)
         if before_id is not None:
             stmt = stmt.where(RecordRow.id < before_id)
         with self._session() as s:
@@ -505,16 +496,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if order not in ("oldest", "fastest"):
             raise StoreError(f"unknown record order {order!r}; records_sorted knows oldest and fastest")
         stmt = self._joined().limit(page_size(limit))
-        if workload_key is not None:
-            stmt = stmt.where(TaskRow.workload_key == workload_key)
-        if target is not None:
-            stmt = stmt.where(TaskRow.target == target)
-        if device_key is not None:
-            stmt = stmt.where(TaskRow.device_key == device_key)
-        if job_id is not None:
-            stmt = stmt.where(RecordRow.job_id == job_id)
-        if error_code is not None:
-            stmt = stmt.where(RecordRow.error_code == int(error_code))
+        stmt = _record_filters(stmt, workload_key, target, device_key, job_id, error_code)
         if order == "oldest":
             stmt = stmt.order_by(RecordRow.id)
             if after_id is not None:
@@ -581,3 +563,18 @@ class TaskBest:
     device_key: str
     best: Record | None
     baseline: Record | None
+
+
+def _record_filters(stmt, workload_key, target, device_key, job_id, error_code):
+    """`stmt` (over records joined with their tasks) restricted by the filters that are given."""
+    if workload_key is not None:
+        stmt = stmt.where(TaskRow.workload_key == workload_key)
+    if target is not None:
+        stmt = stmt.where(TaskRow.target == target)
+    if device_key is not None:
+        stmt = stmt.where(TaskRow.device_key == device_key)
+    if job_id is not None:
+        stmt = stmt.where(RecordRow.job_id == job_id)
+    if error_code is not None:
+        stmt = stmt.where(RecordRow.error_code == int(error_code))
+    return stmt
