@@ -210,6 +210,20 @@ def test_best_of_every_task(env):
     assert env.get("/api/v1/best/all", params={"limit": 501}).status_code == 422
 
 
+def test_best_of_every_task_ranks_as_best_does(env):
+    """A re-measured record outranks the tuning-time means (the end-of-run re-timing is what
+    apply-best trusts): /best/all names the same record as /best."""
+    target = str(resolve_target(None))
+    mm = Workload("matmul", {"M": 32, "N": 32, "K": 32})
+    ids = real_records(env.store, mm, target)                          # means: default 4e-5, 1e-5, 2e-5
+    task = Task(mm, target, "local")
+    third = env.store.get_record(ids[2])
+    env.store.set_retimed(task, {third.candidate.fingerprint: 1.5e-5})  # re-timed: the one to use
+    best = env.get("/api/v1/best", params={"workload_key": mm.key, "target": target}).json()
+    row = env.get("/api/v1/best/all").json()["items"][0]
+    assert best["record"]["id"] == row["record_id"] == ids[2] and row["cost"] == pytest.approx(1.5e-5)
+
+
 def test_openapi_has_the_dashboard_reads(sqlite_env):
     paths = sqlite_env.client.get("/openapi.json").json()["paths"]
     for path in ("/api/v1/jobs/{job_id}/measurements", "/api/v1/records/{record_id}/ir", "/api/v1/best/all"):
@@ -253,7 +267,8 @@ def test_dashboard_reads_search_records_by_index(tmp_path):
                                    ("/api/v1/records", {"order": "fastest", "workload_key": SMALL.key, "after": 3, "after_cost": 1e-3},
                                     "ix_records_task_id_mean_cost"),
                                    ("/api/v1/records", {"order": "oldest", "after": 10}, None),
-                                   ("/api/v1/best/all", {}, "ix_records_task_id_mean_cost")]:
+                                   ("/api/v1/best/all", {}, "ix_records_task_id_mean_cost"),
+                                   ("/api/v1/best/all", {}, "ix_records_task_id_retimed_cost")]:
             explained = plans(url, params)
             for plan in explained:
                 assert not re.search(r"(^|\| )SCAN records\b", plan), (url, plan)

@@ -183,6 +183,7 @@ class RecordRow(Base):
         Index("ix_records_task_id_mean_cost", "task_id", "mean_cost"),
         Index("ix_records_task_id_id", "task_id", "id"),          # a task's records, newest first
         Index("ix_records_error_code_id", "error_code", "id"),    # records of one error code, newest first
+        Index("ix_records_task_id_retimed_cost", "task_id", "retimed_cost"),  # a task's best re-measured record
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))

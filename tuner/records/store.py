@@ -518,17 +518,21 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         """Tasks by id after `after_task_id` (keyset), on `target` if given, each with its fastest
         valid record by mean cost and the default schedule's record (None when not measured).
 
-        Three statements for the whole page: the tasks with the id of their best record as a
-        correlated subquery (`ORDER BY mean_cost, id LIMIT 1`, one range of the (task_id,
-        mean_cost) index per task: never a scan of the records); those records by primary key;
-        the baselines by their fingerprint (the (task_id, fingerprint) unique index). The
-        ranking is by the tuning-time mean: `best()` prefers re-measured costs, which no index
-        serves, so it may pick another of the top candidates."""
+        Three statements for the whole page: the tasks with the id of their best record as
+        correlated subqueries, ranked as `best()` ranks (a re-measured record first, by its
+        re-measured cost: the (task_id, retimed_cost) index; else by the tuning-time mean: the
+        (task_id, mean_cost) index; one index range per task, never a scan of the records);
+        those records by primary key; the baselines by their fingerprint (the (task_id,
+        fingerprint) unique index)."""
         from ..space.base import default_candidate
         # mean_cost is NULL for every failed measurement (codec.mean_cost_column), so no error_code
         # test: an equality on it would tempt a planner into the (error_code, id) index instead
-        best_id = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None))
-                   .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
+        best_retimed = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.retimed_cost.is_not(None),
+                                                   RecordRow.mean_cost.is_not(None))
+                        .order_by(RecordRow.retimed_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
+        best_mean = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None))
+                     .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
+        best_id = func.coalesce(best_retimed, best_mean)
         stmt = (select(TaskRow, WorkloadRow, best_id.label("best_id"))
                 .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
                 .order_by(TaskRow.id).limit(page_size(limit)))

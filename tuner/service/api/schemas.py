@@ -282,7 +282,7 @@ class RecordIROut(BaseModel):
 
 
 class TaskBestOut(BaseModel):
-    """A task (workload × target × device key) with its fastest valid record by mean cost."""
+    """A task (workload × target × device key) with its best valid record (re-measured first, as /best ranks)."""
 
     task_id: int
     workload: WorkloadRef

@@ -15,7 +15,7 @@ Create Date: 2026-11-23
 - job_events: what happened to a job when (claimed, new best, failed, ...).
 - api_tokens: bearer tokens of the REST API, stored as SHA-256 hashes with their scopes.
 - records: (task_id, id) and (error_code, id) indexes for newest-first pages filtered by task or
-  error code.
+  error code; (task_id, retimed_cost) for a task's best re-measured record.
 
 Downgrading on SQLite copies the jobs table, which (foreign keys on) unlinks records from jobs.
 """
@@ -103,9 +103,11 @@ def upgrade() -> None:
 
     op.create_index("ix_records_task_id_id", "records", ["task_id", "id"])
     op.create_index("ix_records_error_code_id", "records", ["error_code", "id"])
+    op.create_index("ix_records_task_id_retimed_cost", "records", ["task_id", "retimed_cost"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_records_task_id_retimed_cost", table_name="records")
     op.drop_index("ix_records_error_code_id", table_name="records")
     op.drop_index("ix_records_task_id_id", table_name="records")
     op.drop_table("api_tokens")

@@ -22,8 +22,9 @@ def best_all(request: Request, store: Store,
              target: Annotated[str | None, Query(min_length=1, max_length=4096, description="only tasks on this target")] = None,
              after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="page cursor: `next_after` of the last page")] = None,
              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> TaskBestPage:
-    """Best by mean measured cost, found with one index lookup per task (see the store's
-    best_per_task); tasks without a valid record yet are listed with nulls."""
+    """Best as /best ranks (a re-measured record first, by its re-measured cost; else by the
+    mean), found with index lookups per task (see the store's best_per_task); tasks without a
+    valid record yet are listed with nulls."""
     lowering = request.app.state.lowering
     items = []
     for tb in store.best_per_task(after_task_id=after, limit=limit, target=target):
