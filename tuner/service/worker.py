@@ -170,7 +170,7 @@ class _JobRun:
         if self.stopped_because is not None:
             return None  # cancelled by a user: the job already says so
         if self.outer_stop is not None and self.outer_stop.is_set() and out.stopped:
-            # the worker is shutting down: give the job back (its lease expires, another resumes it)
+            # the worker is shutting down: end the lease now, so the next claim resumes the job at once
             self.store.release_lease(self.job.id, self.worker.name, f"worker {self.worker.name} stopped; "
                                      "the next worker resumes the job from its records")
             return None
