@@ -71,8 +71,11 @@ def test_worker_runs_a_two_task_job_to_done(store):
     for jt in job.tasks:
         assert jt.best_cost is not None and jt.baseline_cost is not None and jt.speedup > 0
         assert jt.best_gflops > 0 and jt.batches >= 1
-    kinds = [e.kind for e in store.job_events(jid)]
-    assert kinds[:2] == ["submitted", "claimed"] and kinds[-1] == "done" and "best" in kinds
+    events = store.job_events(jid)
+    kinds = [e.kind for e in events]
+    assert kinds[:2] == ["submitted", "claimed"] and kinds[-1] == "done" and kinds.count("baseline") == 2
+    baseline = {e.data["position"]: e.data["cost"] for e in events if e.kind == "baseline"}
+    assert all(e.data["cost"] < baseline[e.data["position"]] for e in events if e.kind == "best")   # beat the default
     with JobWorker(store, name="w1") as idle:
         assert idle.run_once() is None                                 # nothing else queued
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 from .common import DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, check_op_names, parse_param
@@ -63,7 +64,7 @@ def cmd_submit(args) -> int:
             job = c.submit(spec)
         except APIError as e:
             return _failed("submit", e)
-        print(f"job {job['id']} {job['state']}: {len(job['tasks'])} task(s), {job['trials']} trials on {job['target']}")
+        print(f"job {job['id']} {job['state']}: {len(job['tasks'])} task(s), {job['trials']} trials on {_short_target(job['target'])}")
         if args.watch:
             try:
                 job = c.watch(job["id"], interval=args.interval, on_update=_print_update)
@@ -111,6 +112,11 @@ def _failed(command: str, e) -> int:
     return EXIT_FAIL
 
 
+def _short_target(target: str) -> str:
+    """The target with its -mattr list counted, not spelled out (a host's has ~60 features)."""
+    return re.sub(r"-mattr=(\S+)", lambda m: f"-mattr=({m.group(1).count(',') + 1} features)", target)
+
+
 def _fmt(x, spec: str = ".3g", none: str = "-") -> str:
     return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
@@ -137,7 +143,7 @@ def _print_table(jobs: list) -> None:
 def _print_job(job: dict) -> None:
     print(f"job {job['id']}{' (' + job['name'] + ')' if job.get('name') else ''}: {job['state']}, "
           f"{job['trials_done']}/{job['trials']} trials, {job['attempts']} attempt(s), {job['space']} space, "
-          f"{job['strategy']}, {job['scheduler']} scheduler, target {job['target']}, device key {job['device_key']}")
+          f"{job['strategy']}, {job['scheduler']} scheduler, target {_short_target(job['target'])}, device key {job['device_key']}")
     for t in job["tasks"]:
         base = t["flops"] / t["baseline_cost"] / 1e9 if t["flops"] and t["baseline_cost"] else None
         print(f"  [{t['position']}] {t['workload']['name']} (weight {t['weight']:g}): {t['trials']} trials, best "

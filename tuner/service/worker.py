@@ -166,7 +166,7 @@ class _JobRun:
                 raise self.lost
             for task, result in zip(self.tasks, out.results):
                 self._note_final_best(task, result)
-                self._write_progress(task, result, final=True)
+                self._write_progress(task, result, kind=None)
         if self.stopped_because is not None:
             return None  # cancelled by a user: the job already says so
         if self.outer_stop is not None and self.outer_stop.is_set() and out.stopped:
@@ -213,8 +213,7 @@ class _JobRun:
             best = report.result.best_candidate
             if best is not None and best.fingerprint in ids:
                 self.best_ids[task] = ids[best.fingerprint]
-        # a re-measurement round is no discovery: no "best" event for it
-        self._write_progress(task, report.result, final=report.kind == "retime")
+        self._write_progress(task, report.result, kind=report.kind)
 
     def _on_heartbeat(self, engine) -> None:
         """Called by the scheduler after every batch (and by a task tuner between re-measurement
@@ -233,7 +232,10 @@ class _JobRun:
         if top and top[0].candidate.fingerprint == result.best_candidate.fingerprint:
             self.best_ids[task] = top[0].id
 
-    def _write_progress(self, task, result, final: bool) -> None:
+    def _write_progress(self, task, result, kind: str | None) -> None:
+        """Write the task's progress (renewing the lease); `kind` is the batch's (BatchReport.kind,
+        None for the final write): the default schedule's batch is a "baseline" event, a search
+        batch that improved the best by 1 % a "best" event, a re-measurement no event at all."""
         best = result.best_cost if math.isfinite(result.best_cost) else None
         base = result.baseline_cost if math.isfinite(result.baseline_cost) else None
         previous = self.best_costs.get(task)
@@ -249,8 +251,11 @@ class _JobRun:
             self.lost = e
             self._stop_engine()
             return
-        if best is not None and (previous is None or best < previous * 0.99) and not final:
-            flops = result.flops or 0
+        flops = result.flops or 0
+        if kind == "baseline" and base is not None:
+            self.store.add_job_event(self.job.id, "baseline", f"{task.workload.name}: default schedule "
+                                     f"{flops / base / 1e9:.3g} GFLOPS", data={"position": self.position[task], "cost": base})
+        elif kind == "search" and best is not None and (previous is None or best < previous * 0.99):
             self.store.add_job_event(self.job.id, "best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS "
                                      f"after {self.trials[task]} trials",
                                      data={"position": self.position[task], "cost": best, "trials": self.trials[task]})
