@@ -21,7 +21,8 @@ from numbers import Real
 
 from ..candidate import Candidate, ErrorCode, MeasureResult
 from ..workload import Workload
-from .models import RecordRow, TaskRow, WorkloadRow
+from .models import RecordRow, WorkloadRow
+from .task_cache import TaskInfo
 from .values import Record, StoreError, utcnow
 
 FORMAT_VERSION = 2
@@ -62,15 +63,23 @@ def _error_code(value: int):
         return value
 
 
+# what a record read selects: its own columns, never its task's (task_cache has those)
+RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.candidate, RecordRow.costs,
+                  RecordRow.error_code, RecordRow.error_msg, RecordRow.build_seconds, RecordRow.run_seconds,
+                  RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint)
+
+
 def to_workload(row: WorkloadRow) -> Workload:
     return Workload(row.name, dict(row.params), row.definition)
 
 
-def to_record(row: RecordRow, task: TaskRow, workload: WorkloadRow) -> Record:
+def to_record(row, task: TaskInfo) -> Record:
+    """A record from a row of RECORD_COLUMNS and its task (see task_cache: tasks are looked up,
+    not joined into every row)."""
     result = MeasureResult(costs=list(row.costs), error_code=_error_code(row.error_code),
                            error_msg=row.error_msg, build_seconds=row.build_seconds,
                            run_seconds=row.run_seconds, measured_by=row.measured_by)
-    return Record(workload_key=workload.key, workload=to_workload(workload),
+    return Record(workload_key=task.workload_key, workload=task.workload,
                   target=task.target, device_key=task.device_key,
                   candidate=Candidate.from_json(row.candidate), result=result,
                   job_id=row.job_id, created_at=row.created_at, id=row.id, retimed_cost=row.retimed_cost)

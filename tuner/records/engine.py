@@ -9,6 +9,7 @@ removed again. Every failure becomes a `StoreError` that names the URL (password
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from alembic import command
@@ -16,7 +17,7 @@ from alembic.config import Config
 from alembic.util import CommandError
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from .values import StoreError
@@ -24,6 +25,7 @@ from .values import StoreError
 ENV_VAR = "TUNEFARM_DB_URL"
 CONNECT_TIMEOUT_S = 3
 SQLITE_BUSY_TIMEOUT_S = 30      # how long a SQLite writer waits for another writer's lock
+IDLE_PING_S = 5.0               # a pooled server connection idle longer than this is pinged before use
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_MIGRATION_LOCK = 0x7475_6E65  # "tune": serializes concurrent first opens of one PostgreSQL db
 
@@ -152,10 +154,39 @@ def _create(url: URL) -> Engine:
     backend = url.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url)
-    kwargs = {"pool_pre_ping": True}
+    kwargs = {}
     if backend == "postgresql" and url.get_driver_name() in ("psycopg", "psycopg2"):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    _ping_when_idle(engine)
+    return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only when it has been idle for IDLE_PING_S.
+
+    SQLAlchemy's pool_pre_ping costs a round trip on every checkout: a third of the database
+    time of a small API read. A connection used a moment ago is as alive as a ping would show;
+    one idle for longer (the server may have restarted, a firewall may have dropped it) is
+    pinged, and a dead one is replaced before the caller sees it (DisconnectionError makes the
+    pool retry with a new connection). A server dying under busy connections fails the
+    statements in flight once (StoreError, a 503 in the API); SQLAlchemy then drops the pool."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn, record):
+        record.info["tunefarm_used_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, _proxy):
+        used_at = record.info.get("tunefarm_used_at")
+        if used_at is None or time.monotonic() - used_at < IDLE_PING_S:
+            return      # a new connection, or one returned a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as e:
+            raise DisconnectionError(f"idle connection failed its ping: {first_line(e)}") from e
+        if alive is False:
+            raise DisconnectionError("idle connection failed its ping")
 
 
 def _sqlite_engine(url: URL) -> Engine:

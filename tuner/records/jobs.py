@@ -16,19 +16,39 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..workload import Task
-from . import codec
-from .models import JobEventRow, JobRow, JobTaskRow, TaskRow, WorkloadRow
+from .models import JobEventRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
 from .values import JOB_TRANSITIONS, Job, JobEvent, JobState, JobTask, StoreError, utcnow
 
 MAX_PAGE = 500
 
+# a job's failed measurements, counted with the job row (the records.job_id index: one range)
+_JOB_ERRORS = (select(func.count(RecordRow.id)).where(RecordRow.job_id == JobRow.id, RecordRow.error_code != 0)
+               .correlate(JobRow).scalar_subquery().label("errors"))
+_JOB_TASK_COLUMNS = (JobTaskRow.job_id, JobTaskRow.position, JobTaskRow.task_id, JobTaskRow.weight, JobTaskRow.flops,
+                     JobTaskRow.trials, JobTaskRow.batches, JobTaskRow.errors, JobTaskRow.best_cost,
+                     JobTaskRow.best_record_id, JobTaskRow.baseline_cost)
+
+
+def _job_select():
+    """Every column of a job and its error count, as plain rows (no ORM identity map: a read
+    of a polled job must not pay for change tracking it never uses)."""
+    return select(*JobRow.__table__.c, _JOB_ERRORS)
+
+
+# the statements of a job read, built once: building one and computing its cache key cost
+# more CPU than running it (SQLAlchemy memoizes the key on the statement object)
+_JOB_BY_ID = _job_select().where(JobRow.id == bindparam("job_id"))
+_TASKS_OF_JOBS = (select(*_JOB_TASK_COLUMNS).where(JobTaskRow.job_id.in_(bindparam("job_ids", expanding=True)))
+                  .order_by(JobTaskRow.job_id, JobTaskRow.position))
+
 
 class JobQueue:
-    """Job methods of SQLRecordsStore (which provides `_session`, `_workload_key`, `_task_id`)."""
+    """Job methods of SQLRecordsStore (which provides `_session`, `_workload_key`, `_task_id`,
+    `_task_cache`)."""
 
     # ------------------------------------------------------------------ submit
     def submit_job(self, tasks: list[tuple[Task, float, float | None]], spec: dict, *, space: str, strategy: str,
@@ -221,7 +241,7 @@ class JobQueue:
         """Jobs newest first, `limit` of them with ids below `before_id` (keyset paging: a page
         costs the same at the millionth job as at the first). `workload`: a workload key or
         operator name one of the job's tasks has."""
-        stmt = select(JobRow).order_by(JobRow.id.desc()).limit(page_size(limit))
+        stmt = _job_select().order_by(JobRow.id.desc()).limit(page_size(limit))
         if state is not None:
             try:
                 stmt = stmt.where(JobRow.state == JobState(state).value)
@@ -237,8 +257,7 @@ class JobQueue:
                    .where(JobTaskRow.job_id == JobRow.id, or_(WorkloadRow.key == workload, WorkloadRow.name == workload)))
             stmt = stmt.where(exists(has))
         with self._session() as s:
-            rows = list(s.execute(stmt).scalars())
-            return self._jobs(s, rows)
+            return self._jobs(s, s.connection().execute(stmt).all())
 
     def count_jobs_by_state(self) -> dict[str, int]:
         with self._session() as s:
@@ -261,36 +280,36 @@ class JobQueue:
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def _job_row(s: Session, job_id: int) -> JobRow:
-        row = s.get(JobRow, job_id, populate_existing=True)
+    def _job_row(s: Session, job_id: int):
+        row = s.connection().execute(_JOB_BY_ID, {"job_id": int(job_id)}).first()
         if row is None:
             raise UnknownJob(f"no job {job_id}")
         return row
 
-    def _job(self, s: Session, row: JobRow) -> Job:
+    def _job(self, s: Session, row) -> Job:
         return self._jobs(s, [row])[0]
 
-    @staticmethod
-    def _jobs(s: Session, rows: list[JobRow]) -> list[Job]:
-        """Jobs with their tasks, in two queries for the whole page (not two per job)."""
+    def _jobs(self, s: Session, rows) -> list[Job]:
+        """Jobs of rows of `_job_select()` with their tasks: one more statement for the whole page
+        (not one per job); the tasks' workloads come from the store's task cache."""
         if not rows:
             return []
         tasks: dict[int, list[JobTask]] = {r.id: [] for r in rows}
-        stmt = (select(JobTaskRow, TaskRow, WorkloadRow).join(TaskRow, JobTaskRow.task_id == TaskRow.id)
-                .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
-                .where(JobTaskRow.job_id.in_(list(tasks))).order_by(JobTaskRow.job_id, JobTaskRow.position))
-        for jt, t, w in s.execute(stmt):
+        job_tasks = s.connection().execute(_TASKS_OF_JOBS, {"job_ids": list(tasks)}).all()
+        infos = self._task_cache.get_many(s, {jt.task_id for jt in job_tasks})
+        for jt in job_tasks:
+            info = infos[jt.task_id]
             tasks[jt.job_id].append(JobTask(
-                position=jt.position, task=Task(codec.to_workload(w), t.target, t.device_key), workload_key=w.key,
+                position=jt.position, task=info.task, workload_key=info.workload_key,
                 weight=jt.weight, flops=jt.flops, trials=jt.trials, batches=jt.batches, errors=jt.errors,
-                best_cost=jt.best_cost,
-                best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost))
+                best_cost=jt.best_cost, best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost))
         return [Job(id=r.id, state=JobState(r.state), spec=dict(r.spec or {}), tasks=tuple(tasks[r.id]),
                     target=r.target, device_key=r.device_key, space=r.space, strategy=r.strategy,
                     scheduler=r.scheduler, priority=r.priority, trials=r.trials, trials_done=r.trials_done,
                     attempts=r.attempts, created_at=r.created_at, updated_at=r.updated_at, name=r.name,
                     started_at=r.started_at, finished_at=r.finished_at, heartbeat_at=r.heartbeat_at,
-                    lease_owner=r.lease_owner, lease_expires_at=r.lease_expires_at, error=r.error)
+                    lease_owner=r.lease_owner, lease_expires_at=r.lease_expires_at, error=r.error,
+                    errors=int(r.errors))
                 for r in rows]
 
 

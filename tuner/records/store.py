@@ -9,6 +9,7 @@ leaves a half-added batch.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -27,6 +28,7 @@ from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
 from .models import AgentRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
+from .task_cache import TaskCache
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
@@ -89,6 +91,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         self.url = url
         self._engine = open_engine(url, upgrade=upgrade)
         self._keys: dict[Workload, tuple[str, str | None]] = {}
+        self._task_cache = TaskCache()
 
     def __repr__(self):
         return f"SQLRecordsStore({shown(self.url)!r})"
@@ -186,13 +189,19 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             return {fp for (fp,) in rows}
 
     def _records(self, s: Session, stmt) -> list[Record]:
-        return [codec.to_record(r, t, w) for r, t, w in s.execute(stmt)]
+        # Core statements of columns: run on the session's connection, past the ORM's result
+        # machinery (a tenth of an API read), which they do not use
+        return self._to_records(s, s.connection().execute(stmt).all())
+
+    def _to_records(self, s: Session, rows) -> list[Record]:
+        """Records of rows of codec.RECORD_COLUMNS, their tasks looked up (one statement for the misses)."""
+        tasks = self._task_cache.get_many(s, {r.task_id for r in rows})
+        return [codec.to_record(r, tasks[r.task_id]) for r in rows]
 
     @staticmethod
     def _joined():
-        return (select(RecordRow, TaskRow, WorkloadRow)
-                .join(TaskRow, RecordRow.task_id == TaskRow.id)
-                .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key))
+        """The record columns, joined with their task so statements can filter on it."""
+        return select(*codec.RECORD_COLUMNS).join(TaskRow, RecordRow.task_id == TaskRow.id)
 
     def best(self, workload_key, target, k=1, device_key=None) -> list[Record]:
         """The k fastest valid records for (workload key, target), over all device keys unless
@@ -200,15 +209,11 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
         Re-measured records come first, by their re-measured cost: the fastest of many noisy
         measurements during tuning is biased low, the interleaved re-measurement is not."""
-        stmt = (self._joined()
-                .where(TaskRow.workload_key == workload_key, TaskRow.target == target,
-                       RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
-                .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
-                          RecordRow.id).limit(k))
+        params = {"workload_key": workload_key, "target": target, "limit": int(k)}
         if device_key is not None:
-            stmt = stmt.where(TaskRow.device_key == device_key)
+            params["device_key"] = device_key
         with self._session() as s:
-            return self._records(s, stmt)
+            return self._to_records(s, s.connection().execute(_best_records(device_key is not None, False), params).all())
 
     def history(self, target=None, workload_key=None, limit=None) -> list[Record]:
         """Valid and error records, oldest first; with `limit`, the most recent `limit` of them."""
@@ -263,12 +268,16 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                      before_id: int | None = None, limit: int = 50) -> list[Record]:
         """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
         paging over indexed columns: no page costs more at 100 000 records than at 100)."""
-        stmt = self._joined().order_by(RecordRow.id.desc()).limit(page_size(limit))
-        stmt = _record_filters(stmt, workload_key, target, device_key, job_id, error_code)
+        given = {name: value for name, value in (("workload_key", workload_key), ("target", target),
+                                                 ("device_key", device_key), ("job_id", job_id),
+                                                 ("error_code", None if error_code is None else int(error_code)))
+                 if value is not None}
+        params = {**given, "limit": page_size(limit)}
         if before_id is not None:
-            stmt = stmt.where(RecordRow.id < before_id)
+            params["before_id"] = int(before_id)
+        stmt = _newest_records(tuple(given), before_id is not None)
         with self._session() as s:
-            return self._records(s, stmt)
+            return self._to_records(s, s.connection().execute(stmt, params).all())
 
     def get_record(self, record_id: int) -> Record:
         with self._session() as s:
@@ -286,9 +295,10 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.where(TaskRow.target == target)
         n = 0
         with self._session(stream=True) as s:
-            for r, t, w in s.execute(stmt):
-                fileobj.write(codec.to_line(codec.to_record(r, t, w)) + "\n")
-                n += 1
+            for rows in s.execute(stmt).partitions():
+                for rec in self._to_records(s, rows):
+                    fileobj.write(codec.to_line(rec) + "\n")
+                n += len(rows)
         return n
 
     def import_jsonl(self, fileobj) -> int:
@@ -354,16 +364,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         device keys unless `device_key`), or None. Found by the default candidate's fingerprint,
         so it is a lookup in the (task_id, fingerprint) unique index, not a scan of the task."""
         from ..space.base import default_candidate
-        fingerprint = default_candidate(workload_key).fingerprint
-        stmt = (self._joined()
-                .where(TaskRow.workload_key == workload_key, TaskRow.target == target,
-                       RecordRow.fingerprint == fingerprint, RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
-                .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
-                          RecordRow.id).limit(1))
+        params = {"workload_key": workload_key, "target": target, "limit": 1,
+                  "fingerprint": default_candidate(workload_key).fingerprint}
         if device_key is not None:
-            stmt = stmt.where(TaskRow.device_key == device_key)
+            params["device_key"] = device_key
         with self._session() as s:
-            got = self._records(s, stmt)
+            got = self._to_records(s, s.connection().execute(_best_records(device_key is not None, True), params).all())
         return got[0] if got else None
 
     def list_workloads(self, after_key: str | None = None, limit: int = 50, name: str | None = None) -> list[dict]:
@@ -473,16 +479,6 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                           "flops": r.flops, "error_code": r.error_code, "candidate_kind": r.candidate_kind}
                          for r in rows if r.id is not None]
 
-    def job_error_counts(self, job_ids: list[int]) -> dict[int, int]:
-        """How many of each job's measurements failed (jobs without any are left out): one grouped
-        statement over the records.job_id index for a page of jobs."""
-        if not job_ids:
-            return {}
-        stmt = (select(RecordRow.job_id, func.count(RecordRow.id)).where(RecordRow.job_id.in_(list(job_ids)), RecordRow.error_code != 0)
-                .group_by(RecordRow.job_id))
-        with self._session() as s:
-            return {int(j): int(n) for j, n in s.execute(stmt)}
-
     def records_sorted(self, order: str, workload_key: str | None = None, target: str | None = None,
                        device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
                        after_id: int | None = None, after_cost: float | None = None, limit: int = 50) -> list[Record]:
@@ -548,10 +544,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             baselines: dict[int, Record] = {}
             if rows:
                 stmt = self._joined().where(RecordRow.task_id.in_([r.TaskRow.id for r in rows]), RecordRow.fingerprint.in_(sorted(fps)),
-                                            RecordRow.error_code == 0, RecordRow.mean_cost.is_not(None))
-                for r, t, w in s.execute(stmt):
-                    if fps.get(r.fingerprint) == t.workload_key:
-                        baselines[t.id] = codec.to_record(r, t, w)
+                                            RecordRow.mean_cost.is_not(None))
+                found = s.execute(stmt).all()
+                tasks = self._task_cache.get_many(s, {b.task_id for b in found})
+                for b in found:
+                    if fps.get(b.fingerprint) == tasks[b.task_id].workload_key:
+                        baselines[b.task_id] = codec.to_record(b, tasks[b.task_id])
         return [TaskBest(r.TaskRow.id, r.TaskRow.workload_key, codec.to_workload(r.WorkloadRow), r.TaskRow.target,
                          r.TaskRow.device_key, best.get(r.best_id), baselines.get(r.TaskRow.id)) for r in rows]
 
@@ -567,6 +565,44 @@ class TaskBest:
     device_key: str
     best: Record | None
     baseline: Record | None
+
+
+# The statements of the API's hot record reads, built once per shape with bound parameters:
+# building a statement and computing its cache key cost more CPU than running it (SQLAlchemy
+# memoizes the key on the statement object).
+_FILTERS = {"workload_key": TaskRow.workload_key, "target": TaskRow.target, "device_key": TaskRow.device_key,
+            "job_id": RecordRow.job_id, "error_code": RecordRow.error_code}
+
+
+@functools.lru_cache(maxsize=64)
+def _newest_records(filters: tuple[str, ...], before: bool):
+    """records_page's statement: records with the `filters` (names of _FILTERS), below
+    `before_id` if `before`, newest first, `limit` of them."""
+    stmt = SQLRecordsStore._joined().order_by(RecordRow.id.desc()).limit(bindparam("limit"))
+    for name in filters:
+        stmt = stmt.where(_FILTERS[name] == bindparam(name))
+    if before:
+        stmt = stmt.where(RecordRow.id < bindparam("before_id"))
+    return stmt
+
+
+@functools.lru_cache(maxsize=4)
+def _best_records(by_device_key: bool, by_fingerprint: bool):
+    """best()'s statement (and baseline_record's, by the default candidate's fingerprint): the
+    valid records of a workload on a target, a re-measured one first, by its re-measured cost.
+    mean_cost is NULL for every failed measurement (codec.mean_cost_column), so no error_code
+    test: an equality on it tempts a planner into the (error_code, id) index (seen: a bitmap scan
+    of every valid record)."""
+    stmt = (SQLRecordsStore._joined()
+            .where(TaskRow.workload_key == bindparam("workload_key"), TaskRow.target == bindparam("target"),
+                   RecordRow.mean_cost.is_not(None))
+            .order_by(RecordRow.retimed_cost.is_(None), func.coalesce(RecordRow.retimed_cost, RecordRow.mean_cost),
+                      RecordRow.id).limit(bindparam("limit")))
+    if by_device_key:
+        stmt = stmt.where(TaskRow.device_key == bindparam("device_key"))
+    if by_fingerprint:
+        stmt = stmt.where(RecordRow.fingerprint == bindparam("fingerprint"))
+    return stmt
 
 
 def _record_filters(stmt, workload_key, target, device_key, job_id, error_code):

@@ -136,6 +136,7 @@ class Job:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     error: str | None = None
+    errors: int = 0                 # its stored measurements that failed (records with an error code)
 
     @property
     def task(self) -> Task:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, responses
+from ..respond import json
 from ..schemas import BestOut, CandidateOut, RecordOut, TaskBestOut, TaskBestPage, workload_ref
 
 router = APIRouter(prefix="/best", tags=["best"])
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/best", tags=["best"])
 def best_all(request: Request, store: Store,
              target: Annotated[str | None, Query(min_length=1, max_length=4096, description="only tasks on this target")] = None,
              after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="page cursor: `next_after` of the last page")] = None,
-             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> TaskBestPage:
+             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> Response:
     """Best as /best ranks (a re-measured record first, by its re-measured cost; else by the
     mean), found with index lookups per task (see the store's best_per_task); tasks without a
     valid record yet are listed with nulls."""
@@ -38,7 +39,7 @@ def best_all(request: Request, store: Store,
                                  cost=cost, flops=flops, gflops=flops / cost / 1e9 if flops and cost else None,
                                  baseline_record_id=base.id if base else None, baseline_cost=base_cost,
                                  speedup=base_cost / cost if base_cost and cost else None))
-    return TaskBestPage(items=items, next_after=items[-1].task_id if len(items) == limit else None)
+    return json(TaskBestPage(items=items, next_after=items[-1].task_id if len(items) == limit else None))
 
 
 @router.get("", response_model=BestOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
@@ -47,7 +48,7 @@ def best(request: Request, store: Store,
          workload_key: Annotated[str, Query(min_length=1, max_length=64)],
          target: Annotated[str, Query(min_length=1, max_length=4096, description="target string, exactly as stored")],
          device_key: Annotated[str | None, Query(min_length=1, max_length=255, description="only records of this device key")] = None,
-         ) -> BestOut:
+         ) -> Response:
     found = store.best(workload_key, target, k=1, device_key=device_key)
     if not found:
         where = f" on device key {device_key!r}" if device_key else ""
@@ -61,9 +62,9 @@ def best(request: Request, store: Store,
     def gflops(r):
         return flops / r.cost / 1e9 if flops and r is not None and r.cost > 0 else None
 
-    return BestOut(workload=workload_ref(rec.workload_key, rec.workload), target=rec.target, record=RecordOut.of(rec),
+    return json(BestOut(workload=workload_ref(rec.workload_key, rec.workload), target=rec.target, record=RecordOut.of(rec),
                    candidate=CandidateOut(kind=rec.candidate.kind, payload=rec.candidate.payload), flops=flops,
                    gflops=gflops(rec), baseline=RecordOut.of(baseline) if baseline is not None else None,
                    baseline_gflops=gflops(baseline),
                    speedup=baseline.cost / rec.cost if baseline is not None and rec.cost > 0 else None,
-                   loop_ir=loop_ir, loop_ir_error=why)
+                   loop_ir=loop_ir, loop_ir_error=why))

@@ -17,6 +17,7 @@ from ...spec import JobSpec, SpecError, resolve
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, responses
+from ..respond import json
 from ..schemas import EventOut, EventPage, JobOut, JobPage, MeasurementOut, MeasurementPage, State
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -46,17 +47,16 @@ def list_jobs(store: Store,
               workload: Annotated[str | None, Query(max_length=255, description="a workload key or operator name")] = None,
               target: Annotated[str | None, Query(max_length=4096)] = None,
               before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
-              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> JobPage:
+              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> Response:
     jobs = store.list_jobs(state=state, workload=workload, target=target, before_id=before, limit=limit)
-    errors = store.job_error_counts([j.id for j in jobs])
-    return JobPage(items=[JobOut.of(j, with_spec=False, errors=errors.get(j.id, 0)) for j in jobs],
-                   next_before=jobs[-1].id if len(jobs) == limit else None)
+    return json(JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
+                        next_before=jobs[-1].id if len(jobs) == limit else None))
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
             summary="A job: state, progress, best so far per task, baseline, errors, timings")
-def get_job(job_id: JobId, store: Store) -> JobOut:
-    return JobOut.of(store.get_job(job_id), errors=store.job_error_counts([job_id]).get(job_id, 0))
+def get_job(job_id: JobId, store: Store) -> Response:
+    return json(JobOut.of(store.get_job(job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
@@ -77,16 +77,16 @@ def resume_job(job_id: JobId, store: Store) -> JobOut:
             responses=responses(404, 422), summary="A job's events, oldest first (poll with `after`)")
 def job_events(job_id: JobId, store: Store,
                after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events after this id")] = None,
-               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> EventPage:
+               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> Response:
     events = store.job_events(job_id, after_id=after, limit=limit)
-    return EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after)
+    return json(EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after))
 
 
 @router.get("/{job_id}/measurements", response_model=MeasurementPage, dependencies=[Depends(auth.read)],
             responses=responses(404, 422), summary="A job's measurements, oldest first, compact (for charts; poll with `after`)")
 def job_measurements(job_id: JobId, store: Store,
                      after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only records after this id")] = None,
-                     limit: Annotated[int, Query(ge=1, le=MAX_MEASUREMENTS)] = 1000) -> MeasurementPage:
+                     limit: Annotated[int, Query(ge=1, le=MAX_MEASUREMENTS)] = 1000) -> Response:
     """Every record the job measured (its baselines too, kind `default`) with its time since the
     job was created, its task's position, cost, GFLOPS and error code: one bounded query."""
     created, rows = store.job_measurements(job_id, after_id=after, limit=limit)
@@ -94,7 +94,7 @@ def job_measurements(job_id: JobId, store: Store,
                             cost=r["mean_cost"], gflops=_gflops(r["flops"], r["mean_cost"]), error_code=r["error_code"],
                             kind=r["candidate_kind"])
              for r in rows]
-    return MeasurementPage(items=items, next_after=rows[-1]["id"] if rows else after)
+    return json(MeasurementPage(items=items, next_after=rows[-1]["id"] if rows else after))
 
 
 def _gflops(flops: float | None, cost: float | None) -> float | None:

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -23,6 +23,7 @@ from ....records.values import StoreError, UnknownRecord
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, from_store_error, responses
+from ..respond import json
 from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage
 
 router = APIRouter(prefix="/records", tags=["records"])
@@ -51,15 +52,15 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
                  after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="page cursor: `next_after` of the last page")] = None,
                  after_cost: Annotated[float | None, Query(ge=0, allow_inf_nan=False,
                                                            description="page cursor (fastest): `next_after_cost` of the last page")] = None,
-                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> RecordPage:
+                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> Response:
     if order == "newest":
         for name, value in (("after", after), ("after_cost", after_cost)):
             if value is not None:
                 raise ApiError(422, f"{name} is a cursor of order=oldest or fastest; newest first pages with `before`", field=name)
         records = store.records_page(workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
                                      error_code=error_code, before_id=before, limit=limit)
-        return RecordPage(items=[RecordOut.of(r) for r in records],
-                          next_before=records[-1].id if len(records) == limit else None)
+        return json(RecordPage(items=[RecordOut.of(r) for r in records],
+                               next_before=records[-1].id if len(records) == limit else None))
     if before is not None:
         raise ApiError(422, f"order={order} pages with `after`, not `before`", field="before")
     if order == "oldest" and after_cost is not None:
@@ -74,8 +75,8 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
     records = store.records_sorted(order, workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
                                    error_code=error_code, after_id=after, after_cost=after_cost, limit=limit)
     last = records[-1] if len(records) == limit else None
-    return RecordPage(items=[RecordOut.of(r) for r in records], next_after=last.id if last else None,
-                      next_after_cost=codec.mean_cost_column(last.result) if last is not None and order == "fastest" else None)
+    return json(RecordPage(items=[RecordOut.of(r) for r in records], next_after=last.id if last else None,
+                           next_after_cost=codec.mean_cost_column(last.result) if last is not None and order == "fastest" else None))
 
 
 @router.get("/export", response_class=StreamingResponse, dependencies=[Depends(auth.read)],
@@ -135,9 +136,9 @@ async def import_records(request: Request, store: Store) -> ImportOut:
 
 @router.get("/{record_id}", response_model=RecordOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
             summary="One record: candidate, result, error, who measured it, timings")
-def get_record(store: Store, record_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> RecordOut:
+def get_record(store: Store, record_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Response:
     try:
-        return RecordOut.of(store.get_record(record_id))
+        return json(RecordOut.of(store.get_record(record_id)))
     except UnknownRecord as e:
         raise ApiError(404, str(e), field="record_id") from None
 
