@@ -424,3 +424,57 @@ def test_history_of_structure_selects_in_sql(store):
     assert sorted(r.candidate.kind for r in both) == ["config", "trace"]
     assert store.history_of_structure(TARGET, [], ()) == []
     assert store.history_of_structure("llvm -mtriple=aarch64-linux-gnu", [("trace", "sketch", frozenset({"a"}))]) == []
+
+
+# ---------------------------------------------------------------------------------- read path
+
+def _backend_pids(store) -> set[int]:
+    with store._session() as s:
+        return {s.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()}
+
+
+def _terminate(url: str, pids: set[int]) -> None:
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql").split("?")[0], autocommit=True) as c:
+        for pid in pids:
+            c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def test_idle_connection_killed_by_the_server_is_replaced(pg_database, monkeypatch):
+    """A pooled connection idle for IDLE_PING_S is pinged before use: one the server closed
+    meanwhile (a restart, an idle timeout) is replaced and the caller never sees it."""
+    url = pg_schema_url(pg_database)
+    with SQLRecordsStore(url) as store:
+        store.add_records(TASK, [(cand(1), ok(1e-3))])
+        _terminate(pg_database, _backend_pids(store))
+        monkeypatch.setattr(engine_mod, "IDLE_PING_S", 0.0)
+        assert [r.candidate for r in store.best(MATMUL.key, TARGET)] == [cand(1)]
+
+
+def test_busy_connection_killed_by_the_server_fails_once(pg_database, monkeypatch):
+    """A connection used a moment ago is not pinged (the round trip was a third of a small API
+    read): when the server drops it, the statement in flight fails once as a StoreError, and the
+    pool is renewed for the next one."""
+    url = pg_schema_url(pg_database)
+    monkeypatch.setattr(engine_mod, "IDLE_PING_S", 3600.0)
+    with SQLRecordsStore(url) as store:
+        store.add_records(TASK, [(cand(1), ok(1e-3))])
+        _terminate(pg_database, _backend_pids(store))
+        with pytest.raises(StoreError):
+            store.best(MATMUL.key, TARGET)
+        assert [r.candidate for r in store.best(MATMUL.key, TARGET)] == [cand(1)]
+
+
+def test_records_name_their_tasks_past_the_task_cache_bound(db_url):
+    """Records select only their own columns and look their tasks up in a bounded cache; a cache
+    that starts over when full still names every record's workload, target and device key."""
+    from tuner.records.task_cache import TaskCache
+
+    tasks = [Task(Workload("matmul", {"M": m, "N": 8, "K": 8}), TARGET, key) for m in (8, 16, 24) for key in ("local", "arm")]
+    with SQLRecordsStore(db_url) as store:
+        store._task_cache = TaskCache(max_tasks=2)
+        for i, task in enumerate(tasks):
+            store.add_records(task, [(cand(i), ok(1e-3 * (i + 1)))])
+        page = store.records_page(limit=50)
+        assert [(r.workload, r.target, r.device_key) for r in page[::-1]] == [(t.workload, t.target, t.device_key) for t in tasks]
+        assert [r.candidate for r in page[::-1]] == [cand(i) for i in range(len(tasks))]
+        assert store.records_page(device_key="arm", workload_key=tasks[2].workload.key, limit=5)[0].candidate == cand(3)
