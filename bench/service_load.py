@@ -7,16 +7,32 @@ IR), with synthetic costs — this measures the service, not kernels. Then `tune
 --workers 0` and two `tunefarm worker` processes.
 
 Phase 1 (the reference, same run): one client, each read route 50 times in turn: unloaded latency.
-Phase 2: 32 clients for `--seconds` (30) mixing submits of small real jobs (5 %), job polls (35 %),
-record pages (35 %, filtered and deep keyset cursors) and best queries (25 %). Half-way through,
-one worker is SIGKILLed. Afterwards every submitted job must finish (the killed worker's job is
-claimed again when its lease expires): jobs lost (acknowledged but missing or unfinished) and
-duplicated (a job with more search records than its trials, or ended twice) must be 0.
+Phase 2, the load: 32 clients for `--seconds` (30) mixing submits of small real jobs (5 %), job
+polls (35 %), record pages (35 %, filtered and deep keyset cursors) and best queries (25 %), each
+client sending at its own steady pace so that together they offer `--rate` requests/s (64: two a
+second per client; the dashboard's job page polls three routes every 2 s, `tunefarm jobs watch`
+one a second). This is an open-loop load: a request's latency counts from when it was due, so a
+server that falls behind is charged for the queue it builds (no coordinated omission). The two
+job workers run the submitted jobs (builds, measurements, records) on the same two cores as the
+API and PostgreSQL, at `--worker-nice` 5, the priority `tunefarm serve` gives its own local
+workers (0: as high as the API). Half-way through, one worker is SIGKILLed as soon as it holds a
+job. Afterwards every submitted job must finish (the killed worker's job is claimed again when its
+lease expires): jobs lost (acknowledged but missing or unfinished) and duplicated (a job with more
+search records than its trials, or ended twice) must be 0.
+Phase 3, saturation: the same clients for `--saturation-seconds` (15) with no pause at all
+(closed loop): the most requests/s the API serves here. Its latency is clients / throughput by
+construction (32 requests always queued), so it says how much headroom phase 2 had, not how fast
+a request is.
 
-Prints a table per route (requests, rps, p50, p99, unloaded p50, errors) and, last, one JSON
-object. Aim: p99 < 100 ms for the read routes at 10 000 records on this 2-core machine.
+The clients speak HTTP/1.1 on keep-alive sockets themselves (a few lines of asyncio): a general
+client library spent 2-3 ms of CPU per request, as much as the server, on the same two cores.
 
-    .venv/bin/python bench/service_load.py [--records 10000] [--seconds 30] [--clients 32]
+Prints a table per route (requests, rps, p50, p99, unloaded p50, errors) for the load and one
+for saturation, and, last, one JSON object. Aim: p99 < 100 ms for the read routes at 10 000
+records on this 2-core machine (phase 2).
+
+    .venv/bin/python bench/service_load.py [--records 10000] [--seconds 30] [--clients 32] [--rate 64]
+                                           [--worker-nice 5] [--saturation-seconds 15]
 """
 
 from __future__ import annotations
@@ -31,12 +47,15 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from urllib.parse import urlencode
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 LEASE_S = 5
 READ_ROUTES = ("job", "records", "best")
+API = "/api/v1"
 
 
 def free_port() -> int:
@@ -100,10 +119,59 @@ def start_api(url: str, port: int) -> subprocess.Popen:
     raise SystemExit("tunefarm serve did not start")
 
 
-def start_worker(url: str, name: str) -> subprocess.Popen:
+def start_worker(url: str, name: str, nice: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", name,
-                             "--lease", str(LEASE_S), "--poll", "0.5"],
+                             "--lease", str(LEASE_S), "--poll", "0.5", "--nice", str(nice)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class HTTPError(Exception):
+    pass
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection to the API: enough of the protocol for this bench
+    (uvicorn answers with Content-Length). Reconnects after the server closed it."""
+
+    def __init__(self, host: str, port: int, token: str):
+        self.host, self.port, self.token = host, port, token
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Authorization: Bearer {self.token}\r\nContent-Length: {len(data)}\r\n"
+                + ("Content-Type: application/json\r\n" if body is not None else "") + "\r\n").encode()
+        for attempt in (0, 1):
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                self.writer.write(head + data)
+                status_line = await self.reader.readline()
+                if not status_line:
+                    raise ConnectionResetError("closed")
+                length, close = 0, False
+                while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    name = name.strip().lower()
+                    if name == "content-length":
+                        length = int(value)
+                    elif name == "connection" and value.strip().lower() == "close":
+                        close = True
+                payload = await self.reader.readexactly(length)
+                if close:
+                    self.close()
+                return int(status_line.split()[1]), payload
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self.close()
+                if attempt:
+                    raise
+        raise HTTPError("unreachable")
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
 def small_job(i: int) -> dict:
@@ -123,29 +191,30 @@ class Load:
         self.next_job = 0
         self.oldest_record = None
 
-    async def request(self, client, route: str, method: str, path: str, **kw):
-        t0 = time.perf_counter()
+    async def request(self, conn: Conn, route: str, method: str, path: str, body=None, due: float | None = None):
+        """One request; its latency counts from `due` (when an open-loop client meant to send it)."""
+        t0 = time.perf_counter() if due is None else due
         try:
-            r = await client.request(method, path, **kw)
-            ok = r.status_code < 400
+            status, payload = await conn.request(method, path, body)
+            ok = status < 400
         except Exception:  # noqa: BLE001 - a refused or dropped request is an error of this route
-            r, ok = None, False
+            payload, ok = b"", False
         self.lat.setdefault(route, []).append(time.perf_counter() - t0)
         if not ok:
             self.errors[route] = self.errors.get(route, 0) + 1
-        return r if ok else None
+        return json.loads(payload) if ok else None
 
-    async def one(self, client, rng: random.Random, route: str):
+    async def one(self, conn: Conn, rng: random.Random, route: str, due: float | None = None):
         if route == "submit":
             i = self.next_job
             self.next_job += 1
-            r = await self.request(client, route, "POST", "/jobs", json=small_job(i))
-            if r is not None:
-                self.submitted.append(r.json()["id"])
-                self.job_ids.append(r.json()["id"])
+            got = await self.request(conn, route, "POST", f"{API}/jobs", small_job(i), due)
+            if got is not None:
+                self.submitted.append(got["id"])
+                self.job_ids.append(got["id"])
         elif route == "job":
             if self.job_ids:
-                await self.request(client, route, "GET", f"/jobs/{rng.choice(self.job_ids)}")
+                await self.request(conn, route, "GET", f"{API}/jobs/{rng.choice(self.job_ids)}", due=due)
         elif route == "records":
             params: dict = {"limit": 50}
             pick = rng.random()
@@ -153,43 +222,62 @@ class Load:
                 params["workload_key"] = rng.choice(self.tasks)[0]
             elif pick < 0.7 and self.oldest_record:
                 params["before"] = rng.randint(1, self.oldest_record)      # a deep page
-            await self.request(client, route, "GET", "/records", params=params)
+            await self.request(conn, route, "GET", f"{API}/records?{urlencode(params)}", due=due)
         elif route == "best":
             key, target = rng.choice(self.tasks)
-            await self.request(client, route, "GET", "/best", params={"workload_key": key, "target": target})
+            await self.request(conn, route, "GET", f"{API}/best?{urlencode({'workload_key': key, 'target': target})}",
+                               due=due)
 
 
-async def run_clients(base: str, token: str, load: Load, clients: int, seconds: float, on_half) -> float:
-    import httpx
-    mix = [("submit", 0.05), ("job", 0.35), ("records", 0.35), ("best", 0.25)]
-    routes, weights = zip(*mix)
-    deadline = time.monotonic() + seconds
-    half = [False]
+MIX = [("submit", 0.05), ("job", 0.35), ("records", 0.35), ("best", 0.25)]
+
+
+async def run_clients(port: int, token: str, load: Load, clients: int, seconds: float, rate: float | None,
+                      on_half=None) -> float:
+    """`clients` concurrent clients for `seconds`. `rate` (requests/s, all clients together): each
+    client sends at its steady share of it, a request due every clients/rate seconds from a random
+    phase, late ones sent at once and charged from when they were due; None: closed loop."""
+    routes, weights = zip(*MIX)
+    start = time.perf_counter()
+    deadline = start + seconds
+    half = [on_half is None]
 
     async def client_loop(n: int):
         rng = random.Random(n)
-        async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=30) as client:
-            while time.monotonic() < deadline:
-                await load.one(client, rng, rng.choices(routes, weights)[0])
-                if not half[0] and time.monotonic() > deadline - seconds / 2:
+        conn = Conn("127.0.0.1", port, token)
+        interval = clients / rate if rate else 0.0
+        due = start + rng.uniform(0, interval)
+        try:
+            while True:
+                now = time.perf_counter()
+                if rate:
+                    if due >= deadline:
+                        break
+                    if due > now:
+                        await asyncio.sleep(due - now)
+                elif now >= deadline:
+                    break
+                await load.one(conn, rng, rng.choices(routes, weights)[0], due if rate else None)
+                due += interval
+                if not half[0] and time.perf_counter() > start + seconds / 2:
                     half[0] = True
                     on_half()
+        finally:
+            conn.close()
 
-    t0 = time.perf_counter()
     await asyncio.gather(*(client_loop(n) for n in range(clients)))
-    return time.perf_counter() - t0
+    return time.perf_counter() - start
 
 
-async def unloaded(base: str, token: str, load: Load, per_route: int = 50) -> dict:
-    import httpx
+async def unloaded(port: int, token: str, load: Load, per_route: int = 50) -> dict:
     ref = Load(load.tasks, load.job_ids)
     ref.oldest_record = load.oldest_record
     rng = random.Random(99)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
-        for _ in range(per_route):
-            for route in READ_ROUTES:
-                await ref.one(c, rng, route)
+    conn = Conn("127.0.0.1", port, token)
+    for _ in range(per_route):
+        for route in READ_ROUTES:
+            await ref.one(conn, rng, route)
+    conn.close()
     return ref.lat
 
 
@@ -214,6 +302,43 @@ def tree_cpu_seconds(pid: int) -> float:
     return total + sum(tree_cpu_seconds(int(c)) for c in children)
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU seconds of every PostgreSQL server process on this machine (its backends serve the
+    API and the workers; nothing else uses the server during the bench)."""
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+        except OSError:
+            continue
+        total += cpu_seconds(int(pid))
+    return total
+
+
+def cpu_now(api_pid: int, worker_pid: int) -> dict[str, float]:
+    return {"api": cpu_seconds(api_pid), "postgres": postgres_cpu_seconds(), "worker": tree_cpu_seconds(worker_pid),
+            "clients": cpu_seconds(os.getpid())}
+
+
+def route_table(load: Load, elapsed: float, ref_lat: dict) -> dict:
+    """Print a row per route and return them."""
+    rows = {}
+    print(f"{'route':<10}{'requests':>10}{'rps':>8}{'p50 ms':>9}{'p99 ms':>9}{'unloaded p50':>14}{'errors':>8}")
+    for route in ("submit", "job", "records", "best"):
+        lat = load.lat.get(route, [])
+        ref = ref_lat.get(route, [])
+        rows[route] = {"requests": len(lat), "rps": round(len(lat) / elapsed, 1),
+                       "p50_ms": round(1e3 * pct(lat, 0.5), 2), "p99_ms": round(1e3 * pct(lat, 0.99), 2),
+                       "unloaded_p50_ms": round(1e3 * statistics.median(ref), 2) if ref else None,
+                       "errors": load.errors.get(route, 0)}
+        r = rows[route]
+        print(f"{route:<10}{r['requests']:>10}{r['rps']:>8}{r['p50_ms']:>9}{r['p99_ms']:>9}"
+              f"{r['unloaded_p50_ms'] if r['unloaded_p50_ms'] is not None else '-':>14}{r['errors']:>8}")
+    return rows
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -224,6 +349,10 @@ def main():
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=64.0, help="requests/s the clients offer together (phase 2)")
+    ap.add_argument("--worker-nice", type=int, default=5,
+                    help="the job workers' priority (tunefarm worker --nice; tunefarm serve's local workers use 5)")
+    ap.add_argument("--saturation-seconds", type=float, default=15.0)
     ap.add_argument("--drain-timeout", type=float, default=300.0, help="seconds to wait for submitted jobs")
     args = ap.parse_args()
 
@@ -247,9 +376,9 @@ def main():
 
         port = free_port()
         procs.append(start_api(url, port))
-        workers = [start_worker(url, f"load-w{n}") for n in range(2)]
+        workers = [start_worker(url, f"load-w{n}", args.worker_nice) for n in range(2)]
         procs += workers
-        base = f"http://127.0.0.1:{port}/api/v1"
+        base = f"http://127.0.0.1:{port}{API}"
         load = Load(tasks, [])
         first = httpx.get(f"{base}/records", params={"limit": 1}, headers={"Authorization": f"Bearer {token}"}).json()
         load.oldest_record = first["items"][0]["id"]
@@ -260,29 +389,44 @@ def main():
             load.job_ids.append(r.json()["id"])
         load.next_job = 0
 
-        ref_lat = asyncio.run(unloaded(base, token, load))
+        ref_lat = asyncio.run(unloaded(port, token, load))
         killed: list[int] = []
 
         def kill_one():
-            workers[0].send_signal(signal.SIGKILL)
-            killed.append(workers[0].pid)
+            """SIGKILL the first worker as soon as it holds a job (within 10 s; with the queue
+            empty it may be between jobs), from a thread: the clients go on meanwhile."""
+            def when_busy():
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    if any(j.lease_owner == "load-w0" for j in store.list_jobs(state="running", limit=20)):
+                        break
+                    time.sleep(0.02)
+                workers[0].send_signal(signal.SIGKILL)
+                killed.append(workers[0].pid)
+            threading.Thread(target=when_busy, daemon=True).start()
 
         api_pid, worker_pids = procs[0].pid, [w.pid for w in workers]
         # the killed worker's CPU cannot be read after its death: the surviving worker's is reported
-        cpu0 = {"api": cpu_seconds(api_pid), "worker": tree_cpu_seconds(worker_pids[1]), "clients": cpu_seconds(os.getpid())}
-        elapsed = asyncio.run(run_clients(base, token, load, args.clients, args.seconds, kill_one))
-        cpu1 = {"api": cpu_seconds(api_pid), "worker": tree_cpu_seconds(worker_pids[1]), "clients": cpu_seconds(os.getpid())}
-        cpu_share = {k: round((cpu1[k] - cpu0[k]) / elapsed, 2) for k in cpu1}
+        cpu0 = cpu_now(api_pid, worker_pids[1])
+        elapsed = asyncio.run(run_clients(port, token, load, args.clients, args.seconds, args.rate, kill_one))
+        cpu_share = {k: round((v - cpu0[k]) / elapsed, 2) for k, v in cpu_now(api_pid, worker_pids[1]).items()}
+
+        saturated = Load(tasks, load.job_ids)
+        saturated.oldest_record, saturated.next_job = load.oldest_record, 100_000
+        sat_cpu0 = cpu_now(api_pid, worker_pids[1])
+        sat_elapsed = asyncio.run(run_clients(port, token, saturated, args.clients, args.saturation_seconds, None))
+        sat_share = {k: round((v - sat_cpu0[k]) / sat_elapsed, 2) for k, v in cpu_now(api_pid, worker_pids[1]).items()}
+        submitted = load.submitted + saturated.submitted
 
         # every submitted job must finish: the killed worker's job after its lease expired
         deadline = time.monotonic() + args.drain_timeout
         while time.monotonic() < deadline:
-            states = [store.get_job(j).state for j in load.submitted]
+            states = [store.get_job(j).state for j in submitted]
             if all(s in ("done", "failed", "cancelled") for s in states):
                 break
             time.sleep(1)
         lost = duplicated = 0
-        for jid in load.submitted:
+        for jid in submitted:
             try:
                 job = store.get_job(jid)
             except Exception:  # noqa: BLE001 - an acknowledged job that is not stored is lost
@@ -294,36 +438,38 @@ def main():
             search = [r for r in store.records_page(job_id=jid, limit=100) if r.candidate.kind != "default"]
             if events.count("done") > 1 or len(search) > job.trials:
                 duplicated += 1
-        reclaimed = sum("reclaimed" in [e.kind for e in store.job_events(j)] for j in load.submitted)
+        reclaimed = sum("reclaimed" in [e.kind for e in store.job_events(j)] for j in submitted)
 
-        rows = {}
-        print(f"{'route':<10}{'requests':>10}{'rps':>8}{'p50 ms':>9}{'p99 ms':>9}{'unloaded p50':>14}{'errors':>8}")
-        for route in ("submit", "job", "records", "best"):
-            lat = load.lat.get(route, [])
-            ref = ref_lat.get(route, [])
-            rows[route] = {"requests": len(lat), "rps": round(len(lat) / elapsed, 1),
-                           "p50_ms": round(1e3 * pct(lat, 0.5), 2), "p99_ms": round(1e3 * pct(lat, 0.99), 2),
-                           "unloaded_p50_ms": round(1e3 * statistics.median(ref), 2) if ref else None,
-                           "errors": load.errors.get(route, 0)}
-            r = rows[route]
-            print(f"{route:<10}{r['requests']:>10}{r['rps']:>8}{r['p50_ms']:>9}{r['p99_ms']:>9}"
-                  f"{r['unloaded_p50_ms'] if r['unloaded_p50_ms'] is not None else '-':>14}{r['errors']:>8}")
+        print(f"load: {args.clients} clients offering {args.rate:g} requests/s for {elapsed:.0f} s "
+              f"(latency from when each request was due)")
+        rows = route_table(load, elapsed, ref_lat)
         total = sum(len(v) for v in load.lat.values())
         read_p99 = max(rows[r]["p99_ms"] for r in READ_ROUTES)
-        print(f"{total / elapsed:.0f} requests/s with {args.clients} clients; {len(load.submitted)} jobs submitted, "
+        print(f"{total / elapsed:.0f} requests/s served; {len(submitted)} jobs submitted (both phases), "
               f"{reclaimed} reclaimed after the killed worker, lost {lost}, duplicated {duplicated}; "
               f"read p99 {read_p99} ms at {n_records} records")
-        print(f"cores used during the load (of {os.cpu_count()}): API server {cpu_share['api']}, the surviving job "
-              f"worker {cpu_share['worker']} (with its build and measuring processes), load clients {cpu_share['clients']}")
+        print(f"cores used during the load (of {os.cpu_count()}): API server {cpu_share['api']}, PostgreSQL "
+              f"{cpu_share['postgres']}, the surviving job worker {cpu_share['worker']} (with its build and "
+              f"measuring processes), load clients {cpu_share['clients']}")
+        print(f"\nsaturation: {args.clients} clients with no pause for {sat_elapsed:.0f} s (closed loop)")
+        sat_rows = route_table(saturated, sat_elapsed, ref_lat)
+        sat_total = sum(len(v) for v in saturated.lat.values())
+        print(f"{sat_total / sat_elapsed:.0f} requests/s at most; cores: API server {sat_share['api']}, PostgreSQL "
+              f"{sat_share['postgres']}, job worker {sat_share['worker']}, load clients {sat_share['clients']}")
         print(json.dumps({
-            "records": n_records, "clients": args.clients, "seconds": round(elapsed, 1),
+            "records": n_records, "clients": args.clients, "offered_rate": args.rate, "worker_nice": args.worker_nice,
+            "seconds": round(elapsed, 1),
             "requests_per_second": round(total / elapsed, 1), "routes": rows,
             "read_p99_ms": read_p99,
             "read_p99_over_unloaded_p50": {r: round(rows[r]["p99_ms"] / rows[r]["unloaded_p50_ms"], 2)
                                            for r in READ_ROUTES if rows[r]["unloaded_p50_ms"]},
-            "errors": sum(load.errors.values()), "jobs_submitted": len(load.submitted),
+            "errors": sum(load.errors.values()) + sum(saturated.errors.values()), "jobs_submitted": len(submitted),
             "jobs_reclaimed": reclaimed, "jobs_lost": lost, "jobs_duplicated": duplicated,
             "cores_used": cpu_share,
+            "saturation": {"seconds": round(sat_elapsed, 1), "requests_per_second": round(sat_total / sat_elapsed, 1),
+                           "read_p99_ms": max(sat_rows[r]["p99_ms"] for r in READ_ROUTES), "routes": sat_rows,
+                           "cores_used": sat_share},
+            "load_rate_over_saturation": round((total / elapsed) / (sat_total / sat_elapsed), 2),
         }))
         store.close()
     finally:

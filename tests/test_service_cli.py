@@ -4,6 +4,7 @@ a SQLite file, a session token printed and revoked at exit), and the Python clie
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tuner.cli import main
+from tuner.cli.service import LOCAL_WORKER_NICENESS
 from tuner.records import open_store
 from tuner.service.client import APIError, ServiceClient
 
@@ -110,6 +112,11 @@ def test_stopping_serve_revokes_its_token_and_stops_its_worker(server):
     worker_pids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                                  text=True).stdout.split()
     assert worker_pids, "tunefarm serve started no local worker"
+    # the local worker shares this host with the API: it runs at a lower priority (set as it starts)
+    deadline = time.monotonic() + 30
+    while {os.getpriority(os.PRIO_PROCESS, int(pid)) for pid in worker_pids} != {LOCAL_WORKER_NICENESS}:
+        assert time.monotonic() < deadline, "the local worker kept the API's priority"
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=90) == 0
     with open_store(db) as store:
@@ -124,3 +131,9 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_worker_priority_is_checked(tmp_path, capsys):
+    for bad in ("-1", "20"):
+        assert main(["worker", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--nice", bad, "--once"]) == 2
+        assert "--nice must be 0..19" in capsys.readouterr().err

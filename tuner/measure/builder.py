@@ -53,12 +53,21 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- in the build process
 
+BUILD_NICENESS = 5
+
+
 def _build_process_init(parent: int, user_initializer) -> None:
     """Every build process exits when its parent dies (a SIGKILLed job worker must not leave its
-    build processes behind: they hold the pool's queue ends, so they would never see EOF), then
-    runs the pool's initializer."""
+    build processes behind: they hold the pool's queue ends, so they would never see EOF), runs
+    at a lower priority, then runs the pool's initializer.
+
+    Builds are batch work that fills every core in bursts; the process timing kernels and the
+    API server beside an embedded worker are not. At nice BUILD_NICENESS a build yields the CPU
+    to them when both want it (bench/service_load.py: read p99 under load) and still gets all
+    of an idle core."""
     from device_agent.worker import watch_parent
     watch_parent(parent=parent)
+    os.nice(BUILD_NICENESS)
     if user_initializer is not None:
         user_initializer()
 

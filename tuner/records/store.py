@@ -195,8 +195,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def _to_records(self, s: Session, rows) -> list[Record]:
         """Records of rows of codec.RECORD_COLUMNS, their tasks looked up (one statement for the misses)."""
-        tasks = self._task_cache.get_many(s, {r.task_id for r in rows})
-        return [codec.to_record(r, tasks[r.task_id]) for r in rows]
+        tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
+        return [codec.to_record(r, tasks[r[1]]) for r in rows]
 
     @staticmethod
     def _joined():
