@@ -478,3 +478,25 @@ def test_records_name_their_tasks_past_the_task_cache_bound(db_url):
         assert [(r.workload, r.target, r.device_key) for r in page[::-1]] == [(t.workload, t.target, t.device_key) for t in tasks]
         assert [r.candidate for r in page[::-1]] == [cand(i) for i in range(len(tasks))]
         assert store.records_page(device_key="arm", workload_key=tasks[2].workload.key, limit=5)[0].candidate == cand(3)
+
+
+def test_best_ranks_remeasured_first_over_every_device_key(store):
+    """best() merges each task's own index-ordered ranges: re-measured records first by their
+    re-measured cost, then the others by mean, over all device keys unless one is given; error
+    records never; baseline_record finds the default schedule's record the same way."""
+    from tuner.space.base import default_candidate
+
+    arm = Task(MATMUL, TARGET, "arm")
+    store.add_records(TASK, [(cand(i), ok(c)) for i, c in ((1, 4e-3), (2, 1e-3), (3, 3e-3), (4, 6e-3))]
+                      + [(cand(9), err()), (default_candidate(MATMUL.key), ok(5e-3))])
+    store.add_records(arm, [(cand(5), ok(0.5e-3)), (cand(6), ok(2e-3)), (default_candidate(MATMUL.key), ok(7e-3))])
+    store.set_retimed(TASK, {cand(4).fingerprint: 2.5e-3, cand(3).fingerprint: 3.5e-3})
+    best = store.best(MATMUL.key, TARGET, k=10)
+    assert [r.candidate for r in best] == [cand(4), cand(3), cand(5), cand(2), cand(6), cand(1),
+                                           default_candidate(MATMUL.key), default_candidate(MATMUL.key)]
+    assert [r.device_key for r in best[-2:]] == ["local", "arm"]
+    assert [r.candidate for r in store.best(MATMUL.key, TARGET, k=3, device_key="arm")] == [
+        cand(5), cand(6), default_candidate(MATMUL.key)]
+    assert store.best(MATMUL.key, TARGET, k=1, device_key="nowhere") == [] and store.best("0" * 32, TARGET) == []
+    assert store.baseline_record(MATMUL.key, TARGET).result.mean_cost == pytest.approx(5.25e-3)
+    assert store.baseline_record(MATMUL.key, TARGET, device_key="arm").device_key == "arm"
