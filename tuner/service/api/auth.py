@@ -18,6 +18,7 @@ from typing import Annotated
 
 from fastapi import BackgroundTasks, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from ...records.tokens import SCOPES, token_hash
 from ...records.values import StoreError, TokenInfo
@@ -58,14 +59,18 @@ class TokenCache:
         self._known: dict[str, tuple[float, TokenInfo]] = {}
         self._lock = threading.Lock()
 
+    def cached(self, secret: str) -> TokenInfo | None:
+        """The token's info if it was verified in the last `seconds`, else None (ask verify)."""
+        with self._lock:
+            hit = self._known.get(token_hash(secret))
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < self.seconds else None
+
     def verify(self, store, secret: str, fresh: bool = False) -> TokenInfo | None:
         """The token's info (None: unknown or revoked); `fresh` asks the database regardless."""
+        if not fresh and (info := self.cached(secret)) is not None:
+            return info
         key = token_hash(secret)
         now = time.monotonic()
-        with self._lock:
-            hit = self._known.get(key)
-            if not fresh and hit is not None and now - hit[0] < self.seconds:
-                return hit[1]
         info = store.verify_token(secret)
         with self._lock:
             if info is None:
@@ -87,8 +92,10 @@ def _touch(store, token_id: int) -> None:
 def require(scope: str) -> Callable:
     """A dependency that admits a request with a token of `scope` (or a public read)."""
 
-    def check(request: Request, background: BackgroundTasks,
-              credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> TokenInfo | None:
+    async def check(request: Request, background: BackgroundTasks,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> TokenInfo | None:
+        # async, with the database asked from the thread pool only when needed: a plain `def`
+        # dependency would take a thread-pool hop on every request, a cached read token too
         state = request.app.state
         if credentials is None:
             if scope == "read" and state.settings.public_read:
@@ -97,7 +104,10 @@ def require(scope: str) -> Callable:
                            field="Authorization", headers={"WWW-Authenticate": REALM})
         # reads may trust a token verified in the last few seconds; writes always ask the database,
         # so a revoked token can never write again
-        info = state.token_cache.verify(state.store, credentials.credentials, fresh=scope != "read")
+        cache, secret = state.token_cache, credentials.credentials
+        info = cache.cached(secret) if scope == "read" else None
+        if info is None:
+            info = await run_in_threadpool(cache.verify, state.store, secret, fresh=scope != "read")
         if info is None:
             raise ApiError(401, "unknown or revoked API token", field="Authorization",
                            headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'})

@@ -26,11 +26,13 @@ class ApiSettings:
     max_body_bytes: int = 8 << 20
 
 
-def get_store(request: Request) -> SQLRecordsStore:
+# async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a hop that cost more
+# than these lookups (see auth.require for the same reason)
+async def get_store(request: Request) -> SQLRecordsStore:
     return request.app.state.store
 
 
-def get_settings(request: Request) -> ApiSettings:
+async def get_settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
 
