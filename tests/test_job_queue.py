@@ -72,7 +72,8 @@ def test_claim_order_lease_progress_and_finish(store):
     with pytest.raises(LeaseLost):
         store.renew_lease(high, "w2", 30)
     assert store.record_progress(high, "w1", 0, trials=8, batches=1, best_cost=1e-3, best_record_id=None,
-                                 baseline_cost=2e-3, trials_done=8, lease_seconds=30, errors=2) == JobState.RUNNING
+                                 baseline_cost=2e-3, trials_done=8, lease_seconds=30, errors=2,
+                                 event=("best", "best 1 GFLOPS", {"cost": 1e-3})) == JobState.RUNNING
     job = store.get_job(high)
     assert job.trials_done == 8 and job.tasks[0].trials == 8 and job.tasks[0].speedup == pytest.approx(2.0)
     assert job.tasks[0].errors == 2
@@ -81,7 +82,8 @@ def test_claim_order_lease_progress_and_finish(store):
     assert store.finish_job(high, "w1", "done") is False             # not running any more
     done = store.get_job(high)
     assert done.state == JobState.DONE and done.finished_at is not None and done.lease_owner is None
-    assert [e.kind for e in store.job_events(high)] == ["submitted", "claimed", "done"]
+    assert [e.kind for e in store.job_events(high)] == ["submitted", "claimed", "best", "done"]
+    assert store.job_events(high)[2].data == {"cost": 1e-3}
     with pytest.raises(StoreError, match="done, failed or cancelled"):
         store.finish_job(low, "w2", "queued")
 
@@ -92,9 +94,10 @@ def test_cancel_is_seen_by_the_worker_and_resume_continues(store):
     cancelled = store.cancel_job(jid)
     assert cancelled.state == JobState.CANCELLED and cancelled.lease_owner is None
     assert store.renew_lease(jid, "w1", 30) == JobState.CANCELLED      # the worker learns it …
-    assert store.record_progress(jid, "w1", 0, trials=1, batches=1, best_cost=None, best_record_id=None,
-                                 baseline_cost=None, trials_done=1, lease_seconds=30) == JobState.CANCELLED
-    assert store.get_job(jid).trials_done == 0                        # … and writes nothing
+    assert store.record_progress(jid, "w1", 0, trials=1, batches=1, best_cost=1e-3, best_record_id=None,
+                                 baseline_cost=None, trials_done=1, lease_seconds=30,
+                                 event=("best", "a batch that ended after the cancel", None)) == JobState.CANCELLED
+    assert store.get_job(jid).trials_done == 0                        # … and writes nothing, no event either
     assert store.finish_job(jid, "w1", "done") is False
     with pytest.raises(JobStateError, match="is cancelled: cannot go to cancelled") as e:
         store.cancel_job(jid)

@@ -141,9 +141,12 @@ class JobQueue:
 
     def record_progress(self, job_id: int, worker: str, position: int, *, trials: int, batches: int,
                         best_cost: float | None, best_record_id: int | None, baseline_cost: float | None,
-                        trials_done: int, lease_seconds: float, errors: int = 0) -> JobState:
+                        trials_done: int, lease_seconds: float, errors: int = 0,
+                        event: tuple[str, str, dict | None] | None = None) -> JobState:
         """A task's progress after a batch, and the job's trial count, written with a lease
-        renewal in one transaction. Returns what renew_lease returns."""
+        renewal in one transaction. Returns what renew_lease returns. `event` (kind, message,
+        data) is added in the same transaction, only while the job is still running: a batch
+        that ends after the job was cancelled leaves no event after the "cancelled" one."""
         now = utcnow()
         with self._session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
@@ -156,6 +159,9 @@ class JobQueue:
                           .values(trials=int(trials), batches=int(batches), errors=int(errors), best_cost=best_cost,
                                   best_record_id=best_record_id, baseline_cost=baseline_cost, updated_at=now)
                           .execution_options(synchronize_session=False))
+                if event is not None:
+                    kind, message, data = event
+                    _event(s, job_id, kind, message, now=now, data=data)
                 return JobState.RUNNING
             row = self._job_row(s, job_id)
             if row.state == JobState.RUNNING.value:

@@ -230,9 +230,9 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 if fingerprint is not None:
                     params["fingerprint"] = fingerprint
                 rows += conn.execute(_best_of_task(fingerprint is not None), params).all()
-            # (RECORD_COLUMNS..., mean_cost): a re-measured record first, by its re-measured cost
-            rows.sort(key=lambda r: (r[11] is None, r[11] if r[11] is not None else r[13], r[0]))
-            return self._to_records(s, [r[:13] for r in rows[:k]])
+            # a re-measured record first, by its re-measured cost; then by mean; ties by id
+            rows.sort(key=lambda r: (r.retimed_cost is None, r.mean_cost if r.retimed_cost is None else r.retimed_cost, r.id))
+            return self._to_records(s, [r[:len(codec.RECORD_COLUMNS)] for r in rows[:k]])
 
     def history(self, target=None, workload_key=None, limit=None) -> list[Record]:
         """Valid and error records, oldest first; with `limit`, the most recent `limit` of them."""

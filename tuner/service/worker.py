@@ -239,6 +239,14 @@ class _JobRun:
         best = result.best_cost if math.isfinite(result.best_cost) else None
         base = result.baseline_cost if math.isfinite(result.baseline_cost) else None
         previous = self.best_costs.get(task)
+        flops = result.flops or 0
+        event = None
+        if kind == "baseline" and base is not None:
+            event = ("baseline", f"{task.workload.name}: default schedule {flops / base / 1e9:.3g} GFLOPS",
+                     {"position": self.position[task], "cost": base})
+        elif kind == "search" and best is not None and (previous is None or best < previous * 0.99):
+            event = ("best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS after {self.trials[task]} trials",
+                     {"position": self.position[task], "cost": best, "trials": self.trials[task]})
         try:
             with self._lock:
                 state = self.store.record_progress(
@@ -246,24 +254,17 @@ class _JobRun:
                     batches=self.batches[task], errors=self.errors[task], best_cost=best,
                     best_record_id=self.best_ids.get(task),
                     baseline_cost=base, trials_done=sum(self.trials.values()),
-                    lease_seconds=self.worker.lease_seconds)
+                    lease_seconds=self.worker.lease_seconds, event=event)
         except LeaseLost as e:
             self.lost = e
             self._stop_engine()
             return
-        flops = result.flops or 0
-        if kind == "baseline" and base is not None:
-            self.store.add_job_event(self.job.id, "baseline", f"{task.workload.name}: default schedule "
-                                     f"{flops / base / 1e9:.3g} GFLOPS", data={"position": self.position[task], "cost": base})
-        elif kind == "search" and best is not None and (previous is None or best < previous * 0.99):
-            self.store.add_job_event(self.job.id, "best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS "
-                                     f"after {self.trials[task]} trials",
-                                     data={"position": self.position[task], "cost": best, "trials": self.trials[task]})
-        if best is not None:
-            self.best_costs[task] = best if previous is None else min(previous, best)
-        if state != JobState.RUNNING:
+        if state != JobState.RUNNING:       # cancelled while the batch ran: nothing was written
             self.stopped_because = state
             self._stop_engine()
+            return
+        if best is not None:
+            self.best_costs[task] = best if previous is None else min(previous, best)
 
     def _heartbeat_loop(self) -> None:
         """Renew the lease every third of its length while the engine runs."""
