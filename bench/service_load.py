@@ -120,9 +120,8 @@ def start_api(url: str, port: int) -> subprocess.Popen:
 
 
 def start_worker(url: str, name: str, nice: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", name,
-                             "--lease", str(LEASE_S), "--poll", "0.5", "--nice", str(nice)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", name, "--lease", str(LEASE_S), "--poll", "0.5"]
+    return subprocess.Popen(cmd + (["--nice", str(nice)] if nice else []), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class HTTPError(Exception):
