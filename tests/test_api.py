@@ -458,7 +458,7 @@ def test_store_reads_for_the_api(env):
 def test_numbers_json_cannot_carry_are_null():
     """Responses are serialized once, without a validator per number: a non-finite value (a
     timing that overflowed, a NaN mean) still comes out as null, never as invalid JSON."""
-    from tuner.service.api.respond import json as respond
+    from tuner.service.api.respond import json_response as respond
     from tuner.service.api.schemas import ResultOut
 
     out = ResultOut(costs=[1e-3, float("inf")], mean_cost=float("nan"), error_code=0, error_msg="", measured_by="a")

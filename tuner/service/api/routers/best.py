@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, responses
-from ..respond import json
+from ..respond import json_response
 from ..schemas import BestOut, CandidateOut, RecordOut, TaskBestOut, TaskBestPage, workload_ref
 
 router = APIRouter(prefix="/best", tags=["best"])
@@ -39,7 +39,7 @@ def best_all(request: Request, store: Store,
                                  cost=cost, flops=flops, gflops=flops / cost / 1e9 if flops and cost else None,
                                  baseline_record_id=base.id if base else None, baseline_cost=base_cost,
                                  speedup=base_cost / cost if base_cost and cost else None))
-    return json(TaskBestPage(items=items, next_after=items[-1].task_id if len(items) == limit else None))
+    return json_response(TaskBestPage(items=items, next_after=items[-1].task_id if len(items) == limit else None))
 
 
 @router.get("", response_model=BestOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
@@ -62,9 +62,9 @@ def best(request: Request, store: Store,
     def gflops(r):
         return flops / r.cost / 1e9 if flops and r is not None and r.cost > 0 else None
 
-    return json(BestOut(workload=workload_ref(rec.workload_key, rec.workload), target=rec.target, record=RecordOut.of(rec),
-                   candidate=CandidateOut(kind=rec.candidate.kind, payload=rec.candidate.payload), flops=flops,
-                   gflops=gflops(rec), baseline=RecordOut.of(baseline) if baseline is not None else None,
-                   baseline_gflops=gflops(baseline),
-                   speedup=baseline.cost / rec.cost if baseline is not None and rec.cost > 0 else None,
-                   loop_ir=loop_ir, loop_ir_error=why))
+    return json_response(BestOut(workload=workload_ref(rec.workload_key, rec.workload), target=rec.target, record=RecordOut.of(rec),
+                                 candidate=CandidateOut(kind=rec.candidate.kind, payload=rec.candidate.payload), flops=flops,
+                                 gflops=gflops(rec), baseline=RecordOut.of(baseline) if baseline is not None else None,
+                                 baseline_gflops=gflops(baseline),
+                                 speedup=baseline.cost / rec.cost if baseline is not None and rec.cost > 0 else None,
+                                 loop_ir=loop_ir, loop_ir_error=why))

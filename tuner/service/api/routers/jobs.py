@@ -17,7 +17,7 @@ from ...spec import JobSpec, SpecError, resolve
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, responses
-from ..respond import json
+from ..respond import json_response
 from ..schemas import EventOut, EventPage, JobOut, JobPage, MeasurementOut, MeasurementPage, State
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -49,14 +49,14 @@ def list_jobs(store: Store,
               before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> Response:
     jobs = store.list_jobs(state=state, workload=workload, target=target, before_id=before, limit=limit)
-    return json(JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
-                        next_before=jobs[-1].id if len(jobs) == limit else None))
+    return json_response(JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
+                                 next_before=jobs[-1].id if len(jobs) == limit else None))
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
             summary="A job: state, progress, best so far per task, baseline, errors, timings")
 def get_job(job_id: JobId, store: Store) -> Response:
-    return json(JobOut.of(store.get_job(job_id)))
+    return json_response(JobOut.of(store.get_job(job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
@@ -79,7 +79,7 @@ def job_events(job_id: JobId, store: Store,
                after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events after this id")] = None,
                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> Response:
     events = store.job_events(job_id, after_id=after, limit=limit)
-    return json(EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after))
+    return json_response(EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after))
 
 
 @router.get("/{job_id}/measurements", response_model=MeasurementPage, dependencies=[Depends(auth.read)],
@@ -94,7 +94,7 @@ def job_measurements(job_id: JobId, store: Store,
                             cost=r["mean_cost"], gflops=_gflops(r["flops"], r["mean_cost"]), error_code=r["error_code"],
                             kind=r["candidate_kind"])
              for r in rows]
-    return json(MeasurementPage(items=items, next_after=rows[-1]["id"] if rows else after))
+    return json_response(MeasurementPage(items=items, next_after=rows[-1]["id"] if rows else after))
 
 
 def _gflops(flops: float | None, cost: float | None) -> float | None:
