@@ -132,7 +132,7 @@ def _spawn_worker(url: str, args, n: int) -> subprocess.Popen:
     """A local job worker as its own process: tuning never runs in the API process. It shares
     this host with the API, so it runs at a lower priority (LOCAL_WORKER_NICENESS): a page of
     the dashboard is answered first and the tuning takes every cycle the API leaves
-    (bench/service_load.py: read p99 under load went from 140-180 ms to 35-65 ms)."""
+    (bench/service_load.py: read p99 under load went from 90-155 ms to 40-80 ms)."""
     cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", f"serve-{os.getpid()}-{n}",
            "--nice", str(LOCAL_WORKER_NICENESS)]
     if args.tracker:
