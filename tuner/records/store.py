@@ -287,10 +287,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                      before_id: int | None = None, limit: int = 50) -> list[Record]:
         """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
         paging over indexed columns: no page costs more at 100 000 records than at 100)."""
-        given = {name: value for name, value in (("workload_key", workload_key), ("target", target),
-                                                 ("device_key", device_key), ("job_id", job_id),
-                                                 ("error_code", None if error_code is None else int(error_code)))
-                 if value is not None}
+        given = _given_filters(workload_key, target, device_key, job_id, error_code)
         params = {**given, "limit": page_size(limit)}
         if before_id is not None:
             params["before_id"] = int(before_id)
@@ -506,7 +503,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if order not in ("oldest", "fastest"):
             raise StoreError(f"unknown record order {order!r}; records_sorted knows oldest and fastest")
         stmt = self._joined().limit(page_size(limit))
-        stmt = _record_filters(stmt, workload_key, target, device_key, job_id, error_code)
+        for name, value in _given_filters(workload_key, target, device_key, job_id, error_code).items():
+            stmt = stmt.where(_FILTERS[name] == value)
         if order == "oldest":
             stmt = stmt.order_by(RecordRow.id)
             if after_id is not None:
@@ -525,8 +523,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def best_per_task(self, after_task_id: int | None = None, limit: int = 50,
                       target: str | None = None) -> list[TaskBest]:
-        """Tasks by id after `after_task_id` (keyset), on `target` if given, each with its fastest
-        valid record by mean cost and the default schedule's record (None when not measured).
+        """Tasks by id after `after_task_id` (keyset), on `target` if given, each with its best
+        valid record as best() ranks them and the default schedule's record (None when not measured).
 
         Three statements for the whole page: the tasks with the id of their best record as
         correlated subqueries, ranked as `best()` ranks (a re-measured record first, by its
@@ -559,7 +557,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             if rows:
                 stmt = self._joined().where(RecordRow.task_id.in_([r.TaskRow.id for r in rows]), RecordRow.fingerprint.in_(sorted(fps)),
                                             RecordRow.mean_cost.is_not(None))
-                found = s.execute(stmt).all()
+                found = s.connection().execute(stmt).all()
                 tasks = self._task_cache.get_many(s, {b.task_id for b in found})
                 for b in found:
                     if fps.get(b.fingerprint) == tasks[b.task_id].workload_key:
@@ -629,16 +627,8 @@ def _best_of_task(by_fingerprint: bool):
     return union_all(ranked(True), ranked(False))
 
 
-def _record_filters(stmt, workload_key, target, device_key, job_id, error_code):
-    """`stmt` (over records joined with their tasks) restricted by the filters that are given."""
-    if workload_key is not None:
-        stmt = stmt.where(TaskRow.workload_key == workload_key)
-    if target is not None:
-        stmt = stmt.where(TaskRow.target == target)
-    if device_key is not None:
-        stmt = stmt.where(TaskRow.device_key == device_key)
-    if job_id is not None:
-        stmt = stmt.where(RecordRow.job_id == job_id)
-    if error_code is not None:
-        stmt = stmt.where(RecordRow.error_code == int(error_code))
-    return stmt
+def _given_filters(workload_key, target, device_key, job_id, error_code) -> dict:
+    """The record filters a caller gave, by their names in _FILTERS (None: not filtered)."""
+    given = {"workload_key": workload_key, "target": target, "device_key": device_key, "job_id": job_id,
+             "error_code": None if error_code is None else int(error_code)}
+    return {name: value for name, value in given.items() if value is not None}
