@@ -95,7 +95,7 @@ def retime(pairs, builder, runner, rounds: int = 3) -> dict:
         for task, (cands, brs) in builds.items():
             for cand, res in zip(cands, runner.run(task, brs)):
                 if res.ok:
-                    costs.setdefault((task, cand.fingerprint), []).append(res.mean_cost)
+                    costs.setdefault((task, cand.fingerprint), []).append(res.cost)
     return {key: statistics.median(v) for key, v in costs.items()}
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernel_format
+from . import host_lock, kernel_format
 from .codegen_llvm import KERNEL_OK, KERNEL_OUT_OF_MEMORY, generate
 from .errors import ArgumentError, KernelLoadError, KernelRuntimeError
 from .kernel_format import MAGIC, check_runnable
@@ -28,6 +28,7 @@ from .lower import lower
 from .openmp import before_parallel_call, get_max_threads, runtime_libraries, set_num_threads
 from .schedule import Schedule
 from .target import Target, _llvm, resolve_target
+from .timing import Timing, TimingOptions, time_samples
 
 _STATUS_MESSAGES = {
     KERNEL_OUT_OF_MEMORY: "could not allocate its scratch buffers (out of memory)",
@@ -183,9 +184,35 @@ class Kernel:
             raise KernelRuntimeError(f"kernel {self.name} failed: "
                                      f"{_STATUS_MESSAGES.get(status, f'status {status}')}", status)
 
+    def measure(self, *arrays, options: TimingOptions | None = None, lock: bool = True) -> Timing:
+        """Time the kernel by tunefarm's measurement protocol (compiler/timing.py): one warm-up
+        call, then samples until the median is stable, each sample checked for time lost to
+        other processes, retried and flagged when the host is busy. `lock`: hold the host's
+        exclusive timing lock (compiler/host_lock.py), so no other tunefarm build or timing runs
+        on these cores meanwhile. Returns a Timing (seconds per call)."""
+        ptrs = self.check_args(arrays)
+        fn = self._load()
+        self._run(fn, ptrs)
+
+        def run_batch(n):
+            failed = 0
+            for _ in range(n):
+                failed |= fn(*ptrs)
+            if failed:
+                self._run(fn, ptrs)  # raises KernelRuntimeError with the reason
+
+        if not lock:
+            return time_samples(run_batch, options)
+        with host_lock.exclusive():
+            self._run(fn, ptrs)      # warm again: the wait may have taken the caches
+            return time_samples(run_batch, options)
+
     def time_evaluator(self, number: int = 1, repeat: int = 3, min_repeat_ms: float = 0.0,
                        cooldown_ms: float = 0.0):
-        """A function timing the kernel: `repeat` measurements, each the mean of `number` calls.
+        """A function timing the kernel like TVM's: `repeat` measurements, each the mean of `number` calls.
+
+        This is the plain TVM-style timer, kept for people used to it; tunefarm's own timings use
+        `measure` (the protocol that notices and survives a busy host).
 
         `number` grows until one measurement takes at least `min_repeat_ms`. One warm-up call
         runs first. Returns TimingResult with per-repeat seconds.
@@ -268,5 +295,5 @@ def build(schedule: Schedule, args, target=None, name: str = "main") -> Kernel:
     return Kernel(name, obj, specs, target, str(func))
 
 
-__all__ = ["ArgSpec", "Kernel", "TimingResult", "build", "load_kernel", "compile_module", "check_runnable",
+__all__ = ["ArgSpec", "Kernel", "Timing", "TimingOptions", "TimingResult", "build", "load_kernel", "compile_module", "check_runnable",
            "check_kernel_name", "initialize", "set_num_threads", "get_max_threads", "MAGIC"]

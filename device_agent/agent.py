@@ -329,6 +329,11 @@ class Agent:
             result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
                                       error_code=int(answer["error_code"]), error_msg=answer["error_msg"],
                                       run_seconds=float(answer["run_seconds"]), agent=self.name)
+            timing = answer.get("timing")
+            if timing:
+                result.timing.CopyFrom(pb.Timing(median=timing["median"], min=timing["min"], spread=timing["spread"],
+                                                 count=timing["count"], disturbed=timing["disturbed"],
+                                                 lost_fraction=timing["lost_fraction"], host_busy=timing["host_busy"]))
             log.debug("request %s: error code %d, %d costs, %.3f s", req.request_id, result.error_code,
                       len(result.costs), result.run_seconds)
             self._report(session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))
@@ -349,7 +354,9 @@ class Agent:
                               number=o.number or _REQUEST_DEFAULTS.number,
                               repeat=o.repeat or _REQUEST_DEFAULTS.repeat,
                               min_repeat_ms=o.min_repeat_ms, cooldown_ms=o.cooldown_ms,
-                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None)
+                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None,
+                              max_repeat_ms=o.max_repeat_ms or _REQUEST_DEFAULTS.max_repeat_ms,
+                              attempts=o.attempts or _REQUEST_DEFAULTS.attempts)
         timeout = o.timeout_seconds if o.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
         return worker.run(mreq, timeout)
 

@@ -55,14 +55,25 @@ class MeasureRequest:
     kernel_bytes: bytes
     reference_bytes: bytes | None
     num_inputs: int                    # the kernel's arguments are num_inputs inputs, then outputs
-    number: int = 3
-    repeat: int = 3
-    min_repeat_ms: float = 50.0
-    cooldown_ms: float = 0.0
+    number: int = 1                    # calls per timing sample at least
+    repeat: int = 10                   # clean samples the figure needs at least
+    min_repeat_ms: float = 50.0        # sampling time per attempt at least
+    cooldown_ms: float = 0.0           # pause between the check and the timing
     rtol: float = 1e-4                 # relative to the largest |reference| value of each output
     atol: float = 0.0
     seed: int = 0
     num_threads: int | None = None     # threads for parallel loops; None: the kernel target's cores
+    max_repeat_ms: float = 1000.0      # sampling time per attempt at most (compiler.timing)
+    attempts: int = 4                  # tries when the host keeps the kernel waiting
+
+    def timing_options(self):
+        """The measurement protocol's options: `repeat` clean samples at least, of `number`
+        calls at least, over `min_repeat_ms` .. `max_repeat_ms` per attempt."""
+        from compiler.timing import TimingOptions
+        return TimingOptions(min_samples=max(1, int(self.repeat)), min_calls=max(1, int(self.number)),
+                             min_seconds=self.min_repeat_ms / 1000.0,
+                             max_seconds=max(self.max_repeat_ms, self.min_repeat_ms, 1.0) / 1000.0,
+                             attempts=max(1, int(self.attempts)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,10 +139,14 @@ def _check(cand, refs, inputs, out_specs, rtol, atol) -> str:
 _REFERENCE_CACHE: dict = {}  # (reference digest, seed, num_inputs) -> (kernel, inputs, outputs); last task only
 
 
-def measure_one(request: MeasureRequest | dict) -> dict:
-    """Check one kernel against its reference, then time it; in this process (see WorkerProcess)."""
-    from compiler.errors import CompilerError, KernelRuntimeError
-    from compiler.runtime import load_kernel, set_num_threads
+def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
+    """Check one kernel against its reference, then time it; in this process (see WorkerProcess).
+
+    Everything that runs a kernel holds the host's exclusive timing lock (compiler.host_lock);
+    `on_start()` is called once it is held."""
+    from compiler import host_lock
+    from compiler.errors import CompilerError
+    from compiler.runtime import load_kernel
 
     if isinstance(request, dict):
         request = MeasureRequest.from_dict(request)
@@ -161,43 +176,73 @@ def measure_one(request: MeasureRequest | dict) -> dict:
         if not 0 <= n_in < len(cand.args):
             return done(RUNNER_ERROR, f"num_inputs={n_in} but the kernel has {len(cand.args)} arguments "
                                       f"(at least one must be an output)")
-        threads = request.num_threads or cand.target.num_cores
-        set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
-        out_specs = cand.args[n_in:]
-        try:
-            cand.load()
-            ref.load()
-        except CompilerError as e:
-            return done(RUNNER_ERROR, f"cannot load kernel: {e}")
-        if cached:
-            _, inputs, refs = cached
-        else:
-            # every candidate of a task runs on the same seeded inputs, so the reference result
-            # (often a slow naive kernel) is computed once per task, not once per candidate
-            inputs = random_arrays(cand.args[:n_in], request.seed)
-            refs = _run_kernel(ref, inputs, out_specs, 0)
-            _REFERENCE_CACHE.clear()
-            _REFERENCE_CACHE[ref_key] = (ref, inputs, refs)
-        try:
-            msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
-            if msg:
-                return done(WRONG_ANSWER, msg)
-            arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
-            timer = cand.time_evaluator(number=request.number, repeat=request.repeat,
-                                        min_repeat_ms=request.min_repeat_ms, cooldown_ms=request.cooldown_ms)
-            costs = timer(*arrays).results
-        except KernelRuntimeError as e:
-            return done(RUNTIME_ERROR, str(e))
-        return done(NO_ERROR, "", [float(c) for c in costs])
+        with host_lock.exclusive():
+            if on_start is not None:
+                on_start()   # the run's clock starts now, not while waiting for the host
+            return _check_and_time(request, cand, ref, ref_key, cached, done)
     except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
         tb = traceback.format_exc(limit=4)
         return done(RUNNER_ERROR, f"measuring failed: {type(e).__name__}: {e}\n{tb}")
+
+
+def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -> dict:
+    """measure_one's part that runs kernels (under the host's exclusive lock): the reference
+    result, the check, the timing."""
+    from compiler.errors import CompilerError, KernelRuntimeError
+    from compiler.runtime import set_num_threads
+
+    n_in = request.num_inputs
+    threads = request.num_threads or cand.target.num_cores
+    set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
+    out_specs = cand.args[n_in:]
+    try:
+        cand.load()
+        ref.load()
+    except CompilerError as e:
+        return done(RUNNER_ERROR, f"cannot load kernel: {e}")
+    if cached:
+        _, inputs, refs = cached
+    else:
+        # every candidate of a task runs on the same seeded inputs, so the reference result
+        # (often a slow naive kernel) is computed once per task, not once per candidate
+        inputs = random_arrays(cand.args[:n_in], request.seed)
+        refs = _run_kernel(ref, inputs, out_specs, 0)
+        _REFERENCE_CACHE.clear()
+        _REFERENCE_CACHE[ref_key] = (ref, inputs, refs)
+    try:
+        msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
+        if msg:
+            return done(WRONG_ANSWER, msg)
+        arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
+        if request.cooldown_ms > 0:
+            time.sleep(request.cooldown_ms / 1000.0)
+        timing = cand.measure(*arrays, options=request.timing_options(), lock=False)
+    except KernelRuntimeError as e:
+        return done(RUNTIME_ERROR, str(e))
+    result = done(NO_ERROR, "", kept_samples(timing))
+    result["timing"] = timing.to_dict()
+    return result
+
+
+KEPT_SAMPLES = 32
+
+
+def kept_samples(timing) -> list:
+    """At most KEPT_SAMPLES of the samples a figure came from, spread over their sorted range
+    (a record keeps the distribution's shape, not hundreds of numbers)."""
+    values = sorted(timing.basis)
+    if len(values) <= KEPT_SAMPLES:
+        return [float(v) for v in values]
+    step = (len(values) - 1) / (KEPT_SAMPLES - 1)
+    return [float(values[round(i * step)]) for i in range(KEPT_SAMPLES)]
 
 
 # ----------------------------------------------------------------------------- child process
 
 _HEADER = struct.Struct("<Q")
 _READY = {"ready": True}
+_STARTED = {"started": True}   # the host lock is held: the run's timeout starts now
+LOCK_WAIT_TIMEOUT_S = 900.0    # a host whose lock is held this long has a wedged tunefarm process
 
 
 def _write_frame(fd: int, obj) -> None:
@@ -263,6 +308,8 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
     The protocol's output fd is moved away from 1 first, so anything a kernel or library prints
     to stdout goes to stderr instead of corrupting the frames.
     """
+    from compiler.timing import prepare_timing_process
+    prepare_timing_process()  # priority and OpenMP wait policy, before any thread or libgomp starts
     proto_out = os.dup(out_fd)
     os.dup2(2, out_fd)
     sys.stdout = sys.stderr
@@ -274,7 +321,7 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
         req = _read_frame(in_fd)
         if req is None:
             return
-        _write_frame(proto_out, measure_one(req))
+        _write_frame(proto_out, measure_one(req, on_start=lambda: _write_frame(proto_out, _STARTED)))
 
 
 def signal_name(returncode: int) -> str:
@@ -384,13 +431,25 @@ class WorkerProcess:
                 return _result(RUNNER_ERROR, str(e))
             proc = self._proc
             t0 = time.monotonic()
+            started = False
             try:
                 _write_frame(proc.stdin.fileno(), payload)
-                answer = _read_frame(proc.stdout.fileno(), t0 + timeout)
+                # the child first waits for the host's timing lock (other tunefarm processes'
+                # timings and builds): that wait is not the kernel's, so the run's timeout
+                # starts when the child says it holds the lock
+                answer = _read_frame(proc.stdout.fileno(), t0 + LOCK_WAIT_TIMEOUT_S)
+                if answer == _STARTED:
+                    started = True
+                    t0 = time.monotonic()
+                    answer = _read_frame(proc.stdout.fileno(), t0 + timeout)
             except TimeoutError:
                 self._kill()
                 self.restarts += 1
                 self._start()  # the replacement warms up while the caller does other work
+                if not started:
+                    return _result(RUNNER_ERROR, f"the host's timing lock was not free within {LOCK_WAIT_TIMEOUT_S:g} s "
+                                                 f"(another tunefarm process holds it; worker restarted)",
+                                   run_seconds=time.monotonic() - t0)
                 return _result(RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s "
                                             f"(worker killed)", run_seconds=time.monotonic() - t0)
             except (BrokenPipeError, ConnectionResetError, OSError):

@@ -44,17 +44,41 @@ class Candidate:
 
 @dataclass
 class MeasureResult:
-    costs: list = field(default_factory=list)   # seconds per run; empty on error
+    """One candidate's measurement, as the measurement protocol (compiler.timing) took it.
+
+    `costs` are the samples the figure was taken from (seconds per call, at most a few dozen kept);
+    `median` is the figure itself. Results from before the protocol, or from an older agent, have
+    no median: their figure is the mean of `costs`."""
+
+    costs: list = field(default_factory=list)   # seconds per call; empty on error
     error_code: ErrorCode = ErrorCode.NO_ERROR
     error_msg: str = ""
     build_seconds: float = 0.0
     run_seconds: float = 0.0
     measured_by: str = "local"
+    median: float | None = None      # the figure: median of the clean samples
+    minimum: float | None = None
+    spread: float | None = None      # interquartile range / median of those samples
+    samples: int = 0                 # how many samples the figure is taken from
+    disturbed: bool = False          # other processes kept the kernel waiting, even after retries
+    lost_fraction: float = 0.0       # share of the kernel threads' time spent waiting for a CPU
+    host_busy: float = 0.0           # CPUs' worth of other processes' work during the timing
 
     @property
     def ok(self) -> bool:
         return self.error_code == ErrorCode.NO_ERROR
 
     @property
+    def cost(self) -> float:
+        """Seconds per call: the protocol's median, else the mean of the costs; inf on error."""
+        if not self.costs and self.median is None:
+            return float("inf")
+        if self.median is not None:
+            return self.median
+        return sum(self.costs) / len(self.costs)
+
+    @property
     def mean_cost(self) -> float:
-        return sum(self.costs) / len(self.costs) if self.costs else float("inf")
+        """The same as `cost` (the name predates the measurement protocol's median; the records
+        table's column keeps it)."""
+        return self.cost

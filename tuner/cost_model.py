@@ -39,7 +39,7 @@ def throughputs_from_results(results, flops: float = 1.0) -> np.ndarray:
     out = np.zeros(len(results))
     for i, r in enumerate(results):
         if getattr(r, "ok", False):
-            c = r.mean_cost
+            c = r.cost
             if c > 0 and math.isfinite(c):
                 out[i] = flops / c
     return out

@@ -7,9 +7,11 @@ counts the job's own records, so a job that was interrupted and resumed still me
 `trials` candidates in all.
 
 Every task measures the operator's default schedule once (the baseline). At the end the top
-`top_k` candidates and the baseline are re-measured interleaved over `retime_rounds` rounds:
-the maximum of many noisy measurements is biased upward, so those medians are what the records
-rank by, and the speed-up over the default comes from one comparable set of timings.
+`top_k` candidates are re-timed alternately with the baseline over `retime_rounds` rounds (see
+`TaskTuner._retime`): the maximum of many noisy measurements is biased upward, so those medians
+are what the records rank by, the speed-up over the default comes from one set of same-run
+timings, and a candidate that is not faster than the default beyond the noise is not called a
+speed-up (the default stays the best).
 """
 
 from __future__ import annotations
@@ -172,9 +174,9 @@ class TaskTuner:
         (res,) = self._measure([cand])
         ids = self.store.add_records(self.task, [(cand, res)], job_id=self.job_id)
         if res.ok:
-            self.result.baseline_cost = res.mean_cost
-            if res.mean_cost < self.result.best_cost:
-                self.result.best_cost, self.result.best_candidate = res.mean_cost, cand
+            self.result.baseline_cost = res.cost
+            if res.cost < self.result.best_cost:
+                self.result.best_cost, self.result.best_candidate = res.cost, cand
         self.strategy.visited.add(cand.fingerprint)
         report = BatchReport(self.task, (cand,), (res,), tuple(ids), self.result, kind="baseline")
         self.callbacks.batch(report)
@@ -187,9 +189,9 @@ class TaskTuner:
             r.trials += 1
             if not res.ok:
                 r.errors += 1
-            elif res.mean_cost < r.best_cost:
-                r.best_cost, r.best_candidate = res.mean_cost, cand
-            r.history.append((r.resumed_trials + r.trials, res.mean_cost))
+            elif res.cost < r.best_cost:
+                r.best_cost, r.best_candidate = res.cost, cand
+            r.history.append((r.resumed_trials + r.trials, res.cost))
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> TuneResult:
@@ -206,39 +208,90 @@ class TaskTuner:
         return r
 
     def _retime(self):
-        """Top-k of this task's records plus the baseline, measured round-robin `retime_rounds`
-        times (so slow minutes of a shared machine hit all of them alike); median per candidate."""
+        """Re-time the top-k of this task's records against the default schedule, alternately.
+
+        Each of `retime_rounds` rounds times D c1 D c2 ... D ck (D the default; the candidates'
+        order reversed every other round), so every candidate is timed right after the default,
+        and a slow minute of a shared machine hits both sides of a comparison. A candidate's
+        figure is the median of its rounds, the default's the median of all its timings; a
+        candidate *beats the default* only when the median of its paired ratios (the default's
+        timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
+        range of those ratios when they disagree more. The best is the fastest candidate that
+        beats the default, else the default itself (and the store ranks the others after it)."""
         records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=self.top_k + 1,
                                                   device_key=self.task.device_key)
                    if rec.candidate.kind != "default"][: self.top_k]
         cands = [rec.candidate for rec in records]
-        if self.baseline:
-            cands.append(default_candidate(self.workload_key))
-        if not cands:
+        base = default_candidate(self.workload_key)
+        if not cands and not self.baseline:
             return
-        builds = self.builder.build(self.task, cands)
-        rounds: dict = {c.fingerprint: [] for c in cands}
-        for _ in range(self.retime_rounds):
+        builds = self.builder.build(self.task, cands + ([base] if self.baseline else []))
+        cand_builds, base_build = builds[:len(cands)], (builds[-1] if self.baseline else None)
+        timed: dict = {c.fingerprint: [] for c in cands}
+        ratios: dict = {c.fingerprint: [] for c in cands}
+        base_costs: list = []
+        for rnd in range(self.retime_rounds):
             if self._stop.is_set():   # a stop during the re-measurement: keep what was measured
                 break
-            results = self.runner.run(self.task, builds)
-            for c, res in zip(cands, results):
-                if res.ok and math.isfinite(res.mean_cost):
-                    rounds[c.fingerprint].append(res.mean_cost)
-            self.callbacks.batch(BatchReport(self.task, tuple(cands), tuple(results), (), self.result, kind="retime"))
+            order = list(range(len(cands)))[:: -1 if rnd % 2 else 1]
+            seq, who = [], []
+            for i in order:
+                if base_build is not None:
+                    seq.append(base_build)
+                    who.append(None)
+                seq.append(cand_builds[i])
+                who.append(cands[i])
+            if not seq and base_build is not None:
+                seq, who = [base_build], [None]
+            results = self.runner.run(self.task, seq)
+            last_base = math.nan
+            for c, res in zip(who, results):
+                cost = res.cost if res.ok else math.nan
+                if c is None:
+                    last_base = cost
+                    if math.isfinite(cost):
+                        base_costs.append(cost)
+                elif math.isfinite(cost):
+                    timed[c.fingerprint].append(cost)
+                    if math.isfinite(last_base):
+                        ratios[c.fingerprint].append(last_base / cost)
+            self.callbacks.batch(BatchReport(self.task, tuple(base if c is None else c for c in who), tuple(results), (),
+                                             self.result, kind="retime"))
             self.callbacks.heartbeat(self)
-        costs = {fp: statistics.median(v) for fp, v in rounds.items() if v}
+        costs = {fp: statistics.median(v) for fp, v in timed.items() if v}
+        spreads = {fp: (max(v) - min(v)) / statistics.median(v) for fp, v in timed.items() if v}
+        beats = {fp: beats_default(ratios[fp]) for fp in costs} if base_costs else {}
+        if base_costs:
+            costs[base.fingerprint] = statistics.median(base_costs)
+            spreads[base.fingerprint] = (max(base_costs) - min(base_costs)) / costs[base.fingerprint]
         if not costs:
             return
-        self.store.set_retimed(self.task, costs)
+        self.store.set_retimed(self.task, costs, spreads, beats)
         r = self.result
         r.retimed = costs
-        base_fp = default_candidate(self.workload_key).fingerprint
-        if base_fp in costs:
-            r.baseline_cost = costs[base_fp]
-        best_fp = min(costs, key=costs.__getitem__)
-        r.best_cost = costs[best_fp]
-        r.best_candidate = next(c for c in cands if c.fingerprint == best_fp)
+        if base.fingerprint in costs:
+            r.baseline_cost = costs[base.fingerprint]
+        winners = [fp for fp in costs if fp != base.fingerprint and (beats.get(fp, True) if base_costs else True)]
+        if winners:
+            best_fp = min(winners, key=costs.__getitem__)
+            r.best_cost = costs[best_fp]
+            r.best_candidate = next(c for c in cands if c.fingerprint == best_fp)
+        elif base.fingerprint in costs:
+            r.best_cost, r.best_candidate = costs[base.fingerprint], base
+
+
+MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however consistent
+
+
+def beats_default(ratios: list) -> bool:
+    """Whether paired ratios (default / candidate, one per round) show the candidate faster than
+    the default beyond the noise: their median exceeds 1 by more than MIN_GAIN and by more than
+    half their range."""
+    if not ratios:
+        return False
+    med = statistics.median(ratios)
+    noise = max(MIN_GAIN, (max(ratios) - min(ratios)) / 2)
+    return med - 1.0 > noise
 
 
 def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None):

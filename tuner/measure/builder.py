@@ -94,7 +94,15 @@ def _error_code(e: BaseException) -> ErrorCode:
 
 
 def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> dict:
-    """Build one candidate (or, with cand_json None, the naive reference) in a build process."""
+    """Build one candidate (or, with cand_json None, the naive reference) in a build process,
+    holding the host's shared lock: a build never runs while a kernel is timed on this host
+    (compiler.host_lock), and its time is counted from when the host was free."""
+    from compiler import host_lock
+    with host_lock.shared():
+        return _build_now(workload, target, cand_json, custom_ctor)
+
+
+def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> dict:
     t0 = time.perf_counter()
     try:
         from compiler.runtime import build

@@ -63,9 +63,10 @@ class RPCRunner(Runner):
     """Measures on the farm's agents of one device key; same options and defaults as LocalRunner."""
 
     def __init__(self, tracker: str, device_key: str, token: str | None = None, priority: int = 0,
-                 number: int = 3, repeat: int = 3, min_repeat_ms: float = 50.0, cooldown_ms: float = 0.0,
+                 number: int = 1, repeat: int = 10, min_repeat_ms: float = 50.0, cooldown_ms: float = 0.0,
                  timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0, seed: int = 0,
-                 num_threads: int | None = None, tls_ca: str | None = None, result_timeout: float = 600.0,
+                 num_threads: int | None = None, max_repeat_ms: float = 1000.0, attempts: int = 4,
+                 tls_ca: str | None = None, result_timeout: float = 600.0,
                  connect_timeout: float = 30.0, backoff_initial: float = 0.2, backoff_max: float = 5.0):
         if number < 1 or repeat < 1:
             raise ValueError("number and repeat must be at least 1")
@@ -80,7 +81,8 @@ class RPCRunner(Runner):
         self.options = pb.MeasureOptions(number=int(number), repeat=int(repeat),
                                          min_repeat_ms=float(min_repeat_ms), cooldown_ms=float(cooldown_ms),
                                          rtol=float(rtol), atol=float(atol), seed=int(seed),
-                                         num_threads=int(num_threads or 0), timeout_seconds=float(timeout))
+                                         num_threads=int(num_threads or 0), timeout_seconds=float(timeout),
+                                         max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
@@ -147,6 +149,10 @@ class RPCRunner(Runner):
                                  build_seconds=br.build_seconds, measured_by=self._unmeasured_by)
         as_dict = {"costs": list(answer.costs), "error_code": answer.error_code,
                    "error_msg": answer.error_msg, "run_seconds": answer.run_seconds}
+        if answer.HasField("timing"):
+            t = answer.timing
+            as_dict["timing"] = {"median": t.median, "min": t.min, "spread": t.spread, "count": t.count,
+                                 "disturbed": t.disturbed, "lost_fraction": t.lost_fraction, "host_busy": t.host_busy}
         return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by)
 
     def _collect(self, requests: dict):

@@ -59,18 +59,25 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str) -> Measur
     costs = [float(c) for c in answer.get("costs", [])] if code == ErrorCode.NO_ERROR else []
     if code == ErrorCode.NO_ERROR and not costs:
         code = ErrorCode.RUNNER_ERROR
-    return MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
-                         build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
-                         measured_by=measured_by)
+    res = MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
+                        build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
+                        measured_by=measured_by)
+    timing = answer.get("timing") if code == ErrorCode.NO_ERROR else None
+    if timing:   # the measurement protocol's summary (an older agent sends none)
+        res.median, res.minimum = float(timing["median"]), float(timing["min"])
+        res.spread, res.samples = float(timing["spread"]), int(timing["count"])
+        res.disturbed, res.lost_fraction = bool(timing["disturbed"]), float(timing["lost_fraction"])
+        res.host_busy = float(timing.get("host_busy", 0.0))
+    return res
 
 
 class LocalRunner(Runner):
     """Measures on this machine, one candidate at a time (so timings do not disturb each other),
     in one worker process that is replaced when a kernel crashes or hangs."""
 
-    def __init__(self, number: int = 3, repeat: int = 3, min_repeat_ms: float = 50.0,
+    def __init__(self, number: int = 1, repeat: int = 10, min_repeat_ms: float = 50.0,
                  cooldown_ms: float = 0.0, timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0,
-                 seed: int = 0, num_threads: int | None = None):
+                 seed: int = 0, num_threads: int | None = None, max_repeat_ms: float = 1000.0, attempts: int = 4):
         if number < 1 or repeat < 1:
             raise ValueError("number and repeat must be at least 1")
         if timeout <= 0:
@@ -80,6 +87,7 @@ class LocalRunner(Runner):
         self.timeout = float(timeout)
         self.rtol, self.atol, self.seed = float(rtol), float(atol), int(seed)
         self.num_threads = num_threads
+        self.max_repeat_ms, self.attempts = float(max_repeat_ms), int(attempts)
         self.worker = WorkerProcess()
 
     def request(self, br: BuildResult) -> MeasureRequest:
@@ -88,7 +96,8 @@ class LocalRunner(Runner):
         return MeasureRequest(kernel_bytes=br.kernel_bytes, reference_bytes=br.reference_bytes,
                               num_inputs=br.num_inputs, number=self.number, repeat=self.repeat,
                               min_repeat_ms=self.min_repeat_ms, cooldown_ms=self.cooldown_ms,
-                              rtol=self.rtol, atol=self.atol, seed=self.seed, num_threads=self.num_threads)
+                              rtol=self.rtol, atol=self.atol, seed=self.seed, num_threads=self.num_threads,
+                              max_repeat_ms=self.max_repeat_ms, attempts=self.attempts)
 
     def run(self, task: Task, build_results: list) -> list:
         out = []

@@ -53,7 +53,16 @@ def record_values(task_id: int, job_id: int | None, candidate: Candidate, result
         "run_seconds": float(result.run_seconds),
         "measured_by": result.measured_by,
         "created_at": created_at,
+        **timing_values(result),
     }
+
+
+def timing_values(result: MeasureResult) -> dict:
+    """The measurement protocol's columns of a record (NULL for an error or a result without them)."""
+    has = result.ok and result.median is not None and result.minimum is not None
+    return {"min_cost": result.minimum if has else None, "cost_spread": result.spread if has else None,
+            "samples": result.samples if has else None, "disturbed": bool(result.disturbed) if has else None,
+            "lost_fraction": result.lost_fraction if has else None, "host_busy": result.host_busy if has else None}
 
 
 _ERROR_CODES = {int(code): code for code in ErrorCode}
@@ -68,7 +77,9 @@ def _error_code(value: int):
 # unpacks them in this order
 RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.candidate, RecordRow.costs,
                   RecordRow.error_code, RecordRow.error_msg, RecordRow.build_seconds, RecordRow.run_seconds,
-                  RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint)
+                  RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint,
+                  RecordRow.mean_cost, RecordRow.min_cost, RecordRow.cost_spread, RecordRow.samples,
+                  RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default)
 
 
 def to_workload(row: WorkloadRow) -> Workload:
@@ -80,12 +91,13 @@ def to_record(row, task: TaskInfo) -> Record:
     not joined into every row). The row is unpacked by position: a named attribute of a
     SQLAlchemy row costs a microsecond, a page of records reads hundreds of them."""
     (rid, _task_id, job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, retimed,
-     _fingerprint) = row
+     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default) = row
     result = MeasureResult(costs=list(costs), error_code=_error_code(code), error_msg=msg, build_seconds=build_s,
-                           run_seconds=run_s, measured_by=measured_by)
+                           run_seconds=run_s, measured_by=measured_by, median=figure, minimum=min_cost, spread=spread,
+                           samples=samples or 0, disturbed=bool(disturbed), lost_fraction=lost or 0.0, host_busy=busy or 0.0)
     return Record(workload_key=task.workload_key, workload=task.workload, target=task.target, device_key=task.device_key,
                   candidate=Candidate(candidate["kind"], candidate["payload"]), result=result,
-                  job_id=job_id, created_at=created_at, id=rid, retimed_cost=retimed)
+                  job_id=job_id, created_at=created_at, id=rid, retimed_cost=retimed, beats_default=beats_default)
 
 
 def to_line(record: Record) -> str:
@@ -99,9 +111,14 @@ def to_line(record: Record) -> str:
         "candidate": record.candidate.to_json(),
         "result": {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
                    "build_seconds": r.build_seconds, "run_seconds": r.run_seconds,
-                   "measured_by": r.measured_by},
+                   "measured_by": r.measured_by, **({"timing": _timing_json(r)} if r.ok and r.minimum is not None else {})},
         "created_at": record.created_at.isoformat(),
     }, sort_keys=True)
+
+
+def _timing_json(r: MeasureResult) -> dict:
+    return {"median": r.median, "min": r.minimum, "spread": r.spread, "count": r.samples, "disturbed": r.disturbed,
+            "lost_fraction": r.lost_fraction, "host_busy": r.host_busy}
 
 
 def from_line(line: str, lineno: int) -> Record:
@@ -159,6 +176,16 @@ def _from_obj(d) -> Record:
                            build_seconds=float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
                            run_seconds=float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
                            measured_by=_check(res.get("measured_by", "unknown"), str, "result.measured_by"))
+    timing = res.get("timing")
+    if timing is not None and result.ok:   # the measurement protocol's summary (absent in older lines)
+        _check(timing, dict, "result.timing")
+        result.median = float(_check(timing["median"], Real, "result.timing.median"))
+        result.minimum = float(_check(timing["min"], Real, "result.timing.min"))
+        result.spread = float(_check(timing["spread"], Real, "result.timing.spread"))
+        result.samples = _check(timing["count"], int, "result.timing.count")
+        result.disturbed = _check(timing["disturbed"], bool, "result.timing.disturbed")
+        result.lost_fraction = float(_check(timing["lost_fraction"], Real, "result.timing.lost_fraction"))
+        result.host_busy = float(_check(timing.get("host_busy", 0.0), Real, "result.timing.host_busy"))
     created = d.get("created_at")
     created_at = datetime.fromisoformat(_check(created, str, "created_at")) if created is not None else utcnow()
     if created_at.tzinfo is None:

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -141,6 +142,8 @@ class JobTaskRow(Base):
     trials: Mapped[int] = mapped_column(Integer, server_default="0")
     batches: Mapped[int] = mapped_column(Integer, server_default="0")
     errors: Mapped[int] = mapped_column(Integer, server_default="0")     # failed measurements
+    timings: Mapped[int] = mapped_column(Integer, server_default="0")    # valid timings (search, baseline, re-measurement)
+    disturbed_timings: Mapped[int] = mapped_column(Integer, server_default="0")  # of them, disturbed after retries
     best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_record_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     baseline_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -174,8 +177,10 @@ class TokenRow(Base):
 
 
 class RecordRow(Base):
-    """One measured candidate. `mean_cost` is NULL for an error record, so ordering by it and
-    filtering `IS NOT NULL` is how the best valid records are found on any back-end."""
+    """One measured candidate. `mean_cost` is the record's figure in seconds: the measurement
+    protocol's median (compiler/timing.py; records from before it hold the mean of their
+    repeats, hence the name). It is NULL for an error record, so ordering by it and filtering
+    `IS NOT NULL` is how the best valid records are found on any back-end."""
 
     __tablename__ = "records"
     __table_args__ = (
@@ -202,6 +207,17 @@ class RecordRow(Base):
     # median cost of the interleaved re-measurement at the end of a run (top candidates only)
     retimed_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     retimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # the measurement protocol's summary (NULL: a record from before it, or an error)
+    min_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cost_spread: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    disturbed: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    lost_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    host_busy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the re-measurement's spread of per-round figures, and whether it beat the default beyond the
+    # noise (NULL: the default itself, or not re-measured); False ranks after the default
+    retimed_spread: Mapped[float | None] = mapped_column(Float, nullable=True)
+    beats_default: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class AgentRow(Base):

@@ -44,7 +44,8 @@ class RecordsStore(ABC):
     def add_records(self, task: Task, measured: Iterable[tuple[Candidate, MeasureResult]],
                     job_id: int | None = None) -> list[int]: ...
     @abstractmethod
-    def set_retimed(self, task: Task, costs: dict[str, float]) -> int: ...
+    def set_retimed(self, task: Task, costs: dict[str, float], spreads: dict[str, float] | None = None,
+                    beats_default: dict[str, bool] | None = None) -> int: ...
     @abstractmethod
     def measured_fingerprints(self, task: Task) -> set[str]: ...
     @abstractmethod
@@ -165,18 +166,24 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                    for cand, res in measured]
         return [i for i in ids if i is not None]
 
-    def set_retimed(self, task, costs) -> int:
-        """Store re-measured costs (fingerprint -> seconds) of records of `task`; returns how
-        many records were updated. One transaction: all of a re-measurement round or none."""
+    def set_retimed(self, task, costs, spreads=None, beats_default=None) -> int:
+        """Store re-measured costs (fingerprint -> seconds) of records of `task`, with the spread
+        of their per-round figures and whether each beat the default beyond the noise (absent:
+        NULL, as for the default itself); returns how many records were updated. One
+        transaction: all of a re-measurement or none."""
         now = utcnow()
+        spreads, beats_default = spreads or {}, beats_default or {}
         with self._session(write=True) as s:
             task_id = self._find_task_id(s, task)
             if task_id is None:
                 return 0
             n = 0
             for fp, cost in costs.items():
+                spread, beats = spreads.get(fp), beats_default.get(fp)
                 n += s.execute(update(RecordRow).where(RecordRow.task_id == task_id, RecordRow.fingerprint == fp)
-                               .values(retimed_cost=float(cost), retimed_at=now)).rowcount
+                               .values(retimed_cost=float(cost), retimed_at=now,
+                                       retimed_spread=None if spread is None else float(spread),
+                                       beats_default=None if beats is None else bool(beats))).rowcount
             return n
 
     def measured_fingerprints(self, task) -> set[str]:
@@ -231,7 +238,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                     params["fingerprint"] = fingerprint
                 rows += conn.execute(_best_of_task(fingerprint is not None), params).all()
             # a re-measured record first, by its re-measured cost; then by mean; ties by id
-            rows.sort(key=lambda r: (r.retimed_cost is None, r.mean_cost if r.retimed_cost is None else r.retimed_cost, r.id))
+            rows.sort(key=_best_order)
             return self._to_records(s, [r[:len(codec.RECORD_COLUMNS)] for r in rows[:k]])
 
     def history(self, target=None, workload_key=None, limit=None) -> list[Record]:
@@ -535,7 +542,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         from ..space.base import default_candidate
         # mean_cost is NULL for every failed measurement (codec.mean_cost_column), so no error_code
         # test: an equality on it would tempt a planner into the (error_code, id) index instead
-        best_retimed = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.retimed_cost.is_not(None),
+        best_retimed = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, _verified(),
                                                    RecordRow.mean_cost.is_not(None))
                         .order_by(RecordRow.retimed_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
         best_mean = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None))
@@ -607,6 +614,21 @@ def _tasks_of(by_device_key: bool):
     return stmt.order_by(TaskRow.id)
 
 
+def _best_order(r):
+    """best()'s order: verified re-measured records by re-measured cost, then the rest by figure."""
+    verified = r.retimed_cost is not None and r.beats_default is not False
+    return (not verified, r.retimed_cost if verified else r.mean_cost, r.id)
+
+
+def _verified(yes: bool = True):
+    """Records whose re-measured cost ranks them (yes) or not: re-measured, and not found slower
+    than the default beyond the noise (beats_default False ranks by the tuning-time figure,
+    after every verified record, so apply-best builds the default instead)."""
+    if yes:
+        return (RecordRow.retimed_cost.is_not(None)) & (RecordRow.beats_default.is_not(False))
+    return (RecordRow.retimed_cost.is_(None)) | (RecordRow.beats_default.is_(False))
+
+
 @functools.lru_cache(maxsize=2)
 def _best_of_task(by_fingerprint: bool):
     """A task's `limit` best valid records as best() ranks them, as rows of RECORD_COLUMNS plus
@@ -617,9 +639,9 @@ def _best_of_task(by_fingerprint: bool):
     equality on it tempts a planner into the (error_code, id) index."""
     def ranked(retimed: bool):
         cost = RecordRow.retimed_cost if retimed else RecordRow.mean_cost
-        stmt = (select(*codec.RECORD_COLUMNS, RecordRow.mean_cost)
+        stmt = (select(*codec.RECORD_COLUMNS)
                 .where(RecordRow.task_id == bindparam("task_id"), RecordRow.mean_cost.is_not(None),
-                       RecordRow.retimed_cost.is_not(None) if retimed else RecordRow.retimed_cost.is_(None)))
+                       _verified(retimed)))
         if by_fingerprint:
             stmt = stmt.where(RecordRow.fingerprint == bindparam("fingerprint"))
         # each part a subquery: SQLite allows no ORDER BY / LIMIT on a bare member of a UNION

@@ -63,6 +63,7 @@ class Record:
     created_at: datetime = field(default_factory=utcnow)
     id: int | None = None
     retimed_cost: float | None = None  # median of the end-of-run re-measurement, if it had one
+    beats_default: bool | None = None  # that re-measurement found it faster than the default beyond the noise
 
     @property
     def cost(self) -> float:

@@ -34,7 +34,7 @@ def throughput(result: MeasureResult) -> float:
     """1 / mean cost of a successful measurement, 0 for a failed one (higher = better)."""
     if not result.ok:
         return 0.0
-    c = result.mean_cost
+    c = result.cost
     return 1.0 / c if c > 0 and math.isfinite(c) else 0.0
 
 
@@ -83,8 +83,8 @@ class Strategy(ABC):
         for c, r in zip(candidates, results):
             self.visited.add(c.fingerprint)
             self.history.append((c, r))
-            if r.ok and r.mean_cost < self.best_cost:
-                self.best_cost, self.best_candidate = r.mean_cost, c
+            if r.ok and r.cost < self.best_cost:
+                self.best_cost, self.best_candidate = r.cost, c
         self._learn(candidates, results)
 
     def has_next(self) -> bool:
@@ -163,8 +163,8 @@ class EarlyStopping:
         """Count the results of one batch; True when the search should stop."""
         for r in results:
             self.trials += 1
-            if r.ok and r.mean_cost < self.best_cost * (1.0 - self.min_delta):
-                self.best_cost = r.mean_cost
+            if r.ok and r.cost < self.best_cost * (1.0 - self.min_delta):
+                self.best_cost = r.cost
                 self.best_trial = self.trials
         return self.should_stop
 

@@ -56,12 +56,15 @@ class WorkloadSpec(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How candidates are timed (the measuring worker's or the agent's settings)."""
+    """How candidates are timed (the measurement protocol's settings, compiler/timing.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    number: int = Field(3, ge=1, le=1000, description="runs per timing")
-    repeat: int = Field(3, ge=1, le=100, description="timings per candidate")
-    min_repeat_ms: float = Field(50.0, ge=0, le=10_000)
+    number: int = Field(1, ge=1, le=1000, description="calls per timing sample at least (more when a call is short)")
+    repeat: int = Field(10, ge=1, le=100, description="clean samples a figure needs at least")
+    min_repeat_ms: float = Field(50.0, ge=0, le=10_000, description="sampling time per attempt at least")
+    max_repeat_ms: float = Field(1000.0, ge=1, le=60_000,
+                                 description="sampling time per attempt at most (sampling stops earlier once the median is stable)")
+    attempts: int = Field(4, ge=1, le=10, description="tries, with back-off, when other processes keep the kernel waiting")
     timeout: float = Field(10.0, gt=0, le=600, description="seconds before a run is a timeout")
     build_timeout: float = Field(20.0, gt=0, le=600, description="seconds before a build is a timeout")
 

@@ -187,16 +187,18 @@ class _JobRun:
             from compiler.kernel_format import check_runnable
             from compiler.target import resolve_target
             check_runnable(resolve_target(self.job.target))   # KernelLoadError: this host cannot run it
-            settings = (m.number, m.repeat, m.min_repeat_ms, m.timeout)
+            settings = (m.number, m.repeat, m.min_repeat_ms, m.max_repeat_ms, m.attempts, m.timeout)
             runner = w.machinery("runner", settings, lambda: LocalRunner(number=m.number, repeat=m.repeat,
                                                                          min_repeat_ms=m.min_repeat_ms,
-                                                                         timeout=m.timeout))
+                                                                         max_repeat_ms=m.max_repeat_ms,
+                                                                         attempts=m.attempts, timeout=m.timeout))
         else:
             if w.tracker is None:
                 raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
                                    "worker has no tracker (tunefarm worker --tracker HOST:PORT)")
             runner = RPCRunner(w.tracker, self.job.device_key, token=w.tracker_token, tls_ca=w.tls_ca,
-                               number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms, timeout=m.timeout)
+                               number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms,
+                               max_repeat_ms=m.max_repeat_ms, attempts=m.attempts, timeout=m.timeout)
             owned.callback(runner.close)
         return builder, runner
 

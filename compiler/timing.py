@@ -1,0 +1,306 @@
+"""The measurement protocol: how every tunefarm timing of a kernel is taken.
+
+The local runner, the device agents, the baseline, the end-of-run re-measurement and the
+benchmarks all time kernels through `time_samples`, so a figure means the same thing wherever
+it was measured. What it does, and why:
+
+- **Samples, not means.** A timing is many short samples (one call, or as few calls as make a
+  sample at least `min_sample_s` long), each timed on its own. A mean over many calls lets one
+  call that waited behind another process's time slice (milliseconds, against a kernel of 0.1
+  ms) decide the figure; the median of samples does not.
+- **Each sample knows what it lost.** Linux keeps, per thread, the time it spent runnable but
+  waiting for a CPU (`/proc/self/task/<tid>/schedstat`, second field). Summed over the threads of
+  this process (the calling thread and the OpenMP team) before and after a sample, that is what
+  the kernel lost to other processes during it. A sample that lost more than a small floor is
+  *disturbed*; the figure is the median of the clean samples.
+- **Disturbed timings are retried, then flagged.** When too few samples are clean, the timing
+  backs off (sleeps, doubling) and samples again. If the host stays busy, the result says so:
+  `disturbed` is set and `lost_fraction` is the share of the kernel threads' time lost to
+  waiting. A figure from a busy host is never presented as a clean one.
+- **Repeats adapt.** Sampling goes on until the median of the clean samples is stable (its
+  estimated relative standard error under `target_rel_err`), within `min_seconds` ..
+  `max_seconds` and `min_samples` .. `max_samples`.
+- **How busy the host was** (`host_busy`): CPUs' worth of time other processes used during the
+  timing (from /proc/stat minus this process's own CPU time), for people and records.
+
+Where /proc is missing (not Linux), samples cannot be checked: every sample counts as clean and
+`checked` is False.
+
+**The measuring process** (`prepare_timing_process`, called first thing by the measuring worker
+that the local runner and the device agent start): it asks for a higher scheduling priority
+(nice MEASURE_NICE) where the OS allows it (root, or CAP_SYS_NICE, or RLIMIT_NICE). It runs
+kernels only while holding the host's timing lock, so the priority takes nothing from
+tunefarm's own work; against another program on a core it decides who runs: with it, a timing
+with one core held by a busy loop lost ~3 % to waiting and every one of 12 candidates came out
+within the quiet figure's noise (ranks 0.97 Spearman); without it, ~25 %. That decides the
+OpenMP wait policy too (libgomp reads it when it loads, so it is set before): with the priority,
+libgomp's own spin-then-sleep default keeps the team hot between the back-to-back calls of a
+timing; without it, a thread that spins holds a core the thread that has work needs, which is how
+one busy core made parallel kernels 25-150x slower, so the spin is cut short (GOMP_SPINCOUNT
+SHORT_SPIN, a fraction of a millisecond) and a busy core costs about 2x. A value the user set in
+the environment is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+_TASK_DIR = "/proc/self/task"
+
+MEASURE_NICE = -10          # the measuring process's priority, where the OS allows it
+SHORT_SPIN = "10000"        # libgomp spin iterations before a waiting thread sleeps, without it
+
+
+def prepare_timing_process() -> dict:
+    """Priority and OpenMP wait policy of a process that times kernels; call before libgomp
+    loads (before compiler.runtime.initialize). Returns what it set, for logs and tests."""
+    raised = False
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, MEASURE_NICE)   # this thread; threads started later inherit it
+        raised = True
+    except (OSError, AttributeError):
+        pass
+    if not raised and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = SHORT_SPIN
+    return {"nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None,
+            "raised": raised, "spin": os.environ.get("GOMP_SPINCOUNT")}
+
+
+class ThreadWaitClock:
+    """Run-queue wait (ns) summed over this process's threads, read cheaply many times.
+
+    The schedstat files stay open (a read at offset 0 regenerates their text); `refresh()` picks
+    up threads created since (the OpenMP team appears on the first parallel call)."""
+
+    def __init__(self):
+        self._fds: dict[str, int] = {}
+        self.available = os.path.isdir(_TASK_DIR)
+        self.refresh()
+
+    def refresh(self) -> None:
+        if not self.available:
+            return
+        try:
+            tids = set(os.listdir(_TASK_DIR))
+        except OSError:
+            self.available = False
+            return
+        for tid in list(self._fds):
+            if tid not in tids:
+                os.close(self._fds.pop(tid))
+        for tid in tids - set(self._fds):
+            try:
+                self._fds[tid] = os.open(f"{_TASK_DIR}/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                continue
+        if not self._fds:
+            self.available = False
+
+    @property
+    def threads(self) -> int:
+        return len(self._fds)
+
+    def wait_ns(self) -> int:
+        """Total run-queue wait of the threads seen so far (0 when unavailable)."""
+        total = 0
+        for tid, fd in list(self._fds.items()):
+            try:
+                fields_ = os.pread(fd, 96, 0).split()
+                total += int(fields_[1])
+            except (OSError, IndexError, ValueError):
+                os.close(self._fds.pop(tid))  # the thread ended
+        return total
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy seconds of the whole host, CPU seconds of this process) or None without /proc."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()[1:]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    values = [int(v) for v in parts]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)   # idle + iowait
+    busy = sum(values[:8]) - idle                              # user..steal, not guest (counted in user)
+    return busy / ticks, (int(own[11]) + int(own[12])) / ticks  # utime + stime of all threads
+
+
+@dataclass
+class TimingOptions:
+    """How long and how carefully to time; the defaults suit kernels of 10 µs .. 100 ms."""
+
+    min_samples: int = 10          # clean samples the figure needs at least
+    max_samples: int = 400
+    min_seconds: float = 0.05      # of sampling per attempt
+    max_seconds: float = 1.0       # per attempt (a slow kernel still gets min_samples)
+    min_sample_s: float = 100e-6   # calls are batched until a sample is at least this long
+    min_calls: int = 1             # calls per sample at least
+    target_rel_err: float = 0.005  # stop once the median's estimated relative error is below this
+    clean_floor_s: float = 5e-6    # run-queue wait a clean sample may have (wake-up latency) ...
+    clean_share: float = 0.01      # ... or this share of its duration, whichever is larger
+    attempts: int = 4              # tries in all when too few samples are clean
+    backoff_s: float = 0.05        # first back-off; doubles per retry
+    disturbed_lost: float = 0.02   # a timing whose threads lost more than this share is disturbed
+
+    def check(self) -> "TimingOptions":
+        if self.min_samples < 1 or self.max_samples < self.min_samples:
+            raise ValueError("need 1 <= min_samples <= max_samples")
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if not (0 <= self.min_seconds <= self.max_seconds) or self.max_seconds <= 0:
+            raise ValueError("need 0 <= min_seconds <= max_seconds and max_seconds > 0")
+        return self
+
+
+@dataclass
+class Timing:
+    """What one timing found. Costs are seconds per call."""
+
+    median: float                  # of the samples the figure is taken from (clean ones when enough)
+    minimum: float
+    spread: float                  # interquartile range / median of those samples
+    count: int                     # samples the figure is taken from
+    samples: list = field(default_factory=list)   # every sample of the last attempt (s per call)
+    basis: list = field(default_factory=list)     # the samples the figure is taken from
+    calls_per_sample: int = 1
+    disturbed: bool = False        # the host kept the kernel's threads waiting, even after retries
+    lost_fraction: float = 0.0     # share of the threads' sampled time spent waiting for a CPU
+    clean_fraction: float = 1.0    # share of the last attempt's samples that lost nothing
+    host_busy: float = 0.0         # CPUs' worth of other processes' work during the timing
+    attempts: int = 1
+    checked: bool = True           # False: no /proc, samples could not be checked
+    seconds: float = 0.0           # wall time the timing took, back-offs included
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "min": self.minimum, "spread": self.spread, "count": self.count,
+                "calls_per_sample": self.calls_per_sample, "disturbed": self.disturbed,
+                "lost_fraction": self.lost_fraction, "clean_fraction": self.clean_fraction,
+                "host_busy": self.host_busy, "attempts": self.attempts, "checked": self.checked}
+
+
+def median_rel_err(values: list) -> float:
+    """Estimated relative standard error of the median (normal approximation, scale from the MAD)."""
+    n = len(values)
+    if n < 3:
+        return math.inf
+    med = statistics.median(values)
+    if med <= 0:
+        return math.inf
+    mad = statistics.median(abs(v - med) for v in values)
+    return 1.2533 * 1.4826 * mad / math.sqrt(n) / med
+
+
+def _summary(values: list) -> tuple[float, float, float]:
+    med = statistics.median(values)
+    if len(values) >= 4:
+        q = statistics.quantiles(values, n=4)
+        spread = (q[2] - q[0]) / med if med > 0 else 0.0
+    else:
+        spread = (max(values) - min(values)) / med if med > 0 else 0.0
+    return med, min(values), spread
+
+
+def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadWaitClock | None = None,
+                 sleep=time.sleep) -> Timing:
+    """Time `run_batch(n)` (runs the kernel n times; returns nothing) by the protocol above.
+
+    The caller has warmed the kernel up (one call at least). `run_batch` may raise; the timing
+    stops with it."""
+    opts = (options or TimingOptions()).check()
+    own_clock = clock is None
+    clock = clock or ThreadWaitClock()
+    started = time.perf_counter()
+    cpu0 = _cpu_times()
+    try:
+        n = _calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
+        clean_all: list = []
+        for attempt in range(opts.attempts):
+            clock.refresh()
+            threads = max(1, clock.threads)
+            samples, clean, lost_ns, wall = _sample(run_batch, n, opts, clock)
+            lost_fraction = min(1.0, lost_ns / 1e9 / (wall * threads)) if wall > 0 else 0.0
+            clean_all.extend(clean)
+            if not clock.available:
+                break
+            quiet = lost_fraction <= opts.disturbed_lost and len(clean) >= opts.min_samples
+            if quiet or attempt == opts.attempts - 1:
+                break
+            sleep(opts.backoff_s * 2 ** attempt)
+        clean_fraction = len(clean) / len(samples) if samples else 0.0
+        use_clean = len(clean_all) >= opts.min_samples
+        basis = clean_all if use_clean else samples
+        med, mn, spread = _summary(basis)
+        # judged on the last attempt: a moment of load that a retry got past is not a disturbance
+        disturbed = clock.available and (lost_fraction > opts.disturbed_lost or not use_clean)
+        cpu1 = _cpu_times()
+        elapsed = time.perf_counter() - started
+        host_busy = 0.0
+        if cpu0 is not None and cpu1 is not None and elapsed > 0:
+            host_busy = max(0.0, ((cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / elapsed)
+        return Timing(median=med, minimum=mn, spread=spread, count=len(basis), samples=samples, basis=list(basis),
+                      calls_per_sample=n, disturbed=bool(disturbed), lost_fraction=lost_fraction,
+                      clean_fraction=clean_fraction, host_busy=host_busy, attempts=attempt + 1,
+                      checked=clock.available, seconds=elapsed)
+    finally:
+        if own_clock:
+            clock.close()
+
+
+def _calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int:
+    """Calls per sample so a sample lasts at least `min_sample_s` (timer resolution and the
+    call's own overhead stay far below the kernel's time)."""
+    n = max(1, int(min_calls))
+    while True:
+        t0 = time.perf_counter()
+        run_batch(n)
+        dt = time.perf_counter() - t0
+        if dt >= min_sample_s or n >= 1 << 20:
+            return n
+        n = max(n * 2, int(n * min_sample_s * 1.2 / max(dt, 1e-9)))
+
+
+def _sample(run_batch, n: int, opts: TimingOptions, clock: ThreadWaitClock):
+    """One attempt: samples (s per call), the clean ones, run-queue wait (ns) and wall seconds."""
+    samples: list = []
+    clean: list = []
+    lost_ns = 0
+    t_start = time.perf_counter()
+    perf = time.perf_counter
+    while True:
+        w0 = clock.wait_ns()
+        t0 = perf()
+        run_batch(n)
+        t1 = perf()
+        waited = clock.wait_ns() - w0
+        dt = t1 - t0
+        samples.append(dt / n)
+        lost_ns += waited
+        if waited <= max(opts.clean_floor_s, opts.clean_share * dt) * 1e9:
+            clean.append(dt / n)
+        elapsed = t1 - t_start
+        if len(samples) >= opts.max_samples or (elapsed >= opts.max_seconds and len(samples) >= opts.min_samples):
+            break
+        if elapsed >= opts.min_seconds and len(clean) >= opts.min_samples \
+                and median_rel_err(clean) <= opts.target_rel_err:
+            break
+        if elapsed >= opts.max_seconds * 4:   # a kernel so slow that min_samples take too long
+            break
+    return samples, clean, lost_ns, perf() - t_start
