@@ -91,11 +91,11 @@ def shared():
     """Hold the host's shared side for a build or a search step (waits while a timing runs)."""
     if _depth("shared") or _depth("exclusive"):
         # nested work inside a timing or a build of this thread: it already holds the host
-        setattr(_state, "shared", _depth("shared") + 1)
+        _state.shared = _depth("shared") + 1
         try:
             yield
         finally:
-            setattr(_state, "shared", _depth("shared") - 1)
+            _state.shared = _depth("shared") - 1
         return
     gate, main = _open("tunefarm-host.gate"), _open("tunefarm-host.lock")
     try:

@@ -7,7 +7,7 @@ depthwise convolution and pooling, and so on. They compute in the operator's own
 `OpDef.reference` functions compute in float64 to be exact, which would make a slow baseline).
 
 `numpy_baseline(opdef)` returns a function taking the kernel's input arrays, in kernel order,
-and returning the output; `time_callable` times it the way `Kernel.time_evaluator` times a
+and returning the output; `time_callable` times it the way `Kernel.measure` times a
 kernel, so the two numbers are comparable. The CLI (`tunefarm ops`) and the benchmarks in
 bench/ share this module.
 """
@@ -15,12 +15,9 @@ bench/ share this module.
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable
 
 import numpy as np
-
-from compiler.runtime import TimingResult
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -314,21 +311,19 @@ def numpy_baseline(opdef) -> Callable[..., np.ndarray]:
     return make(opdef.params)
 
 
-def time_callable(fn: Callable, args, repeat: int = 5, min_repeat_ms: float = 0.0) -> TimingResult:
-    """Time `fn(*args)` like `Kernel.time_evaluator`: one warm-up call, then `repeat`
-    measurements, each the mean of as many calls as make it last at least `min_repeat_ms`."""
+def time_callable(fn: Callable, args, repeat: int = 10, min_repeat_ms: float = 50.0):
+    """Time `fn(*args)` by tunefarm's measurement protocol (compiler/timing.py: the same samples,
+    checks and host lock as a kernel's `Kernel.measure`), after one warm-up call: at least
+    `repeat` clean samples over at least `min_repeat_ms`. Returns a compiler.timing.Timing."""
+    from compiler import host_lock
+    from compiler.timing import TimingOptions, time_samples
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
     fn(*args)
-    n, results = 1, []
-    for _ in range(repeat):
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn(*args)
-            dt = time.perf_counter() - t0
-            if min_repeat_ms <= 0 or dt * 1000.0 >= min_repeat_ms:
-                break
-            n = max(n * 2, int(n * min_repeat_ms / max(dt * 1000.0, 1e-3) * 1.2))
-        results.append(dt / n)
-    return TimingResult(results)
+
+    def run_batch(n):
+        for _ in range(n):
+            fn(*args)
+
+    with host_lock.exclusive():
+        return time_samples(run_batch, TimingOptions(min_samples=repeat, min_seconds=min_repeat_ms / 1000.0))

@@ -58,6 +58,7 @@ def _run_one(name, params, target, repeat, min_repeat_ms, rng):
     """Build, check and time one operator; returns a result row (a dict)."""
     from compiler.errors import CompilerError
     from compiler.ops import build_op, random_inputs  # build_op: lazily, default schedules live there
+    from compiler.timing import TimingOptions
 
     from ..numpy_baselines import numpy_baseline, time_callable
 
@@ -76,7 +77,8 @@ def _run_one(name, params, target, repeat, min_repeat_ms, rng):
         if not row["ok"]:
             row["note"] = why
 
-        t_ours = kernel.time_evaluator(number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*inputs, out).median
+        t_ours = kernel.measure(*inputs, out, options=TimingOptions(min_samples=repeat,
+                                                                    min_seconds=min_repeat_ms / 1000.0)).median
         baseline = numpy_baseline(opdef)
         t_np = time_callable(baseline, inputs, repeat=repeat, min_repeat_ms=min_repeat_ms).median
     except CompilerError as e:

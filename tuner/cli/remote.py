@@ -149,8 +149,20 @@ def _print_job(job: dict) -> None:
         print(f"  [{t['position']}] {t['workload']['name']} (weight {t['weight']:g}): {t['trials']} trials, best "
               f"{_fmt(t['best_gflops'])} GFLOPS, default {_fmt(base)} GFLOPS, {_fmt(t['speedup'], '.2f')}x over "
               "the default")
+    busy = busy_machine_note(job["tasks"])
+    if busy:
+        print(f"  {busy}")
     if job.get("error"):
         print(f"  error: {job['error']}")
+
+
+def busy_machine_note(tasks: list) -> str:
+    """A plain warning when a job's figures were measured on a busy machine ('' when quiet)."""
+    worst = max((t.get("disturbed_fraction") or 0.0 for t in tasks), default=0.0)
+    if worst <= 0:
+        return ""
+    return (f"measured on a busy machine: up to {100 * worst:.0f} % of a task's timings were disturbed by other "
+            "processes even after retries; re-run on a quiet machine before trusting these figures")
 
 
 def _print_update(job: dict, events: list) -> None:

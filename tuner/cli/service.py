@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +39,9 @@ def cmd_worker(args) -> int:
         raise UsageError(f"--lease must be at least 3 seconds, got {args.lease}")
     if not 0 <= args.nice <= 19:
         raise UsageError(f"--nice must be 0..19 (a lower priority), got {args.nice}")
+    if args.exit_with_parent is not None:
+        from ..service.lifeline import exit_with_parent
+        exit_with_parent(args.exit_with_parent)     # first: a serve that died while this started is not missed
     if args.nice:
         os.nice(args.nice)      # before any build or measuring process starts: they inherit it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -132,9 +136,15 @@ def _spawn_worker(url: str, args, n: int) -> subprocess.Popen:
     """A local job worker as its own process: tuning never runs in the API process. It shares
     this host with the API, so it runs at a lower priority (LOCAL_WORKER_NICENESS): a page of
     the dashboard is answered first and the tuning takes every cycle the API leaves
-    (bench/service_load.py: read p99 under load went from 90-155 ms to 40-80 ms)."""
-    cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", f"serve-{os.getpid()}-{n}",
-           "--nice", str(LOCAL_WORKER_NICENESS)]
+    (bench/service_load.py: read p99 under load went from 90-155 ms to 40-80 ms).
+
+    It dies with this process, however this one dies (--exit-with-parent; call this from the
+    main thread: the kernel's parent-death signal follows the thread that started the child), and
+    is named `serve-N@host:pid` after this process, so the next serve on this host sees that the
+    owner of a job left running is gone and takes the job back at once, not a lease later."""
+    name = f"serve-{n}@{socket.gethostname()}:{os.getpid()}"
+    cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", url, "--name", name,
+           "--nice", str(LOCAL_WORKER_NICENESS), "--exit-with-parent", str(os.getpid())]
     if args.tracker:
         cmd += ["--tracker", args.tracker]
     env = dict(os.environ)
@@ -227,6 +237,9 @@ def register(sub) -> None:
     p.add_argument("--nice", type=int, default=0, metavar="N",
                    help="run at this lower priority (0..19), builds and measurements too: on a host shared with the "
                         "API (tunefarm serve starts its local workers at 5)")
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="exit at once when process PID (the one starting this worker) ends, however it ends; "
+                        "tunefarm serve starts its local workers so")
     p.set_defaults(func=cmd_worker)
 
     db = sub.add_parser("db", help="the records database's schema")

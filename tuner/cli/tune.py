@@ -80,6 +80,7 @@ def cmd_tune(args) -> int:
     if args.trials < 0:
         raise UsageError(f"--trials must be >= 0, got {args.trials}")
     entries, target = _tasks_from_args(args)
+    _check_runs_here(args, target)
     store = open_store(args.db)
     progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
     runner = _farm_runner(args)
@@ -123,7 +124,24 @@ def _summarize(task, opdef, weight, result, several: bool) -> int:
         return EXIT_FAIL
     print(f"{label}: best {result.best_gflops:.3g} GFLOPS, {result.speedup_over_default:.2f}x over the default "
           f"schedule ({result.baseline_gflops:.3g} GFLOPS; both re-measured together)")
+    if result.disturbed_timings:
+        print(f"{label}: measured on a busy machine: {100 * result.disturbed_fraction:.0f} % of the timings were "
+              "disturbed by other processes even after retries; re-run on a quiet machine before trusting these figures")
     return EXIT_OK
+
+
+def _check_runs_here(args, target) -> None:
+    """UsageError when candidates are measured here (no --tracker) and this machine cannot run `target`:
+    otherwise every candidate is built, fails to load and is stored as an error record."""
+    if args.tracker:
+        return
+    from compiler.errors import CompilerError
+    from compiler.kernel_format import check_runnable
+    try:
+        check_runnable(target)
+    except CompilerError as e:
+        raise UsageError(f"this machine cannot run --target '{target}': {e}. Leave --target out to tune for this "
+                         "machine, or measure on agents that can run it (--tracker HOST:PORT --key KEY)") from None
 
 
 def _farm_runner(args):
@@ -140,6 +158,7 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     """Build with apply-best, check against the reference, time beside numpy (same run)."""
     from compiler.ops import build_op
     from compiler.ops.base import random_inputs
+    from compiler.timing import TimingOptions
 
     from ..apply_best import ApplyHistoryBest
     from ..numpy_baselines import NUMPY_BASELINES, numpy_baseline, time_callable
@@ -150,7 +169,7 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     out = poisoned_output(opdef.output)
     kernel(*ins, out)
     ok, why = check_output(out, opdef.reference(*ins), opdef.output.dtype)
-    ours = kernel.time_evaluator(number=1, repeat=repeat, min_repeat_ms=50)(*ins, out).median
+    ours = kernel.measure(*ins, out, options=TimingOptions(min_samples=repeat)).median
     gf = lambda t: opdef.flops / t / 1e9  # noqa: E731
     check = "OK" if ok else "FAIL: " + why
     if opdef.name not in NUMPY_BASELINES:  # a user's own compute: nothing to hold it against
@@ -158,7 +177,7 @@ def _report_best(store, opdef, target, repeat: int) -> int:
         return EXIT_OK if ok else EXIT_FAIL
     ref_fn = numpy_baseline(opdef)
     time.sleep(0.2)  # let our idle libgomp threads stop spinning before numpy's threads start
-    theirs = time_callable(lambda *a: ref_fn(*a), ins, repeat=repeat, min_repeat_ms=50).median
+    theirs = time_callable(lambda *a: ref_fn(*a), ins, repeat=repeat).median
     print(f"tuned kernel: {gf(ours):.3g} GFLOPS   numpy: {gf(theirs):.3g} GFLOPS   "
           f"ratio {theirs / ours:.2f}x   check {check}")
     return EXIT_OK if ok else EXIT_FAIL

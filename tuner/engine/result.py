@@ -22,6 +22,12 @@ class TuneResult:
     stopped: bool = False           # ended by a stop request
     exhausted: bool = False         # the space (or early stopping) had nothing more to offer
     history: list = field(default_factory=list)  # (trial index, cost or inf) in measuring order
+    timings: int = 0                # valid timings of this run (baseline, search, re-timing)
+    disturbed_timings: int = 0      # of them, disturbed by other processes even after retries
+
+    @property
+    def disturbed_fraction(self) -> float:
+        return self.disturbed_timings / self.timings if self.timings else 0.0
 
     @property
     def best_gflops(self) -> float:

@@ -163,7 +163,14 @@ class TaskTuner:
         return report
 
     def _measure(self, candidates) -> list[MeasureResult]:
-        return self.runner.run(self.task, self.builder.build(self.task, candidates))
+        return self._count(self.runner.run(self.task, self.builder.build(self.task, candidates)))
+
+    def _count(self, results: list) -> list:
+        """Note how many valid timings the run took and how many of them were disturbed."""
+        valid = [r for r in results if r.ok]
+        self.result.timings += len(valid)
+        self.result.disturbed_timings += sum(r.disturbed for r in valid)
+        return results
 
     def ensure_baseline(self) -> BatchReport | None:
         """Measure the default schedule if this task has no record of it (None otherwise)."""
@@ -243,7 +250,7 @@ class TaskTuner:
                 who.append(cands[i])
             if not seq and base_build is not None:
                 seq, who = [base_build], [None]
-            results = self.runner.run(self.task, seq)
+            results = self._count(self.runner.run(self.task, seq))
             last_base = math.nan
             for c, res in zip(who, results):
                 cost = res.cost if res.ok else math.nan

@@ -14,7 +14,9 @@ from the claiming worker's clock; hosts of one farm are expected to keep time (N
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import os
+import socket
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -30,7 +32,7 @@ _JOB_ERRORS = (select(func.count(RecordRow.id)).where(RecordRow.job_id == JobRow
                .correlate(JobRow).scalar_subquery().label("errors"))
 _JOB_TASK_COLUMNS = (JobTaskRow.job_id, JobTaskRow.position, JobTaskRow.task_id, JobTaskRow.weight, JobTaskRow.flops,
                      JobTaskRow.trials, JobTaskRow.batches, JobTaskRow.errors, JobTaskRow.best_cost,
-                     JobTaskRow.best_record_id, JobTaskRow.baseline_cost)
+                     JobTaskRow.best_record_id, JobTaskRow.baseline_cost, JobTaskRow.timings, JobTaskRow.disturbed_timings)
 
 
 def _job_select():
@@ -141,8 +143,8 @@ class JobQueue:
 
     def record_progress(self, job_id: int, worker: str, position: int, *, trials: int, batches: int,
                         best_cost: float | None, best_record_id: int | None, baseline_cost: float | None,
-                        trials_done: int, lease_seconds: float, errors: int = 0,
-                        event: tuple[str, str, dict | None] | None = None) -> JobState:
+                        trials_done: int, lease_seconds: float, errors: int = 0, timings: int = 0,
+                        disturbed_timings: int = 0, event: tuple[str, str, dict | None] | None = None) -> JobState:
         """A task's progress after a batch, and the job's trial count, written with a lease
         renewal in one transaction. Returns what renew_lease returns. `event` (kind, message,
         data) is added in the same transaction, only while the job is still running: a batch
@@ -157,7 +159,8 @@ class JobQueue:
             if n == 1:
                 s.execute(update(JobTaskRow).where(JobTaskRow.job_id == job_id, JobTaskRow.position == position)
                           .values(trials=int(trials), batches=int(batches), errors=int(errors), best_cost=best_cost,
-                                  best_record_id=best_record_id, baseline_cost=baseline_cost, updated_at=now)
+                                  best_record_id=best_record_id, baseline_cost=baseline_cost, timings=int(timings),
+                                  disturbed_timings=int(disturbed_timings), updated_at=now)
                           .execution_options(synchronize_session=False))
                 if event is not None:
                     kind, message, data = event
@@ -180,6 +183,37 @@ class JobQueue:
             if n == 1:
                 _event(s, job_id, "released", reason, now=now)
             return n == 1
+
+    def reclaim_dead_local_leases(self, hostname: str | None = None) -> list[int]:
+        """End now the leases of running jobs whose owner is a worker of this host that is provably
+        dead, so the next claim resumes them at once (with its "reclaimed" event) instead of after
+        the lease: a `tunefarm serve` restarted after a crash (SIGKILL, OOM) takes its job back in
+        seconds, not a lease later. Only owners named `[label@]host:pid` with this host qualify
+        (see `lease_owner_process`); anything else is left to expire. A host here is one pid
+        namespace: containers sharing a hostname but not their pids need distinct worker names.
+        Returns the ids of the jobs whose lease ended."""
+        host = hostname or socket.gethostname()
+        now = utcnow()
+        with self._session() as s:
+            rows = s.execute(select(JobRow.id, JobRow.lease_owner, JobRow.heartbeat_at)
+                             .where(JobRow.state == JobState.RUNNING.value, JobRow.lease_expires_at >= now)).all()
+        dead = [(r.id, r.lease_owner, pid) for r in rows
+                if (pid := _local_owner_pid(r.lease_owner, host)) is not None and process_gone(pid, r.heartbeat_at)]
+        if not dead:
+            return []
+        ended = []
+        with self._session(write=True) as s:
+            now = utcnow()
+            for job_id, owner, pid in dead:
+                n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
+                                                   JobRow.state == JobState.RUNNING.value)
+                              .values(lease_expires_at=now, updated_at=now)
+                              .execution_options(synchronize_session=False)).rowcount
+                if n == 1:
+                    _event(s, job_id, "owner_gone", f"worker {owner} is gone (process {pid} on {host} ended): "
+                           "its lease ends now", now=now, data={"worker": owner, "pid": pid})
+                    ended.append(job_id)
+        return ended
 
     def finish_job(self, job_id: int, worker: str, state: str, error: str | None = None) -> bool:
         """`worker` ends its running job as done or failed (or cancelled, when it stopped on its
@@ -308,7 +342,8 @@ class JobQueue:
             tasks[jt.job_id].append(JobTask(
                 position=jt.position, task=info.task, workload_key=info.workload_key,
                 weight=jt.weight, flops=jt.flops, trials=jt.trials, batches=jt.batches, errors=jt.errors,
-                best_cost=jt.best_cost, best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost))
+                best_cost=jt.best_cost, best_record_id=jt.best_record_id, baseline_cost=jt.baseline_cost,
+                timings=jt.timings or 0, disturbed_timings=jt.disturbed_timings or 0))
         return [Job(id=r.id, state=JobState(r.state), spec=dict(r.spec or {}), tasks=tuple(tasks[r.id]),
                     target=r.target, device_key=r.device_key, space=r.space, strategy=r.strategy,
                     scheduler=r.scheduler, priority=r.priority, trials=r.trials, trials_done=r.trials_done,
@@ -345,3 +380,54 @@ def page_size(limit: int) -> int:
     if not 1 <= int(limit) <= MAX_PAGE:
         raise StoreError(f"page size must be 1..{MAX_PAGE}, got {limit}")
     return int(limit)
+
+
+# a process that started less than this after the owner's last heartbeat may still be the owner
+# (start times are read to about a second; the owner claims within seconds of its start)
+PID_REUSE_MARGIN = timedelta(seconds=5)
+
+
+def lease_owner_process(owner: str | None) -> tuple[str, int] | None:
+    """(host, pid) of a worker named `host:pid` (a worker's default name) or `label@host:pid` (the
+    workers `tunefarm serve` starts, named after serve's pid: they die with it); None for any other
+    name, whose process cannot be checked."""
+    if not owner:
+        return None
+    host, sep, pid = owner.rpartition("@")[2].rpartition(":")
+    return (host, int(pid)) if sep and host and pid.isdigit() and 0 < int(pid) < 2**31 else None
+
+
+def _local_owner_pid(owner: str | None, host: str) -> int | None:
+    found = lease_owner_process(owner)
+    return found[1] if found is not None and found[0] == host else None
+
+
+def process_gone(pid: int, alive_at: datetime | None) -> bool:
+    """Whether process `pid` of this host, known alive at `alive_at`, has provably ended: no process
+    has the pid, or a zombie has it, or the process that has it started after `alive_at` (the pid
+    was reused: a restarted container gives its processes the same pids). In doubt (no /proc, a
+    process of another user without its start time) it is alive: a wrong "gone" would run a job twice."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass                      # it exists, owned by someone else
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False
+    state, started = stat
+    return state in ("Z", "X") or (alive_at is not None and started > alive_at + PID_REUSE_MARGIN)
+
+
+def _proc_stat(pid: int) -> tuple[str, datetime] | None:
+    """A process's state letter and start time from /proc (Linux); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()    # the command name may hold spaces and ")"
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start, in ticks after boot
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return fields[0], datetime.fromtimestamp(started, timezone.utc)

@@ -96,6 +96,13 @@ class JobTask:
     best_cost: float | None = None
     best_record_id: int | None = None
     baseline_cost: float | None = None
+    timings: int = 0                # valid timings of this task in this job (search, baseline, re-timing)
+    disturbed_timings: int = 0      # of them, disturbed after the protocol's retries
+
+    @property
+    def disturbed_fraction(self) -> float:
+        """Share of the task's timings that other processes disturbed (0: a quiet machine)."""
+        return self.disturbed_timings / self.timings if self.timings else 0.0
 
     @property
     def best_gflops(self) -> float | None:

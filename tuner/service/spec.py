@@ -5,7 +5,8 @@ The same model is the REST API's request body (its OpenAPI schema), what the sto
 process. A compute DAG arrives as JSON (compiler.serialize) and is only ever parsed as data.
 
 `resolve(spec)` does the checks that need the compiler (operator names, parameters that type-check,
-the target string, the space kind for each operator) and raises SpecError naming the field.
+the target string and, for a 'local' job, that this host can run it, the space kind for each
+operator) and raises SpecError naming the field.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def resolve(spec: JobSpec, default_target: str | None = None) -> ResolvedJob:
         target = resolve_target(spec.target if spec.target is not None else default_target)
     except (CompilerError, ValueError) as e:
         raise SpecError("target", str(e)) from None
+    if spec.device_key == "local":
+        _check_runs_here(target)
     strategy = spec.strategy or DEFAULT_STRATEGY[spec.space]
     if strategy not in STRATEGIES:
         raise SpecError("strategy", f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
@@ -152,3 +155,22 @@ def resolve(spec: JobSpec, default_target: str | None = None) -> ResolvedJob:
         weights.append(float(w.weight))
         flops.append(float(opdef.flops))
     return ResolvedJob(spec, tasks, weights, flops, strategy)
+
+
+def _check_runs_here(target) -> None:
+    """SpecError unless this host can run kernels built for `target`.
+
+    A 'local' job is measured by a worker on the server's machine: a target of another architecture, object
+    format or with CPU features this host lacks would be accepted, queued and then fail in the worker after
+    every build. The compiler's own load check (the one the worker and the runtime apply) decides here."""
+    from compiler.errors import CompilerError
+    from compiler.kernel_format import check_runnable
+    from compiler.target import Target
+
+    try:
+        check_runnable(target)
+    except CompilerError as e:
+        host = Target.host()
+        raise SpecError("target", f"device key 'local' measures on this server's host ({host.triple}, cpu {host.cpu}), "
+                                  f"which cannot run target '{target}': {e}. Leave 'target' out to tune for this host, "
+                                  "or submit under a farm device key whose agents can run it") from None

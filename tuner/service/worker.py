@@ -95,6 +95,7 @@ class JobWorker:
 
     def run_once(self, stop: threading.Event | None = None) -> int | None:
         """Claim one job and run it to its end; its id, or None when no job was waiting."""
+        self.store.reclaim_dead_local_leases()  # a job whose worker on this host died is claimable now
         job = self.store.claim_job(self.name, self.lease_seconds, self.device_keys)
         if job is None:
             return None
@@ -142,6 +143,8 @@ class _JobRun:
         self.trials = {t: self.store.count(t, job_id=job.id, search_only=True) for t in self.tasks}
         self.batches = {t: jt.batches for t, jt in zip(self.tasks, job.tasks)}
         self.errors = {t: jt.errors for t, jt in zip(self.tasks, job.tasks)}
+        self.timings = {t: jt.timings for t, jt in zip(self.tasks, job.tasks)}
+        self.disturbed = {t: jt.disturbed_timings for t, jt in zip(self.tasks, job.tasks)}
         self.best_ids: dict = {t: jt.best_record_id for t, jt in zip(self.tasks, job.tasks)}
         self.best_costs: dict = {t: jt.best_cost for t, jt in zip(self.tasks, job.tasks)}
 
@@ -210,6 +213,9 @@ class _JobRun:
             self.batches[task] += 1
         if report.kind != "retime":
             self.errors[task] += sum(not r.ok for r in report.results)
+        valid = [r for r in report.results if r.ok]
+        self.timings[task] += len(valid)
+        self.disturbed[task] += sum(r.disturbed for r in valid)
         if len(report.record_ids) == len(report.candidates) and report.kind != "retime":
             ids = {c.fingerprint: i for c, i in zip(report.candidates, report.record_ids)}
             best = report.result.best_candidate
@@ -253,7 +259,8 @@ class _JobRun:
             with self._lock:
                 state = self.store.record_progress(
                     self.job.id, self.worker.name, self.position[task], trials=self.trials[task],
-                    batches=self.batches[task], errors=self.errors[task], best_cost=best,
+                    batches=self.batches[task], errors=self.errors[task], timings=self.timings[task],
+                    disturbed_timings=self.disturbed[task], best_cost=best,
                     best_record_id=self.best_ids.get(task),
                     baseline_cost=base, trials_done=sum(self.trials.values()),
                     lease_seconds=self.worker.lease_seconds, event=event)

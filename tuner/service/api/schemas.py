@@ -83,6 +83,10 @@ class JobTaskOut(BaseModel):
     best_record_id: int | None = None
     baseline_cost: Num = Field(default=None, description="the default schedule's cost")
     speedup: Num = Field(default=None, description="baseline_cost / best_cost")
+    timings: int = Field(0, description="valid timings of this task in this job (search, baseline, end-of-run re-timing)")
+    disturbed_fraction: float = Field(0.0, ge=0, le=1, description="share of those timings that other processes on the "
+                                      "host disturbed even after retries (0 on a quiet machine): figures measured on a "
+                                      "busy machine")
 
     @classmethod
     def of(cls, t: JobTask) -> JobTaskOut:
@@ -90,7 +94,8 @@ class JobTaskOut(BaseModel):
                    device_key=t.task.device_key, weight=t.weight, flops=t.flops, trials=t.trials, batches=t.batches,
                    errors=t.errors,
                    best_cost=t.best_cost, best_gflops=t.best_gflops, best_record_id=t.best_record_id,
-                   baseline_cost=t.baseline_cost, speedup=t.speedup)
+                   baseline_cost=t.baseline_cost, speedup=t.speedup, timings=t.timings,
+                   disturbed_fraction=t.disturbed_fraction)
 
 
 class JobOut(BaseModel):

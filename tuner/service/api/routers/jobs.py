@@ -2,8 +2,10 @@
 measurements a job's convergence charts are drawn from.
 
 A submission is checked completely (pydantic for shapes and ranges, spec.resolve for what needs
-the compiler: operators, parameters, target, space) before anything is stored; a SpecError
-becomes a 422 naming the field. The API only queues the job: workers claim and run it.
+the compiler: operators, parameters, target, space, and that this host can run a 'local' job's
+target) before anything is stored; a SpecError becomes a 422 naming the field. A farm job is also
+refused when the app's tracker has agents of its device key and none of them can run its target
+(runnable.py). The API only queues the job: workers claim and run it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from ....records.store import MAX_MEASUREMENTS
 from ...spec import JobSpec, SpecError, resolve
 from .. import auth
-from ..deps import MAX_ID, MAX_PAGE, Store
+from ..deps import MAX_ID, MAX_PAGE, Settings, Store
 from ..errors import ApiError, responses
 from ..respond import json_response
+from ..runnable import farm_refusal
 from ..schemas import EventOut, EventPage, JobOut, JobPage, MeasurementOut, MeasurementPage, State
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -27,12 +30,16 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 
 @router.post("", status_code=201, response_model=JobOut, dependencies=[Depends(auth.submit)],
              responses=responses(400, 409, 413, 422), summary="Submit a tuning job")
-def submit_job(spec: JobSpec, store: Store, request: Request, response: Response) -> JobOut:
+def submit_job(spec: JobSpec, store: Store, settings: Settings, request: Request, response: Response) -> JobOut:
     """Queue a job over one or several workloads (inventory operators or compute DAGs as JSON)."""
     try:
         resolved = resolve(spec)
     except SpecError as e:
         raise ApiError(422, e.message, field=e.field) from None
+    if spec.device_key != "local" and settings.tracker:
+        refusal = farm_refusal(settings.tracker, settings.tracker_token, spec.device_key, resolved.tasks[0].target)
+        if refusal is not None:
+            raise ApiError(422, refusal, field="target")
     job_id = store.submit_job(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
                               strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
                               priority=spec.priority, name=spec.name)

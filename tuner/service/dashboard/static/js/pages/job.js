@@ -135,7 +135,15 @@ function chartSummary(job, measurements) {
   const what = job.state === "done" ? "Final best (re-measured)" : "Best so far";
   const head = best.length ? `${what}: ${best.map(fmtGflops).join(", ")} GFLOPS` : "No valid measurement yet";
   const sp = job.tasks.length === 1 && job.tasks[0].speedup ? `, ${fmtSpeedup(job.tasks[0].speedup)} the default schedule` : "";
-  return `${head} after ${search.length} trials${sp}.`;
+  return `${head} after ${search.length} trials${sp}.${busyNote(job)}`;
+}
+
+// the share of a task's timings that other processes disturbed even after retries: said plainly,
+// because those figures are not what the kernel does on a quiet machine
+function busyNote(job) {
+  const worst = Math.max(0, ...job.tasks.map((t) => t.disturbed_fraction || 0));
+  if (worst <= 0) return "";
+  return ` Measured on a busy machine: up to ${fmt(100 * worst, 0)} % of a task's timings were disturbed by other processes; re-run on a quiet machine before trusting these figures.`;
 }
 
 function taskColumns() {
@@ -149,6 +157,7 @@ function taskColumns() {
     { label: "Best GFLOPS", num: true, render: (t) => fmtGflops(t.best_gflops) },
     { label: "Default GFLOPS", num: true, render: (t) => (t.flops && t.baseline_cost ? fmtGflops(t.flops / t.baseline_cost / 1e9) : "—") },
     { label: "Speed-up", num: true, render: (t) => fmtSpeedup(t.speedup) },
+    { label: "Disturbed", num: true, render: (t) => (t.timings ? `${fmt(100 * (t.disturbed_fraction || 0), 0)} %` : "—") },
     { label: "Best record", num: true, render: (t) => (t.best_record_id ? String(t.best_record_id) : "—") },
   ];
 }
