@@ -162,7 +162,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             bad = f"result of {r.request_id!r}: run_seconds must be finite and non-negative"
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
-        result = st.Result(r.request_id, list(r.costs), r.error_code, r.error_msg, r.run_seconds, r.agent)
+        result = st.Result(r.request_id, list(r.costs), r.error_code, r.error_msg, r.run_seconds, r.agent,
+                           timing=r.timing if r.HasField("timing") else None)
         try:
             duplicate = self.state.report_result(request.agent_id, result)
         except st.TrackerError as e:
@@ -234,9 +235,10 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                     context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
                 return
             for res in results:
+                extra = {"timing": res.timing} if res.timing is not None else {}
                 yield pb.MeasureResult(request_id=res.request_id, costs=res.costs, error_code=res.error_code,
                                        error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
-                                       attempts=res.attempts)
+                                       attempts=res.attempts, **extra)
             if self.state.finished(waiter) or not context.is_active():
                 return
 

@@ -111,6 +111,7 @@ class Result:
     run_seconds: float = 0.0
     agent: str = ""
     attempts: int = 0
+    timing: Any = None             # the agent's measurement-protocol summary (pb.Timing), passed on as it is
 
 
 @dataclass

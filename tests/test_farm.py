@@ -245,7 +245,8 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
         assert rec.device_key == KEY and rec.target == task.target
         assert rec.result.measured_by in agents, rec.result.measured_by
         if rec.result.ok:
-            assert len(rec.result.costs) == 2 and all(0 < c < 1 for c in rec.result.costs)
+            assert 1 <= len(rec.result.costs) <= 32 and all(0 < c < 1 for c in rec.result.costs)
+            assert rec.result.samples >= 2 and rec.result.minimum == min(rec.result.costs)  # the protocol's summary
             assert rec.result.run_seconds > 0 and rec.result.build_seconds > 0
     assert sum(r.result.ok for r in farm_records) >= 4
     assert {r.result.measured_by for r in local_records} == {"local"}

@@ -241,7 +241,8 @@ class TaskTuner:
             if self._stop.is_set():   # a stop during the re-measurement: keep what was measured
                 break
             order = list(range(len(cands)))[:: -1 if rnd % 2 else 1]
-            seq, who = [], []
+            seq: list = []
+            who: list = []
             for i in order:
                 if base_build is not None:
                     seq.append(base_build)
