@@ -5,7 +5,7 @@ measures the contention, not the kernel. So:
 
 - `exclusive()` is held while a kernel is checked and timed (the measuring worker; benchmarks
   timing in-process). Only one holder on the host at a time, and no `shared()` holder.
-- `shared()` is held by tunefarm's other heavy work: builds and the search's ranking. Any number
+- `shared()` is held by tunefarm's other heavy work: each build in a build process. Any number
   of them run together; a timing waits until they finish, and while a timing waits, new shared
   holders wait behind it (so a stream of builds cannot starve the timer).
 
@@ -88,7 +88,7 @@ def exclusive():
 
 @contextmanager
 def shared():
-    """Hold the host's shared side for a build or a search step (waits while a timing runs)."""
+    """Hold the host's shared side for a build (waits while a timing runs)."""
     if _depth("shared") or _depth("exclusive"):
         # nested work inside a timing or a build of this thread: it already holds the host
         _state.shared = _depth("shared") + 1

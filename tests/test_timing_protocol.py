@@ -1,0 +1,79 @@
+"""The measurement protocol (compiler/timing.py) and the host's timing lock (compiler/host_lock.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from compiler import host_lock
+from compiler.timing import ThreadWaitClock, TimingOptions, time_samples
+
+
+def busy_work(n):
+    for _ in range(n):
+        sum(range(200))
+
+
+class LosingClock(ThreadWaitClock):
+    """A clock whose threads lost 1 ms to waiting in every sample: a host that stays busy."""
+
+    def __init__(self):
+        super().__init__()
+        self._lost = 0
+
+    def wait_ns(self) -> int:
+        self._lost += 500_000
+        return self._lost
+
+
+def test_a_quiet_timing_is_clean_and_stable():
+    t = time_samples(busy_work, TimingOptions(min_samples=10, max_seconds=0.5))
+    assert t.checked and t.count >= 10 and 0 < t.minimum <= t.median
+    assert t.spread >= 0 and t.calls_per_sample >= 1 and t.basis and t.samples
+
+
+def test_a_busy_host_is_retried_with_back_off_then_flagged():
+    sleeps = []
+    opts = TimingOptions(min_samples=5, max_seconds=0.05, attempts=3, backoff_s=0.01)
+    t = time_samples(busy_work, opts, clock=LosingClock(), sleep=sleeps.append)
+    assert t.attempts == 3 and sleeps == [0.01, 0.02]          # back-off doubles between attempts
+    assert t.disturbed and t.lost_fraction > 0.02 and t.clean_fraction == 0.0
+    assert t.median > 0 and t.count == len(t.samples)           # the figure from the disturbed samples, flagged
+
+
+HOLD = """
+import sys, time
+from compiler import host_lock
+with host_lock.exclusive():
+    print("held", flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_build_waits_for_a_timing_in_another_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEFARM_LOCK_DIR", str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, "1.0"], stdout=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "TUNEFARM_LOCK_DIR": str(tmp_path)})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with host_lock.shared():
+            waited = time.monotonic() - t0
+        assert waited > 0.5           # the shared side waited for the exclusive holder
+        with host_lock.exclusive() as w:
+            assert w < 0.5            # the holder is gone: free at once
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_killed_holder_never_wedges_the_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEFARM_LOCK_DIR", str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, "60"], stdout=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "TUNEFARM_LOCK_DIR": str(tmp_path)})
+    assert proc.stdout.readline().strip() == "held"
+    proc.kill()
+    proc.wait()
+    with host_lock.exclusive() as waited:
+        assert waited < 1.0
