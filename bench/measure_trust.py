@@ -185,7 +185,7 @@ def main() -> int:
 
     target = compiler.Target.host()
     print(f"host target: -mcpu={target.cpu}, {target.num_cores} cores; busy core: a plain Python busy loop\n")
-    rows, figures = [], {}
+    rows = []
     disagree = {"quiet": [], "busy": []}
     slower_busy, retime_gaps, shifts = 0, [], []
     disturbed = {"quiet": [0, 0], "busy": [0, 0]}

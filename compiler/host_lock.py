@@ -57,33 +57,16 @@ def _depth(kind: str) -> int:
 def exclusive():
     """Hold the host while timing; yields the seconds spent waiting for it."""
     if _depth("exclusive"):
-        _state.exclusive += 1
-        try:
+        with _nested("exclusive"):
             yield 0.0
-        finally:
-            _state.exclusive -= 1
         return
     if _depth("shared"):
-        raise RuntimeError("this thread holds tunefarm's shared host lock (a build or search) and asked for the "
+        raise RuntimeError("this thread holds tunefarm's shared host lock (a build) and asked for the "
                            "exclusive one (a timing): it would wait for itself")
     t0 = time.monotonic()
-    gate, main = _open("tunefarm-host.gate"), _open("tunefarm-host.lock")
-    try:
-        fcntl.flock(gate, fcntl.LOCK_EX)          # new shared holders queue behind this timer
-        try:
-            fcntl.flock(main, fcntl.LOCK_EX)      # the running ones finish first
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        waited = time.monotonic() - t0
-        _state.exclusive = 1
-        try:
-            yield waited
-        finally:
-            _state.exclusive = 0
-            fcntl.flock(main, fcntl.LOCK_UN)
-    finally:
-        os.close(gate)
-        os.close(main)
+    # the gate closed: new shared holders queue behind this timer; then the running ones finish
+    with _held(fcntl.LOCK_EX, "exclusive"):
+        yield time.monotonic() - t0
 
 
 @contextmanager
@@ -91,28 +74,41 @@ def shared():
     """Hold the host's shared side for a build (waits while a timing runs)."""
     if _depth("shared") or _depth("exclusive"):
         # nested work inside a timing or a build of this thread: it already holds the host
-        _state.shared = _depth("shared") + 1
-        try:
+        with _nested("shared"):
             yield
-        finally:
-            _state.shared = _depth("shared") - 1
         return
+    with _held(fcntl.LOCK_SH, "shared"):   # the gate waits while a timer is queued or timing
+        yield
+
+
+@contextmanager
+def _held(mode: int, kind: str):
+    """Pass the gate in `mode`, take the lock in `mode`, let the gate go; hold the lock."""
     gate, main = _open("tunefarm-host.gate"), _open("tunefarm-host.lock")
     try:
-        fcntl.flock(gate, fcntl.LOCK_SH)          # waits while a timer is queued or timing
+        fcntl.flock(gate, mode)
         try:
-            fcntl.flock(main, fcntl.LOCK_SH)
+            fcntl.flock(main, mode)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        _state.shared = 1
+        setattr(_state, kind, 1)
         try:
             yield
         finally:
-            _state.shared = 0
+            setattr(_state, kind, 0)
             fcntl.flock(main, fcntl.LOCK_UN)
     finally:
         os.close(gate)
         os.close(main)
+
+
+@contextmanager
+def _nested(kind: str):
+    setattr(_state, kind, _depth(kind) + 1)
+    try:
+        yield
+    finally:
+        setattr(_state, kind, _depth(kind) - 1)
 
 
 __all__ = ["exclusive", "shared", "lock_dir"]

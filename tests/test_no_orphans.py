@@ -8,18 +8,16 @@ queue, the parent-death signal. The slow one SIGKILLs a real serve mid-job."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from datetime import timedelta
 
-import httpx
 import pytest
+from serve_process import free_port, start_serve
 
 from tuner.records import JobState, SQLRecordsStore
 from tuner.records.jobs import lease_owner_process, process_gone
@@ -166,38 +164,6 @@ def test_exit_with_parent_dies_with_a_killed_parent():
 JOB = {"name": "no-orphans", "workloads": [{"op": "matmul", "params": {"M": 64, "N": 64, "K": 64}}],
        "trials": 24, "batch_size": 4, "top_k": 1, "space": "sketch", "strategy": "random",
        "measure": {"number": 1, "repeat": 1, "min_repeat_ms": 0}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_serve(db: str, port: int) -> tuple[subprocess.Popen, str]:
-    """A real `tunefarm serve` (one local worker), ready; with its session token."""
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    token, lines = None, []
-    deadline = time.monotonic() + 60
-    while token is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"session token \(admin, revoked when this server stops\): (tf_\S+)", line)
-        token = m.group(1) if m else None
-    assert token is not None, "".join(lines)
-    threading.Thread(target=proc.stdout.read, daemon=True).start()          # keep its pipe drained
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-    assert wait_for(ready, timeout=60, step=0.2)
-    return proc, token
 
 
 def job_records(store, job_id: int) -> list:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from api_env import Env, make_env
 from fastapi.testclient import TestClient
+from serve_process import free_port
 
 from compiler.target import Target
 from rpc_tracker.protocol import pb
@@ -106,11 +106,6 @@ def test_cli_tune_needing_a_feature_this_host_lacks_is_a_usage_error(tmp_path, c
 
 
 # ----------------------------------------------------------------------------- farm jobs
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str):

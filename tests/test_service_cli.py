@@ -7,13 +7,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
-import httpx
 import pytest
+from serve_process import free_port, start_serve
 
 from tuner.cli import main
 from tuner.cli.service import LOCAL_WORKER_NICENESS
@@ -23,36 +21,13 @@ from tuner.service.client import APIError, ServiceClient
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real `tunefarm serve` on a free loopback port; yields (url, session token, db url, process)."""
     db = f"sqlite:///{tmp_path_factory.mktemp('serve') / 'records.db'}"
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    token, lines = None, []
-    deadline = time.monotonic() + 60
-    while token is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"session token \(admin, revoked when this server stops\): (tf_\S+)", line)
-        token = m.group(1) if m else None
-    assert token is not None, "".join(lines)
+    proc, token = start_serve(db, port)
     url = f"http://127.0.0.1:{port}"
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
     yield url, token, db, proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

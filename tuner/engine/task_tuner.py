@@ -279,7 +279,7 @@ class TaskTuner:
         r.retimed = costs
         if base.fingerprint in costs:
             r.baseline_cost = costs[base.fingerprint]
-        winners = [fp for fp in costs if fp != base.fingerprint and (beats.get(fp, True) if base_costs else True)]
+        winners = [fp for fp in costs if fp != base.fingerprint and beats.get(fp, True)]   # no default timed: all
         if winners:
             best_fp = min(winners, key=costs.__getitem__)
             r.best_cost = costs[best_fp]
