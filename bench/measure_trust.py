@@ -61,6 +61,14 @@ def busy_core(seconds: float):
         time.sleep(0.5)
 
 
+class Rows(list):
+    """The table's rows; each is echoed to stderr as it is made (a full run takes half an hour)."""
+
+    def append(self, row) -> None:
+        print("  ".join(str(v) for v in row), file=sys.stderr, flush=True)
+        super().append(row)
+
+
 def spearman(a: list, b: list) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -261,7 +269,7 @@ def main() -> int:
     if args.service_only:
         import compiler
         target = compiler.Target.host()
-        rows: list = []
+        rows = Rows()
         with tempfile.TemporaryDirectory() as tmp:
             service = service_checks(tmp, args.trials, target, names, rows)
         print_table(rows)
@@ -280,7 +288,7 @@ def main() -> int:
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
     print(f"host target: -mcpu={target.cpu}, {target.num_cores} cores; busy core: a plain Python busy loop; "
           f"numpy's BLAS (the drift reference): {blas.get('name')} {blas.get('openblas configuration', '')}\n")
-    rows = []
+    rows = Rows()
     disagree = {"quiet": [], "busy": []}
     slower_busy, retime_gaps, shifts = 0, [], []
     disturbed = {"quiet": [0, 0], "busy": [0, 0]}

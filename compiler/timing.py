@@ -27,18 +27,24 @@ Where /proc is missing (not Linux), samples cannot be checked: every sample coun
 `checked` is False.
 
 **The measuring process** (`prepare_timing_process`, called first thing by the measuring worker
-that the local runner and the device agent start): it asks for a higher scheduling priority
-(nice MEASURE_NICE) where the OS allows it (root, or CAP_SYS_NICE, or RLIMIT_NICE). It runs
-kernels only while holding the host's timing lock, so the priority takes nothing from
-tunefarm's own work; against another program on a core it decides who runs: with it, a timing
-with one core held by a busy loop lost ~3 % to waiting and every one of 12 candidates came out
-within the quiet figure's noise (ranks 0.97 Spearman); without it, ~25 %. That decides the
-OpenMP wait policy too (libgomp reads it when it loads, so it is set before): with the priority,
-libgomp's own spin-then-sleep default keeps the team hot between the back-to-back calls of a
-timing; without it, a thread that spins holds a core the thread that has work needs, which is how
-one busy core made parallel kernels 25-150x slower, so the spin is cut short (GOMP_SPINCOUNT
-SHORT_SPIN, a fraction of a millisecond) and a busy core costs about 2x. A value the user set in
-the environment is kept.
+that the local runner and the device agent start) sets three things before libgomp loads (libgomp
+reads its environment once; a value the user set is kept):
+- **Its OpenMP team is bound, one thread per core** (OMP_PROC_BIND=close, OMP_PLACES=cores).
+  Left to the scheduler, a 2-thread kernel on a quiet 2-core host sometimes runs with both threads
+  on one core (a 512³ matmul then reads 2.0x its time, in one process but not the next), and with
+  one core held by a busy loop it fell into a steady state where every call took 12x its quiet
+  time (15.9 ms against 1.3 ms, spread 0.3 %: no per-sample check can reject that). Bound, the
+  same kernel read 1.23-1.25 ms busy against 1.22-1.25 ms quiet (Linux 6.18, EEVDF, znver4).
+- **A higher scheduling priority** (nice MEASURE_NICE) where the OS allows it (root, CAP_SYS_NICE
+  or RLIMIT_NICE). It runs kernels only while holding the host's timing lock, so the priority
+  takes nothing from tunefarm's own work; against another program on a core it decides who runs:
+  the bound thread that shares a core with a busy loop then loses a few per cent of its samples
+  to it, and those are rejected, instead of half its time.
+- **The OpenMP wait policy.** With the priority, libgomp's own spin-then-sleep default keeps the
+  team hot between the back-to-back calls of a timing; without it, a thread that spins holds a
+  core the thread that has work needs, which is how one busy core made parallel kernels
+  25-150x slower, so the spin is cut short (GOMP_SPINCOUNT SHORT_SPIN, a fraction of a
+  millisecond) and a busy core costs about 2x.
 """
 
 from __future__ import annotations
@@ -53,11 +59,14 @@ _TASK_DIR = "/proc/self/task"
 
 MEASURE_NICE = -10          # the measuring process's priority, where the OS allows it
 SHORT_SPIN = "10000"        # libgomp spin iterations before a waiting thread sleeps, without it
+TEAM_BINDING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}   # one team thread per core, fixed
+BINDING_SETTINGS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")   # any of them: the user chose
 
 
 def prepare_timing_process() -> dict:
-    """Priority and OpenMP wait policy of a process that times kernels; call before libgomp
-    loads (before compiler.runtime.initialize). Returns what it set, for logs and tests."""
+    """Thread binding, priority and OpenMP wait policy of a process that times kernels; call
+    before libgomp loads (before compiler.runtime.initialize). Returns what it set, for logs and
+    tests."""
     raised = False
     try:
         os.setpriority(os.PRIO_PROCESS, 0, MEASURE_NICE)   # this thread; threads started later inherit it
@@ -66,8 +75,11 @@ def prepare_timing_process() -> dict:
         pass
     if not raised and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = SHORT_SPIN
+    if not any(name in os.environ for name in BINDING_SETTINGS):
+        os.environ.update(TEAM_BINDING)
     return {"nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None,
-            "raised": raised, "spin": os.environ.get("GOMP_SPINCOUNT")}
+            "raised": raised, "spin": os.environ.get("GOMP_SPINCOUNT"),
+            "binding": {name: os.environ[name] for name in BINDING_SETTINGS if name in os.environ}}
 
 
 class ThreadWaitClock:

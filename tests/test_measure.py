@@ -7,8 +7,11 @@ arguments (wrong answer).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -266,3 +269,48 @@ def test_worker_process_survives_and_closes():
     proc = w._proc
     w.close()
     assert proc.poll() is not None and w._proc is None
+
+
+def _single_cpu_threads(pid: int) -> list[str]:
+    """The CPUs each thread of `pid` may run on, for threads bound to exactly one CPU."""
+    bound = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = open(f"/proc/{pid}/task/{tid}/status").read()
+        except OSError:
+            continue   # the thread ended
+        cpus = status.split("Cpus_allowed_list:")[1].split()[0]
+        if cpus.isdigit():
+            bound.append(cpus)
+    return bound
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not os.path.isdir("/proc/self/task"),
+                    reason="needs Linux and at least two CPUs to see a team bound one thread per core")
+def test_the_measuring_workers_team_is_bound_one_thread_per_core(pool, monkeypatch):
+    """Left to the scheduler, a kernel's two threads sometimes share one core (2x its time, in
+    one process but not the next); the measuring worker binds its OpenMP team instead."""
+    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"):
+        monkeypatch.delenv(name, raising=False)
+    big = Workload("matmul", dict(M=128, N=128, K=128))   # large enough for its loops to run in parallel
+    br = pool.build(Task.create(big), [trace(big)])[0]
+    w = WorkerProcess().start()
+    try:
+        res = w.run(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, repeat=3,
+                                   min_repeat_ms=1, num_threads=2).to_dict(), timeout=30)
+        assert res["error_code"] == 0, res["error_msg"]
+        bound = _single_cpu_threads(w._proc.pid)
+    finally:
+        w.close()
+    assert len(set(bound)) >= 2, f"threads bound to single CPUs: {bound}"
+
+
+def test_a_binding_the_user_chose_is_kept():
+    code = ("import os, json\nfrom compiler.timing import prepare_timing_process\n"
+            "print(json.dumps(prepare_timing_process()['binding']))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
+    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(ours.stdout) == {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_PLACES": "threads"},
+                            capture_output=True, text=True, check=True)
+    assert json.loads(theirs.stdout) == {"OMP_PLACES": "threads"}
