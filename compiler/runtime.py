@@ -13,6 +13,7 @@ thread (see compiler/openmp.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -192,7 +193,6 @@ class Kernel:
         on these cores meanwhile. Returns a Timing (seconds per call)."""
         ptrs = self.check_args(arrays)
         fn = self._load()
-        self._run(fn, ptrs)
 
         def run_batch(n):
             failed = 0
@@ -201,10 +201,8 @@ class Kernel:
             if failed:
                 self._run(fn, ptrs)  # raises KernelRuntimeError with the reason
 
-        if not lock:
-            return time_samples(run_batch, options)
-        with host_lock.exclusive():
-            self._run(fn, ptrs)      # warm again: the wait may have taken the caches
+        with host_lock.exclusive() if lock else contextlib.nullcontext():
+            self._run(fn, ptrs)      # the warm-up call runs on the held host too
             return time_samples(run_batch, options)
 
     def time_evaluator(self, number: int = 1, repeat: int = 3, min_repeat_ms: float = 0.0,

@@ -331,9 +331,8 @@ class Agent:
                                       run_seconds=float(answer["run_seconds"]), agent=self.name)
             timing = answer.get("timing")
             if timing:
-                result.timing.CopyFrom(pb.Timing(median=timing["median"], min=timing["min"], spread=timing["spread"],
-                                                 count=timing["count"], disturbed=timing["disturbed"],
-                                                 lost_fraction=timing["lost_fraction"], host_busy=timing["host_busy"]))
+                # the worker's summary has every field of the message (and a few more for logs)
+                result.timing.CopyFrom(pb.Timing(**{f.name: timing[f.name] for f in pb.Timing.DESCRIPTOR.fields}))
             log.debug("request %s: error code %d, %d costs, %.3f s", req.request_id, result.error_code,
                       len(result.costs), result.run_seconds)
             self._report(session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))

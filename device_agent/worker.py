@@ -309,7 +309,7 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
     to stdout goes to stderr instead of corrupting the frames.
     """
     from compiler.timing import prepare_timing_process
-    prepare_timing_process()  # priority and OpenMP wait policy, before any thread or libgomp starts
+    prepare_timing_process()  # thread binding, priority, OpenMP wait policy: before any thread or libgomp starts
     proto_out = os.dup(out_fd)
     os.dup2(2, out_fd)
     sys.stdout = sys.stderr

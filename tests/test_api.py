@@ -25,6 +25,7 @@ from sqlalchemy import create_engine
 import compiler as C
 from compiler.target import resolve_target
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
+from tuner.cli.remote import busy_machine_note
 from tuner.engine import make_space
 from tuner.space.base import default_candidate
 from tuner.workload import Task, Workload
@@ -102,6 +103,19 @@ def test_job_progress_is_shown_per_task(env):
     (task,) = job["tasks"]
     assert task["speedup"] == pytest.approx(4.0) and task["best_gflops"] == pytest.approx(2 * 32**3 / 1e-5 / 1e9)
     assert task["baseline_cost"] == 4e-5 and task["trials"] == 4
+    assert task["timings"] == 0 and task["disturbed_fraction"] == 0.0 and busy_machine_note(job["tasks"]) == ""
+
+
+def test_a_job_measured_on_a_busy_machine_says_so(env):
+    job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
+    env.store.claim_job("worker-1", 60)
+    env.store.record_progress(job_id, "worker-1", 0, trials=4, batches=1, best_cost=1e-5, best_record_id=None,
+                              baseline_cost=4e-5, trials_done=4, lease_seconds=60, timings=8, disturbed_timings=2)
+    job = env.get(f"/api/v1/jobs/{job_id}").json()
+    (task,) = job["tasks"]
+    assert task["timings"] == 8 and task["disturbed_fraction"] == pytest.approx(0.25)
+    note = busy_machine_note(job["tasks"])   # what `tunefarm jobs show` prints under the tasks
+    assert "busy machine" in note and "25 %" in note
 
 
 BAD_SPECS = [

@@ -77,6 +77,23 @@ class MeasureResult:
             return self.median
         return sum(self.costs) / len(self.costs)
 
+    def timing_summary(self) -> dict | None:
+        """The protocol's summary as measuring workers send it (compiler.timing.Timing.to_dict's
+        keys; records' JSON lines and the farm's Timing message carry the same); None for an
+        error or a result from before the protocol."""
+        if not self.ok or self.median is None or self.minimum is None:
+            return None
+        return {"median": self.median, "min": self.minimum, "spread": self.spread, "count": self.samples,
+                "disturbed": self.disturbed, "lost_fraction": self.lost_fraction, "host_busy": self.host_busy}
+
+    def take_timing(self, timing: dict) -> "MeasureResult":
+        """Fill the protocol's fields from such a summary (host_busy may be absent); returns self."""
+        self.median, self.minimum = float(timing["median"]), float(timing["min"])
+        self.spread, self.samples = float(timing["spread"]), int(timing["count"])
+        self.disturbed, self.lost_fraction = bool(timing["disturbed"]), float(timing["lost_fraction"])
+        self.host_busy = float(timing.get("host_busy", 0.0))
+        return self
+
     @property
     def mean_cost(self) -> float:
         """The same as `cost` (the name predates the measurement protocol's median; the records

@@ -319,11 +319,11 @@ def time_callable(fn: Callable, args, repeat: int = 10, min_repeat_ms: float = 5
     from compiler.timing import TimingOptions, time_samples
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
-    fn(*args)
 
     def run_batch(n):
         for _ in range(n):
             fn(*args)
 
     with host_lock.exclusive():
+        fn(*args)
         return time_samples(run_batch, TimingOptions(min_samples=repeat, min_seconds=min_repeat_ms / 1000.0))

@@ -159,10 +159,16 @@ def _print_job(job: dict) -> None:
 def busy_machine_note(tasks: list) -> str:
     """A plain warning when a job's figures were measured on a busy machine ('' when quiet)."""
     worst = max((t.get("disturbed_fraction") or 0.0 for t in tasks), default=0.0)
-    if worst <= 0:
+    return disturbed_note(worst, "the timings of its most disturbed task")
+
+
+def disturbed_note(fraction: float, whose: str = "the timings") -> str:
+    """The warning `tunefarm tune` and `tunefarm jobs show` print when `fraction` of `whose` were
+    disturbed ('' when none were)."""
+    if fraction <= 0:
         return ""
-    return (f"measured on a busy machine: up to {100 * worst:.0f} % of a task's timings were disturbed by other "
-            "processes even after retries; re-run on a quiet machine before trusting these figures")
+    return (f"measured on a busy machine: {100 * fraction:.0f} % of {whose} were disturbed by other processes "
+            "even after retries; re-run on a quiet machine before trusting these figures")
 
 
 def _print_update(job: dict, events: list) -> None:

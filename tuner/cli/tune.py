@@ -25,6 +25,7 @@ from .common import (
     poisoned_output,
     resolve_target,
 )
+from .remote import disturbed_note
 
 
 def _task_from_args(args):
@@ -125,8 +126,7 @@ def _summarize(task, opdef, weight, result, several: bool) -> int:
     print(f"{label}: best {result.best_gflops:.3g} GFLOPS, {result.speedup_over_default:.2f}x over the default "
           f"schedule ({result.baseline_gflops:.3g} GFLOPS; both re-measured together)")
     if result.disturbed_timings:
-        print(f"{label}: measured on a busy machine: {100 * result.disturbed_fraction:.0f} % of the timings were "
-              "disturbed by other processes even after retries; re-run on a quiet machine before trusting these figures")
+        print(f"{label}: {disturbed_note(result.disturbed_fraction)}")
     return EXIT_OK
 
 

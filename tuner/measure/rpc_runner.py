@@ -151,8 +151,7 @@ class RPCRunner(Runner):
                    "error_msg": answer.error_msg, "run_seconds": answer.run_seconds}
         if answer.HasField("timing"):
             t = answer.timing
-            as_dict["timing"] = {"median": t.median, "min": t.min, "spread": t.spread, "count": t.count,
-                                 "disturbed": t.disturbed, "lost_fraction": t.lost_fraction, "host_busy": t.host_busy}
+            as_dict["timing"] = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}
         return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by)
 
     def _collect(self, requests: dict):

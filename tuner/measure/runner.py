@@ -64,10 +64,7 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str) -> Measur
                         measured_by=measured_by)
     timing = answer.get("timing") if code == ErrorCode.NO_ERROR else None
     if timing:   # the measurement protocol's summary (an older agent sends none)
-        res.median, res.minimum = float(timing["median"]), float(timing["min"])
-        res.spread, res.samples = float(timing["spread"]), int(timing["count"])
-        res.disturbed, res.lost_fraction = bool(timing["disturbed"]), float(timing["lost_fraction"])
-        res.host_busy = float(timing.get("host_busy", 0.0))
+        res.take_timing(timing)
     return res
 
 

@@ -59,10 +59,9 @@ def record_values(task_id: int, job_id: int | None, candidate: Candidate, result
 
 def timing_values(result: MeasureResult) -> dict:
     """The measurement protocol's columns of a record (NULL for an error or a result without them)."""
-    has = result.ok and result.median is not None and result.minimum is not None
-    return {"min_cost": result.minimum if has else None, "cost_spread": result.spread if has else None,
-            "samples": result.samples if has else None, "disturbed": bool(result.disturbed) if has else None,
-            "lost_fraction": result.lost_fraction if has else None, "host_busy": result.host_busy if has else None}
+    t = result.timing_summary() or {}
+    return {"min_cost": t.get("min"), "cost_spread": t.get("spread"), "samples": t.get("count"),
+            "disturbed": t.get("disturbed"), "lost_fraction": t.get("lost_fraction"), "host_busy": t.get("host_busy")}
 
 
 _ERROR_CODES = {int(code): code for code in ErrorCode}
@@ -111,14 +110,13 @@ def to_line(record: Record) -> str:
         "candidate": record.candidate.to_json(),
         "result": {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
                    "build_seconds": r.build_seconds, "run_seconds": r.run_seconds,
-                   "measured_by": r.measured_by, **({"timing": _timing_json(r)} if r.ok and r.minimum is not None else {})},
+                   "measured_by": r.measured_by, **({"timing": t} if (t := r.timing_summary()) else {})},
         "created_at": record.created_at.isoformat(),
     }, sort_keys=True)
 
 
-def _timing_json(r: MeasureResult) -> dict:
-    return {"median": r.median, "min": r.minimum, "spread": r.spread, "count": r.samples, "disturbed": r.disturbed,
-            "lost_fraction": r.lost_fraction, "host_busy": r.host_busy}
+TIMING_TYPES = {"median": Real, "min": Real, "spread": Real, "count": int, "disturbed": bool, "lost_fraction": Real,
+                "host_busy": Real}   # a line's result.timing (MeasureResult.timing_summary); host_busy may be absent
 
 
 def from_line(line: str, lineno: int) -> Record:
@@ -179,13 +177,9 @@ def _from_obj(d) -> Record:
     timing = res.get("timing")
     if timing is not None and result.ok:   # the measurement protocol's summary (absent in older lines)
         _check(timing, dict, "result.timing")
-        result.median = float(_check(timing["median"], Real, "result.timing.median"))
-        result.minimum = float(_check(timing["min"], Real, "result.timing.min"))
-        result.spread = float(_check(timing["spread"], Real, "result.timing.spread"))
-        result.samples = _check(timing["count"], int, "result.timing.count")
-        result.disturbed = _check(timing["disturbed"], bool, "result.timing.disturbed")
-        result.lost_fraction = float(_check(timing["lost_fraction"], Real, "result.timing.lost_fraction"))
-        result.host_busy = float(_check(timing.get("host_busy", 0.0), Real, "result.timing.host_busy"))
+        for key, kind in TIMING_TYPES.items():
+            _check(timing.get(key, 0.0 if key == "host_busy" else None), kind, f"result.timing.{key}")
+        result.take_timing(timing)
     created = d.get("created_at")
     created_at = datetime.fromisoformat(_check(created, str, "created_at")) if created is not None else utcnow()
     if created_at.tzinfo is None:
