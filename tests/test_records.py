@@ -222,7 +222,9 @@ def test_history_for_the_cost_model(store):
 # ---------------------------------------------------------------------------------- JSON lines
 
 def fill(store):
-    store.add_records(TASK, [(cand(1), ok(3e-3)), (cand(2), err()), (cand(3), ok(1e-3))])
+    timed = ok(1e-3).take_timing({"median": 1.05e-3, "min": 1e-3, "spread": 0.1, "count": 2, "disturbed": True,
+                                  "lost_fraction": 0.05, "host_busy": 0.9})   # the protocol's summary travels too
+    store.add_records(TASK, [(cand(1), ok(3e-3)), (cand(2), err()), (cand(3), timed)])
     store.add_records(Task(Workload("relu", {"shape": [64]}), "llvm -mcpu=cortex-a72", "pi"),
                       [(cand(4, "trace"), ok(1e-5, by="pi-7"))])
 

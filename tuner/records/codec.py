@@ -177,8 +177,8 @@ def _from_obj(d) -> Record:
     timing = res.get("timing")
     if timing is not None and result.ok:   # the measurement protocol's summary (absent in older lines)
         _check(timing, dict, "result.timing")
-        for key, kind in TIMING_TYPES.items():
-            _check(timing.get(key, 0.0 if key == "host_busy" else None), kind, f"result.timing.{key}")
+        for field, kind in TIMING_TYPES.items():   # not `key`: that name holds the line's workload key
+            _check(timing.get(field, 0.0 if field == "host_busy" else None), kind, f"result.timing.{field}")
         result.take_timing(timing)
     created = d.get("created_at")
     created_at = datetime.fromisoformat(_check(created, str, "created_at")) if created is not None else utcnow()
