@@ -485,7 +485,7 @@ def test_best_schedules_loop_ir_and_export(site, page):
 def test_farm_page_with_a_tracker_and_an_agent(browser, site, tmp_path):
     port = free_port()
     tracker = spawn([sys.executable, "-m", "tuner.cli", "tracker", "--host", "127.0.0.1", "--port", str(port),
-                     "--agent-token", AGENT_TOKEN, "--tuner-token", TUNER_TOKEN, "--heartbeat", "0.5"], tmp_path / "tracker.log")
+                     "--agent-token", AGENT_TOKEN, "--tuner-token", TUNER_TOKEN, "--heartbeat", "0.7"], tmp_path / "tracker.log")
     agent = serve = None
     try:
         agent = spawn([sys.executable, "-m", "tuner.cli", "agent", "--tracker", f"127.0.0.1:{port}", "--key", "dash-test",
@@ -502,6 +502,7 @@ def test_farm_page_with_a_tracker_and_an_agent(browser, site, tmp_path):
             assert "dash-test" in row and "0 %" in row and "s ago" in row
             assert p.locator("main tbody tr[data-key='dash-test']").count() == 1
             before = p.inner_text("main tbody tr[data-key='agent-dash']")
+            # live: "last seen" moves between refreshes (every 2 s; the heartbeat, 0.7 s, does not divide it)
             p.wait_for_function("(b) => document.querySelector(\"tr[data-key='agent-dash']\").innerText !== b", arg=before)   # live
             check_page(p, site, "farm")
         finally:
