@@ -57,7 +57,7 @@ __version__ = "0.1.0"
 
 # name -> the submodule that defines it, imported on first access
 _LAZY = {"Kernel": "runtime", "TimingResult": "runtime", "build": "runtime", "load_kernel": "runtime",
-         "set_num_threads": "runtime", "export_library": "export"}
+         "set_num_threads": "runtime", "export_library": "export", "aligned_empty": "buffers"}
 
 
 def __getattr__(name):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import host_lock, kernel_format
+from .buffers import aligned_copy
 from .codegen_llvm import KERNEL_OK, KERNEL_OUT_OF_MEMORY, generate
 from .errors import ArgumentError, KernelLoadError, KernelRuntimeError
 from .kernel_format import MAGIC, check_runnable
@@ -190,8 +191,13 @@ class Kernel:
         call, then samples until the median is stable, each sample checked for time lost to
         other processes, retried and flagged when the host is busy. `lock`: hold the host's
         exclusive timing lock (compiler/host_lock.py), so no other tunefarm build or timing runs
-        on these cores meanwhile. Returns a Timing (seconds per call)."""
-        ptrs = self.check_args(arrays)
+        on these cores meanwhile. The kernel runs on 64-byte-aligned buffers (copies of the
+        arrays that are not; outputs are copied back): a kernel's speed depends on where its
+        buffers start (compiler/buffers.py), and a timing must not depend on where numpy happened
+        to put the caller's. Returns a Timing (seconds per call)."""
+        self.check_args(arrays)
+        timed = [aligned_copy(a) for a in arrays]
+        ptrs = self.check_args(timed)
         fn = self._load()
 
         def run_batch(n):
@@ -203,7 +209,15 @@ class Kernel:
 
         with host_lock.exclusive() if lock else contextlib.nullcontext():
             self._run(fn, ptrs)      # the warm-up call runs on the held host too
-            return time_samples(run_batch, options)
+            timing = time_samples(run_batch, options)
+        self._copy_back(arrays, timed)
+        return timing
+
+    def _copy_back(self, arrays, timed) -> None:
+        """Write the outputs computed in aligned copies back into the caller's arrays."""
+        for spec, arr, used in zip(self.args, arrays, timed):
+            if spec.written and used is not arr:
+                np.copyto(arr, used)
 
     def time_evaluator(self, number: int = 1, repeat: int = 3, min_repeat_ms: float = 0.0,
                        cooldown_ms: float = 0.0):
@@ -219,7 +233,9 @@ class Kernel:
             raise ValueError("number and repeat must be at least 1")
 
         def evaluator(*arrays):
-            ptrs = self.check_args(arrays)
+            self.check_args(arrays)
+            timed = [aligned_copy(a) for a in arrays]   # as in `measure`
+            ptrs = self.check_args(timed)
             fn = self._load()
             self._run(fn, ptrs)
             n = number
@@ -239,6 +255,7 @@ class Kernel:
                 results.append(dt / n)
                 if cooldown_ms > 0:
                     time.sleep(cooldown_ms / 1000.0)
+            self._copy_back(arrays, timed)
             return TimingResult(results)
         return evaluator
 
