@@ -336,11 +336,16 @@ class Schedule:
         return [st for st in self.stages if any(t is tensor for t in st.op.input_tensors())]
 
     # ------------------------------------------------------------------ caches
-    def cache_write(self, tensor: Tensor, scope: str = "local") -> Tensor:
+    def cache_write(self, tensor: Tensor, scope: str = "local", order=None) -> Tensor:
         """Compute `tensor` into a new cache stage; the old stage becomes a copy out of it.
 
         Typical use: the cache is computed at a tile loop of the output, so the accumulators of
         a register tile live in a small local buffer that LLVM keeps in registers.
+
+        `order` (a permutation of the dimensions) lays the cache out in another order: cache
+        dimension d is `tensor`'s dimension order[d]. A convolution whose vector axis is the
+        output channel of an NCHW output caches its tile as [n, y, x, f] ({"order": [0, 2, 3, 1]}),
+        so each channel vector of accumulators is contiguous (a register), not OH*OW apart.
         """
         stage = self[tensor]
         if scope not in ("local", "global"):
@@ -348,10 +353,20 @@ class Schedule:
         if stage.relations or stage.annotations or stage.attach[0] != "root":
             raise ScheduleError(f"cache_write: apply it to {stage.name} before any loop transformation")
         op = stage.op
-        cache_op = ComputeOp(f"{stage.name}_{scope}", op.shape, op.axis, op.body, op.tag, op.attrs)
+        ndim = len(op.shape)
+        if order is not None:
+            if (not isinstance(order, (list, tuple)) or any(isinstance(d, bool) or not isinstance(d, int) for d in order)
+                    or sorted(order) != list(range(ndim))):
+                raise ScheduleError(f"cache_write: order must be a permutation of 0..{ndim - 1}, got {order!r}")
+            order = [int(d) for d in order]
+            if order == list(range(ndim)):
+                order = None
+        perm = order or list(range(ndim))
+        cache_op = ComputeOp(f"{stage.name}_{scope}", [op.shape[d] for d in perm], [op.axis[d] for d in perm],
+                             op.body, op.tag, op.attrs)
         cache_tensor = Tensor(cache_op)
         axis = [IterVar(ax.name, ax.extent) for ax in op.axis]
-        copy_op = ComputeOp(stage.name, op.shape, axis, cache_tensor[tuple(a.var for a in axis)], op.tag)
+        copy_op = ComputeOp(stage.name, op.shape, axis, cache_tensor[tuple(axis[d].var for d in perm)], op.tag)
         Tensor(copy_op)  # gives copy_op its output tensor (op.output), as every operation has one
         stage_index = self.stages.index(stage)
         new_stage = Stage(self, cache_tensor, cache_op, scope)
@@ -362,7 +377,7 @@ class Schedule:
         stage.leaf_iter_vars = list(stage.root_iter_vars)
         self.stages.insert(stage_index, new_stage)
         self._stage_of[cache_tensor] = new_stage
-        self._record("cache_write", tensor=stage_index, scope=scope)
+        self._record("cache_write", tensor=stage_index, scope=scope, order=order)
         return cache_tensor
 
     def rfactor(self, tensor: Tensor, axis, factor_axis: int = 0) -> Tensor:

@@ -36,7 +36,7 @@ STEP_FIELDS = {
     "compute_at": ({"stage", "parent", "axis"}, set()),
     "compute_inline": ({"stage"}, set()),
     "compute_root": ({"stage"}, set()),
-    "cache_write": ({"tensor", "scope"}, set()),
+    "cache_write": ({"tensor", "scope"}, {"order"}),
     "rfactor": ({"tensor", "axis"}, {"factor_axis"}),
     "cache_read": ({"tensor", "scope", "readers"}, {"block"}),
 }
@@ -101,7 +101,7 @@ def _apply(s: Schedule, n: int, step):
 def _dispatch(s: Schedule, n: int, op: str, step: dict):
     if op == "cache_write":
         tensor = _stage(s, n, step["tensor"], "tensor").tensor
-        s.cache_write(tensor, step["scope"])
+        s.cache_write(tensor, step["scope"], order=step.get("order"))
         return
     if op == "rfactor":
         st = _stage(s, n, step["tensor"], "tensor")

@@ -210,6 +210,8 @@ def test_cache_errors(mm):
     i, j, k = st.root_iter_vars
     expect_error(s, lambda: s.cache_write(A), "not computed by this schedule")
     expect_error(s, lambda: s.cache_write(out, "shared"), "scope must be")
+    for bad in ([0], [0, 0], [1, 2], "10", [0, True]):
+        expect_error(s, lambda bad=bad: s.cache_write(out, "local", order=bad), "permutation")
     expect_error(s, lambda: s.cache_read(A, "shared", [out]), "scope must be")
     expect_error(s, lambda: s.cache_read(A, "global", []), "at least one reader")
     expect_error(s, lambda: s.cache_read(A, "global", [out], block={2: 4}), "block axis 2 out of range")
@@ -758,3 +760,37 @@ def test_rfactor_rejects_spatial_axes_and_transformed_stages():
     E = C.compute((4,), lambda i: A[i, 0] * 2.0, name="E")
     with pytest.raises(ScheduleError, match="not a reduction"):
         C.create_schedule(E).rfactor(E, "i")
+
+
+def test_cache_write_in_another_layout_computes_the_same_and_replays():
+    """A cache laid out [j][i] (order=[1, 0]): the register tile's vector axis made contiguous
+    whatever the output's layout; the steps replay it on a fresh definition."""
+    A, B, out = matmul()
+    s = C.create_schedule(out)
+    acc = s.cache_write(out, "local", order=[1, 0])
+    assert tuple(acc.shape) == (out.shape[1], out.shape[0])
+    st, cst = s[out], s[acc]
+    i, j = st.op.axis
+    io, ii = st.split(i, factor=4)
+    jo, ji = st.split(j, factor=8)
+    st.reorder(io, jo, ii, ji)
+    cst.compute_at(st, jo)
+    cj, ci = cst.op.axis        # the cache's own order: j first
+    (k,) = cst.op.reduce_axis
+    cst.reorder(k, cj, ci)
+    cst.vectorize(ci)
+    step = next(x for x in s.steps if x["op"] == "cache_write")
+    assert step["order"] == [1, 0]
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, tuple(A.shape)).astype(np.float32)
+    b = rng.uniform(-1, 1, tuple(B.shape)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = np.full(tuple(out.shape), np.nan, np.float32)
+    C.build(s, [A, B, out])(a, b, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    A2, B2, out2 = matmul()
+    replayed = apply_steps([out2], steps_from_json(steps_to_json(s.steps)))
+    got = np.full(tuple(out2.shape), np.nan, np.float32)
+    C.build(replayed, [A2, B2, out2])(a, b, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert [x.get("order") for x in replayed.steps if x["op"] == "cache_write"] == [[1, 0]]

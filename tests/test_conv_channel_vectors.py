@@ -1,0 +1,84 @@
+"""conv2d_nchw vectorized over output channels (schedule_conv_nchw_channels) against numpy.
+
+The variant the default schedule picks where channel vectors pay (ResNet's layers on AVX-512):
+the tile overhangs rows and columns that no tile divides, strides and dilations become broadcast
+addresses, groups split the channel vector, and both reduction orders (taps unrolled inside the
+channel loop, or the channel loop innermost) are covered. The cases run on any host: the
+schedule sizes its vectors from the host's target, whatever it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler import Target
+from compiler.ops import get_op, random_inputs
+from compiler.ops.schedule_conv import (
+    channel_vectors_pay,
+    pick_tile,
+    schedule_conv_nchw_channels,
+    taps_unrolled,
+    vector_tiles,
+)
+from compiler.ops.schedule_common import lanes
+from compiler.runtime import build
+
+HOST = Target.host()
+VL = lanes(HOST, "float32")
+
+CASES = [
+    dict(N=1, C=VL, H=9, W=11, F=2 * VL, KH=3, KW=3, padding=1),              # rows and columns overhang
+    dict(N=2, C=VL + 3, H=13, W=7, F=VL, KH=3, KW=3, stride=2, padding=1),    # batch, stride, odd channels
+    dict(N=1, C=VL, H=15, W=15, F=VL, KH=3, KW=3, dilation=2, padding=2),
+    dict(N=1, C=2 * VL, H=7, W=7, F=4 * VL, KH=1, KW=1),
+    dict(N=1, C=VL, H=10, W=10, F=3 * VL, KH=1, KW=1, stride=2),
+    dict(N=1, C=2 * VL, H=8, W=9, F=2 * VL, KH=3, KW=3, padding=1, groups=2),   # a group's channels = one vector
+    dict(N=1, C=VL, H=12, W=13, F=2 * VL, KH=5, KW=5, stride=2, padding=(2, 1, 2, 0)),
+    dict(N=1, C=VL, H=9, W=9, F=VL, KH=3, KW=3, padding=1, dtype="int8"),
+    dict(N=1, C=VL, H=6, W=20, F=VL, KH=7, KW=7, stride=2, padding=3),
+]
+
+
+def _poisoned(op):
+    dtype = np.dtype(op.output.dtype)
+    if dtype.kind == "f":
+        return np.full(op.output.shape, np.nan, dtype)
+    return np.full(op.output.shape, np.iinfo(dtype).min + 3, dtype)
+
+
+@pytest.mark.parametrize("params", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_channel_vectors_match_the_reference(params):
+    op = get_op("conv2d_nchw", **params)
+    arrays = random_inputs(op, np.random.default_rng(3))
+    out = _poisoned(op)
+    build(schedule_conv_nchw_channels(op, HOST), op.tensors, HOST)(*arrays, out)
+    want = op.reference(*arrays)
+    if out.dtype.kind in "iu":
+        np.testing.assert_array_equal(out, want)
+    else:
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def _tile(op):
+    fpg = op.output.shape[1] // op.params["groups"]
+    FB, (XB, YB) = pick_tile(vector_tiles(fpg, VL), VL, [(op.output.shape[3], 8, True), (op.output.shape[2], 4, True)],
+                             lambda r, c: (c[0] * c[1] + r, r), HOST.capabilities)
+    return FB // VL, XB, YB
+
+
+def test_both_reduction_orders_are_among_the_cases():
+    """The cases exercise the taps-unrolled order and the channel-innermost one."""
+    seen = {taps_unrolled(op, *_tile(op), HOST.capabilities) for op in (get_op("conv2d_nchw", **p) for p in CASES)}
+    assert seen == {True, False}
+
+
+def test_channel_vectors_are_chosen_for_deep_layers_not_for_the_rgb_stem():
+    deep = get_op("conv2d_nchw", N=1, C=4 * VL, H=14, W=14, F=4 * VL, KH=3, KW=3, padding=1)
+    stem = get_op("conv2d_nchw", N=1, C=3, H=224, W=224, F=64, KH=7, KW=7, stride=2, padding=3)
+    odd = get_op("conv2d_nchw", N=1, C=4 * VL, H=14, W=14, F=VL + 1, KH=3, KW=3, padding=1)
+    depthwise = get_op("depthwise_conv2d_nchw", N=1, C=4 * VL, H=14, W=14, KH=3, KW=3, padding=1)
+    assert channel_vectors_pay(deep, HOST)
+    assert not channel_vectors_pay(stem, HOST)        # a 3-channel reduction per tap
+    assert not channel_vectors_pay(odd, HOST)         # the channels fill no whole register
+    assert not channel_vectors_pay(depthwise, HOST)
