@@ -316,7 +316,8 @@ class FunctionEmitter:
 
     # ------------------------------------------------------------------ memory
     def _access(self, buf: Buffer, index: Expr):
-        """('scalar', ptr) | ('contiguous', ptr) | ('gather', <N x ptr>) for the current lanes."""
+        """('scalar', ptr) | ('contiguous', ptr) | ('lanes', [ptr per lane]) | ('gather', <N x ptr>)
+        for the current lanes."""
         b = self.builder
         ety = MEMTYPE[buf.dtype]
         base_ptr = self.buffers[buf]
@@ -324,9 +325,19 @@ class FunctionEmitter:
         if v is None or v not in _free_vars(index):
             return "scalar", b.gep(base_ptr, [self._scalar_index(index)], source_etype=ety)
         lin = arith.to_lin(index, self.ranges)
-        if lin.coef_of(v) == 1 and not any(v in _free_vars(a) for a, _ in lin.terms.values() if a is not v):
+        linear = not any(v in _free_vars(a) for a, _ in lin.terms.values() if a is not v)
+        if lin.coef_of(v) == 1 and linear:
             base = arith.substitute_var(index, v, Const(0, "int64"), self.ranges)
             return "contiguous", b.gep(base_ptr, [self._scalar_index(base)], source_etype=ety)
+        if linear and self.mask is None and isinstance(base_ptr, ir.AllocaInstr) and lin.coef_of(v) != 0:
+            # a strided access to a stack buffer: one scalar access per lane at constant offsets,
+            # which SROA can still turn into registers; a gather or scatter takes the buffer's
+            # address and keeps it in memory (a register tile read across its vector axis, e.g.
+            # a channel-vector convolution tile stored along its rows, then spills every FMA)
+            first = self._scalar_index(arith.substitute_var(index, v, Const(0, "int64"), self.ranges))
+            step = lin.coef_of(v)
+            return "lanes", [b.gep(base_ptr, [b.add(first, ir.Constant(first.type, step * lane))], source_etype=ety)
+                             for lane in range(self.lanes)]
         idx = self._broadcast(self.emit_expr(index))
         return "gather", _vector_gep(b, base_ptr, idx, ety)
 
@@ -353,6 +364,11 @@ class FunctionEmitter:
                 return self._masked_scalar_load(ptr, ety, self.mask)
             return b.load(ptr, typ=ety, align=align)
         vty = ir.VectorType(ety, self.lanes)
+        if kind == "lanes":
+            vec = ir.Constant(vty, None)
+            for lane, p in enumerate(ptr):
+                vec = b.insert_element(vec, b.load(p, typ=ety, align=align), ir.Constant(I32, lane))
+            return vec
         if kind == "contiguous":
             if self.mask is None:
                 return b.load(ptr, typ=vty, align=align)
@@ -399,6 +415,10 @@ class FunctionEmitter:
         value = self._broadcast(value)
         vty = value.type
         align = 1 if s.buffer.dtype == "bool" else max(ety.width // 8, 1) if isinstance(ety, ir.IntType) else (4 if ety == F32 else 8)
+        if kind == "lanes":
+            for lane, p in enumerate(ptr):
+                b.store(b.extract_element(value, ir.Constant(I32, lane)), p, align=align)
+            return
         if kind == "contiguous":
             if self.mask is None:
                 b.store(value, ptr, align=align)

@@ -105,3 +105,41 @@ def test_gemm_default_schedule_matches_numpy(name, params):
         np.testing.assert_array_equal(out, ref)
     else:
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def _transposed_tile(n=16):
+    """out = Aᵀ @ B with a register tile cached [j][i] (cache_write order; its vector axis i) and
+    stored along j, the output's rows: the store reads the stack tile 16 floats apart."""
+    A = C.placeholder((24, n), name="A")
+    B = C.placeholder((24, n), name="B")
+    k = C.reduce_axis(24, "k")
+    out = C.compute((n, n), lambda i, j: C.sum(A[k, i] * B[k, j], axis=k), name="out")
+    s = C.create_schedule(out)
+    acc = s.cache_write(out, "local", order=[1, 0])
+    st, cst = s[out], s[acc]
+    i, j = st.op.axis
+    jo, ji = st.split(j, factor=4)
+    st.reorder(jo, i, ji)
+    st.unroll(i)
+    st.vectorize(ji)            # the store runs along j: the tile's lanes are 16 floats apart
+    cst.compute_at(st, jo)
+    cj, ci = cst.op.axis
+    (kk,) = cst.op.reduce_axis
+    cst.reorder(kk, cj, ci)
+    cst.unroll(cj)
+    cst.vectorize(ci)
+    return s, [A, B, out]
+
+
+def test_a_strided_read_of_a_stack_tile_is_per_lane_not_a_gather():
+    """A gather takes the stack tile's address and keeps it out of registers; per-lane loads at
+    constant offsets let SROA promote it. The kernel stays correct."""
+    s, args = _transposed_tile()
+    ir = _ir(s, args)
+    assert "gather" not in ir and "scatter" not in ir
+    rng = np.random.default_rng(2)
+    a = rng.uniform(-1, 1, (24, 16)).astype(np.float32)
+    b = rng.uniform(-1, 1, (24, 16)).astype(np.float32)
+    out = np.full((16, 16), np.nan, np.float32)
+    C.build(s, args)(a, b, out)
+    np.testing.assert_allclose(out, a.T.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

@@ -184,8 +184,10 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     row fills 7 of 16 lanes when the columns are the vector), and a stride or dilation is only
     another broadcast address. The OIHW weights are packed into [F/FB][C][KH][KW][FB] panels
     (unit-stride weight vectors), the accumulators laid out [y][x][f] (cache_write order) so each
-    is a register, and the tile is stored channel vector by channel vector (a scatter: reading
-    the tile along x instead gathers from it, and LLVM then keeps it in memory, not registers).
+    is a register, and the tile is stored along its rows (unit-stride stores of XB columns; the
+    code generator reads the register tile across its channel vectors lane by lane, which LLVM
+    turns into shuffles). Storing channel vectors instead is a 16-lane scatter per vector: 0.89x
+    oneDNN against 1.09x on res2's 64->256 1x1, where 64 channels give a short reduction.
 
     Reduction order (taps_unrolled): when the input values a row of taps shares (x·stride +
     rx·dilation) fit in the registers beside the accumulators, the taps are unrolled inside the
@@ -207,7 +209,7 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
     red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, caps) else [1, 2, 0]
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
-                         vec_group=fpg if groups > 1 else 0, red_order=red_order)
+                         vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3)
     packed = s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})
     pst = s[packed]
     *rows, lane = pst.op.axis
