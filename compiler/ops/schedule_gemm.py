@@ -8,7 +8,8 @@ The GotoBLAS recipe in schedule terms (see shared perf notes):
   vectorized columns, so LLVM keeps the mr·nr/lanes accumulators in registers;
 - packing: B is copied into [N/nr][K][nr] panels (cache_read with a blocked layout) so each
   k step is one unit-stride load per vector;
-- parallel over the outer row tiles (fused with the batch), the packing parallel over panels.
+- the tile loops walk B's panels outermost, then the row tiles (fused with the batch, parallel),
+  so a panel stays in L2 while every row tile uses it; the packing is parallel over panels.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ def schedule_gemm(opdef, target=None) -> Schedule:
     *b_axes, i, j = out_stage.op.axis
     io, ii = out_stage.split(i, factor=mr)
     jo, ji = out_stage.split(j, factor=nr)
-    out_stage.reorder(*b_axes, io, jo, ii, ji)
-    acc_stage.compute_at(out_stage, jo)
+    # panels outermost: a thread sweeps every row tile over one packed B panel (K x nr, in its
+    # L2) before the next; rows outermost streamed all of B (4 MB at 1024^3) from L3 per row
+    # tile: 1024^3 read 176 GFLOPS that way and 415 this way (numpy 374, rocketlake, 2 threads)
+    out_stage.reorder(*b_axes, jo, io, ii, ji)
+    outer = out_stage.fuse(*b_axes, jo, io)
+    acc_stage.compute_at(out_stage, outer)
     *_, ci, cj = acc_stage.op.axis
     (k,) = acc_stage.op.reduce_axis
     ko, ki = acc_stage.split(k, factor=4)
@@ -64,7 +69,6 @@ def schedule_gemm(opdef, target=None) -> Schedule:
     acc_stage.unroll(ci)
     acc_stage.vectorize(cj)
     out_stage.vectorize(ji)
-    outer = out_stage.fuse(*b_axes, io) if b_axes else io
     out_stage.parallel(outer)
     _pack_b(s, opdef, acc_stage, nr)
     return s

@@ -8,10 +8,11 @@ schedule (same steps) and the rest of the space is its neighbourhood:
 - tile_j:  columns of the register tile (nr), vectorized: multiples of 32 bytes of the
            accumulator dtype up to 64 lanes, or N itself when it fits one vector loop;
 - tile_k:  the reduction loop split (inner factor), `unroll_k` unrolls the inner part;
-- tile_order: which of the row / column tile loops is outermost (columns outermost keeps one
-           packed B panel hot for all row tiles);
+- tile_order: which of the row / column tile loops is outermost (columns outermost, the
+           default's, keeps one packed B panel in L2 for all row tiles);
 - pack_b:  copy B into [N/nr][K][nr] panels (blocked cache_read) read with unit stride;
-- parallel: "outer" (batch + the outer tile loop), "fused" (all tile loops fused), "none".
+- parallel: "fused" (batch and all tile loops fused, the default's), "outer" (batch + the
+           outer tile loop), "none".
 
 The knob *sets* depend only on the workload (shapes, dtypes; tile_j includes the row widths the
 default schedule picks for 128-, 256- and 512-bit registers), so a config names the same loop
@@ -72,9 +73,9 @@ def gemm(cfg, opdef, target):
     cfg.define_split("tile_j", N, policy="candidate", candidate=[[v] for v in vals["tile_j"]])
     cfg.define_split("tile_k", k_axis.extent, policy="candidate", candidate=[[v] for v in vals["tile_k"]])
     cfg.define_knob("unroll_k", [True, False])
-    cfg.define_reorder("tile_order", 2)
+    cfg.define_reorder("tile_order", 2, policy="candidate", candidate=[[1, 0], [0, 1]])   # panels outermost first
     cfg.define_knob("pack_b", [True, False])
-    cfg.define_knob("parallel", ["outer", "fused", "none"])
+    cfg.define_knob("parallel", ["fused", "outer", "none"])
 
     mr, nr, ku = cfg["tile_i"].size[-1], cfg["tile_j"].size[-1], cfg["tile_k"].size[-1]
     if red_stage is out_stage:
