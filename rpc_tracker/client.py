@@ -1,7 +1,7 @@
 """Small helpers for whoever dials the tracker: agents, the tuner's RPC runner, `tunefarm farm status`.
 
-`make_channel` applies the protocol's message limits (and TLS when given a CA file) so every client
-talks to the tracker the same way; `farm_summary` / `format_summary` are the status view.
+`make_channel` applies the protocol's message limits and keepalive (and TLS when given a CA file) so
+every client talks to the tracker the same way; `farm_summary` / `format_summary` are the status view.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import grpc
 
-from .protocol import auth_metadata, channel_options, pb, pb_grpc
+from .protocol import auth_metadata, channel_options, client_keepalive_options, pb, pb_grpc
 
 
 def make_channel(address: str, tls_ca: str | None = None, options: list | None = None) -> grpc.Channel:
     """A channel to the tracker at HOST:PORT; TLS (verified against the CA file `tls_ca`) when given."""
-    opts = channel_options() + list(options or [])
+    opts = channel_options() + client_keepalive_options() + list(options or [])
     if tls_ca:
         creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
         return grpc.secure_channel(address, creds, options=opts)

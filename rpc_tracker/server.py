@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 
 from .config import TrackerConfig, TrackerStartError
-from .protocol import channel_options, pb_grpc
+from .protocol import channel_options, pb_grpc, server_keepalive_options
 from .servicer import TrackerServicer
 from .state import TrackerState
 
@@ -84,7 +84,7 @@ def start_tracker(config: TrackerConfig | None = None) -> TrackerServer:
     servicer = TrackerServicer(state, agent_token=config.agent_token, tuner_token=config.tuner_token,
                                heartbeat_seconds=config.heartbeat_seconds)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tracker"),
-                         options=channel_options() + [("grpc.so_reuseport", 0)])
+                         options=channel_options() + server_keepalive_options() + [("grpc.so_reuseport", 0)])
     pb_grpc.add_TrackerServicer_to_server(servicer, server)
     bind = f"{config.host}:{config.port}"
     try:
