@@ -23,7 +23,9 @@ Lifecycle:
   started is dropped (its lease brings it back to the queue on the tracker's side); work already
   running finishes and its report is tried;
 - UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old) or INVALID_ARGUMENT
-  from Connect: retrying cannot help, so the agent exits with EXIT_REFUSED and says why;
+  from Connect, or a TLS handshake that fails (a tracker certificate not signed by --tls-ca, TLS
+  against a plaintext tracker): retrying cannot help, so the agent exits with EXIT_REFUSED and
+  says why;
 - SIGTERM / SIGINT (`request_stop`): Drain (the tracker sends no more work), finish and report
   what is held, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
 """
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from rpc_tracker.client import make_channel
+from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
 
 from .host import describe_host, target_problem
@@ -209,6 +211,11 @@ class Agent:
                 code = e.code()
                 if code in FATAL_CONNECT_CODES and not self._stop.is_set():
                     self.refusal = self._refusal_message(code, e.details())
+                    self._refused.set()
+                    return
+                tls = tls_problem(e.details(), self.config.tls_ca) if code == grpc.StatusCode.UNAVAILABLE else ""
+                if tls and not self._stop.is_set():
+                    self.refusal = f"agent {self.name} cannot join the tracker at {self.config.tracker}: {tls}"
                     self._refused.set()
                     return
                 reason = f"{code.name if code else 'error'}: {e.details()}"
@@ -380,7 +387,8 @@ class Agent:
                 code = e.code()
                 if code == grpc.StatusCode.NOT_FOUND:  # the tracker restarted or dropped this connection
                     log.warning("result of request %s not taken: the tracker no longer knows this connection "
-                                "(%s); the tuner submits the request again", result.request_id, e.details())
+                                "(%s); it is measured again (requeued by the tracker, or submitted again by its "
+                                "tuner)", result.request_id, e.details())
                     return
                 if code == grpc.StatusCode.FAILED_PRECONDITION:  # the lease went to another agent
                     log.warning("result of request %s not taken: %s", result.request_id, e.details())

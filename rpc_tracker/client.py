@@ -1,7 +1,8 @@
 """Small helpers for whoever dials the tracker: agents, the tuner's RPC runner, `tunefarm farm status`.
 
 `make_channel` applies the protocol's message limits and keepalive (and TLS when given a CA file) so
-every client talks to the tracker the same way; `farm_summary` / `format_summary` are the status view.
+every client talks to the tracker the same way; `tls_problem` tells a certificate the client does
+not trust from a network that is down; `farm_summary` / `format_summary` are the status view.
 """
 
 from __future__ import annotations
@@ -20,6 +21,32 @@ def make_channel(address: str, tls_ca: str | None = None, options: list | None =
         creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
         return grpc.secure_channel(address, creds, options=opts)
     return grpc.insecure_channel(address, options=opts)
+
+
+def tls_problem(details: str | None, tls_ca: str | None) -> str:
+    """What is wrong with TLS, as a sentence for the user, when a failed connection's details say the
+    TLS handshake failed; "" when they say anything else (a tracker down or restarting, a lossy
+    network: worth retrying, whereas a certificate the client does not trust never gets better).
+
+    gRPC reports these only as UNAVAILABLE with text from BoringSSL ("Tls handshake failed
+    (TSI_PROTOCOL_FAILURE): ... CERTIFICATE_VERIFY_FAILED: self signed certificate", "Ssl handshake
+    failed" in older releases, "Peer name ... is not in peer certificate"), so the text is all there
+    is to go on; tests/test_farm_netns.py pins it for the grpcio this project installs.
+    """
+    d = details or ""
+    low = d.lower()
+    ca = f"--tls-ca {tls_ca}" if tls_ca else "--tls-ca"
+    if "not in peer certificate" in low:
+        return f"the tracker's TLS certificate does not name the address dialled ({d.strip()})"
+    if "handshake failed" not in low:
+        return ""
+    if "certificate_verify_failed" in low or "certificate verify failed" in low:
+        reason = d.rsplit("CERTIFICATE_VERIFY_FAILED", 1)[-1].strip(": ").removesuffix(": OK").strip()
+        return (f"the tracker's TLS certificate is not trusted: it was not signed by the CA in {ca}"
+                + (f" ({reason})" if reason else ""))
+    if "wrong_version_number" in low:
+        return f"the tracker does not speak TLS (drop {ca}, or start the tracker with --tls-cert and --tls-key)"
+    return f"the TLS handshake with the tracker failed ({d.strip()}); check {ca}"
 
 
 def farm_summary(address: str, token: str | None, tls_ca: str | None = None, timeout: float = 5) -> pb.FarmSummary:

@@ -92,6 +92,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                 return
         who = {AGENT: "agent", TUNER: "tuner", ANYONE: "agent or tuner"}[role]
         detail = "no token was given" if given is None else "the token does not match"
+        # the operator's side of the refusal (the caller gets the same words in its error)
+        log.warning("refused a call from %s: %s token refused: %s", context.peer(), who, detail)
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       f"{who} token refused: {detail} (metadata 'authorization: Bearer <token>')")
 

@@ -502,3 +502,30 @@ def test_tls_with_given_certificates(start, tmp_path):
     assert farm_summary(srv.address, TUNER_TOKEN, tls_ca=str(cert)).protocol_version == PROTOCOL_VERSION
     e = rpc_error(lambda: farm_summary(srv.address, TUNER_TOKEN, timeout=2))  # plaintext to a TLS port
     assert e.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_tls_failures_are_told_apart_from_a_network_that_is_down(start, tmp_path):
+    """tls_problem reads the words this grpcio really uses: a certificate signed by another CA,
+    TLS to a plaintext tracker, and a tracker that is simply not there."""
+    from rpc_tracker.client import tls_problem
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed: cannot make a test certificate")
+    pems = {}
+    for name in ("tracker", "stranger"):
+        cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        pems[name] = (str(cert), str(key))
+    tls = start(tls_cert=pems["tracker"][0], tls_key=pems["tracker"][1])
+    stranger = pems["stranger"][0]
+    e = rpc_error(lambda: farm_summary(tls.address, TUNER_TOKEN, tls_ca=stranger, timeout=3))
+    assert e.code() == grpc.StatusCode.UNAVAILABLE
+    said = tls_problem(e.details(), stranger)
+    assert "certificate is not trusted" in said and f"--tls-ca {stranger}" in said, e.details()
+    plain = start()
+    e = rpc_error(lambda: farm_summary(plain.address, TUNER_TOKEN, tls_ca=stranger, timeout=3))
+    assert "does not speak TLS" in tls_problem(e.details(), stranger), e.details()
+    plain.stop(0)
+    e = rpc_error(lambda: farm_summary(plain.address, TUNER_TOKEN, tls_ca=stranger, timeout=3))  # nobody there
+    assert e.code() == grpc.StatusCode.UNAVAILABLE and tls_problem(e.details(), stranger) == "", e.details()

@@ -10,8 +10,8 @@ The measuring code itself lives in `device_agent.worker` so that device agents r
 """
 
 from .builder import BuilderPool, BuildResult
-from .rpc_runner import FarmAuthError, FarmError, FarmRequestError, RPCRunner
+from .rpc_runner import FarmAuthError, FarmError, FarmRequestError, FarmTLSError, RPCRunner
 from .runner import LocalRunner, Runner
 
-__all__ = ["BuildResult", "BuilderPool", "FarmAuthError", "FarmError", "FarmRequestError", "LocalRunner",
+__all__ = ["BuildResult", "BuilderPool", "FarmAuthError", "FarmError", "FarmRequestError", "FarmTLSError", "LocalRunner",
            "RPCRunner", "Runner"]

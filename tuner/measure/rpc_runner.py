@@ -9,10 +9,16 @@ twice, and a duplicate answer that still reaches the runner is ignored. Requests
 `result_timeout` runs out become RUNNER_ERROR results, so the tuning loop always gets one result
 per build, in order, as with LocalRunner.
 
-A misconfigured tuner — a wrong token, a batch the tracker rejects (malformed, an unknown device
-key, a target no agent of the key can run), a tracker address that never answers — gets a typed
-exception (`FarmAuthError`, `FarmRequestError`, `FarmError`) instead of a batch of error records:
-recording garbage for every candidate would poison the search and the database.
+A misconfigured tuner — a wrong token, a tracker certificate it does not trust, a batch the tracker
+rejects (malformed, an unknown device key, a target no agent of the key can run), a tracker address
+that never answers — gets a typed exception (`FarmAuthError`, `FarmTLSError`, `FarmRequestError`,
+`FarmError`) instead of a batch of error records: recording garbage for every candidate would
+poison the search and the database. The first contact asks the tracker for its Summary, so a
+wrong token or certificate is told before any candidate is sent.
+
+Over a real network a link can die without a word; the channel's keepalive
+(`rpc_tracker.protocol.client_keepalive_options`) ends a stream whose connection stopped answering,
+and the unanswered requests are submitted again like after any break.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import uuid
 import grpc
 
 from device_agent.agent import RECONNECT_OPTIONS
-from rpc_tracker.client import make_channel
+from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 
 from ..candidate import ErrorCode, MeasureResult
@@ -53,6 +59,11 @@ class FarmError(RuntimeError):
 
 class FarmAuthError(FarmError):
     """The tracker did not accept the tuner's token (UNAUTHENTICATED / PERMISSION_DENIED)."""
+
+
+class FarmTLSError(FarmError):
+    """The TLS handshake with the tracker failed: its certificate is not signed by the CA given
+    (--tls-ca), or one side speaks TLS and the other does not."""
 
 
 class FarmRequestError(FarmError):
@@ -85,6 +96,7 @@ class RPCRunner(Runner):
                                          max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
+        self.tls_ca = tls_ca
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
         self._channel = make_channel(tracker, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
         self._stub = pb_grpc.TrackerStub(self._channel)
@@ -127,19 +139,43 @@ class RPCRunner(Runner):
                 yield i, self._to_result(answer, build_results[i])
 
     def _first_contact(self) -> None:
-        """Fail fast on a tracker never reached (a wrong address), unlike an outage mid-run.
+        """Fail fast on a tracker never reached (a wrong address), unlike an outage mid-run, and on a
+        wrong token or certificate before any candidate is sent.
 
-        Once the runner has talked to the tracker, an unreachable tracker is taken for one that
-        restarts, and waited for up to result_timeout.
+        Asks the tracker for its Summary (any valid token may) until it answers or connect_timeout
+        runs out. Once the runner has talked to the tracker, an unreachable tracker is taken for
+        one that restarts, and waited for up to result_timeout.
         """
         if self._reached:
             return
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout)
-        except grpc.FutureTimeoutError:
-            raise FarmError(f"cannot reach the tracker at {self.tracker} within {self.connect_timeout:g} s "
-                            f"(is it running, and is the address right?)") from None
+        deadline = time.monotonic() + self.connect_timeout
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hint = "" if self.tls_ca else "; if it serves TLS, give its CA with --tls-ca"
+                raise FarmError(f"cannot reach the tracker at {self.tracker} within {self.connect_timeout:g} s "
+                                f"(is it running, and is the address right?{hint}); last error: {last}")
+            try:
+                self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=min(left, 5.0))
+                break
+            except grpc.RpcError as e:
+                self._raise_if_refused(e)
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    break  # it answered: whatever it says about Summary, Measure will say for itself
+                last = f"{e.code().name}: {e.details()}"
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
         self._reached = True
+
+    def _raise_if_refused(self, e: grpc.RpcError) -> None:
+        """Raise the typed error of a call the tracker refused for the tuner's credentials."""
+        code = e.code()
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            raise FarmAuthError(f"the tracker at {self.tracker} refused the tuner: {code.name}: "
+                                f"{e.details()} (check --token / ${TOKEN_ENV})", code) from None
+        tls = tls_problem(e.details(), self.tls_ca) if code == grpc.StatusCode.UNAVAILABLE else ""
+        if tls:
+            raise FarmTLSError(f"cannot talk to the tracker at {self.tracker}: {tls}", code) from None
 
     def _to_result(self, answer, br) -> MeasureResult:
         if answer is None:
@@ -178,9 +214,7 @@ class RPCRunner(Runner):
                 reason = f"the result stream ended with {len(pending)} request(s) unanswered"
             except grpc.RpcError as e:
                 code = e.code()
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    raise FarmAuthError(f"the tracker at {self.tracker} refused the tuner: {code.name}: "
-                                        f"{e.details()} (check --token / ${TOKEN_ENV})", code) from None
+                self._raise_if_refused(e)
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                     break
                 if code not in _RETRY_CODES:
