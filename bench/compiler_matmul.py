@@ -12,6 +12,7 @@ import statistics
 import time
 
 import numpy as np
+from blas_info import blas_line, blas_report
 
 import compiler
 from compiler.ops import get_op
@@ -80,6 +81,8 @@ def main():
         "rel_err": rel_err,
         "target": target.cpu,
     }
+    result["blas"] = blas_report()
+    print(blas_line())
     print(f"{'kernel':<28}{'GFLOPS':>10}")
     print(f"{'tunefarm (2 threads)':<28}{result['gflops']:>10}")
     print(f"{'tunefarm (1 thread)':<28}{result['gflops_1_thread']:>10}")

@@ -95,8 +95,9 @@ def main() -> int:
     except ImportError:
         print("needs PyTorch's CPU build: pip install -e '.[bench]'", file=sys.stderr)
         return 2
+    from blas_info import blas_line
+
     import compiler
-    from bench.blas_info import blas_line
     from compiler.ops import build_op, get_op
     from compiler.ops.base import random_inputs
     from compiler.verify import poisoned
@@ -141,7 +142,7 @@ def main() -> int:
 
             out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
             with torch.no_grad():
-                def onednn():
+                def onednn(x=x, w=w, stride=stride, pad=pad):
                     torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)
                 t_def, t_tuned, t_torch = [], [], []
                 for _ in range(args.rounds):
@@ -151,8 +152,8 @@ def main() -> int:
                     t_torch.append(pause() or time_callable(onednn, ()).median)
             d, t, o = (statistics.median(v) for v in (t_def, t_tuned, t_torch))
             tuned_vs[layer], default_vs[layer] = round(o / t, 3), round(o / d, 3)
-            gf = lambda s: opdef.flops / s / 1e9  # noqa: E731
-            row = (layer, f"{gf(d):.0f}", f"{gf(t):.0f}", f"{gf(o):.0f}", f"{o / d:.3f}", f"{o / t:.3f}",
+            gf = [f"{opdef.flops / sec / 1e9:.0f}" for sec in (d, t, o)]
+            row = (layer, *gf, f"{o / d:.3f}", f"{o / t:.3f}",
                    f"{tune_seconds.get(layer, 0):.0f}", f"{max(errs):.1e}")
             rows.append(row)
             print("  " + "  ".join(row), file=sys.stderr, flush=True)

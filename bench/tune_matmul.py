@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from blas_info import blas_line, blas_report
 
 
 def main():
@@ -97,7 +98,9 @@ def main():
         "tuner_overhead_fraction": round(result.tuner_overhead_fraction, 3),
         "errors": result.errors,
         "target": compiler.Target.host().cpu,
+        "blas": blas_report(),
     }
+    print(blas_line())
     print(f"{'':<24}{'GFLOPS':>10}")
     print(f"{'best during tuning':<24}{out['best_gflops_during_tuning']:>10}")
     print(f"{'best re-measured':<24}{out['best_gflops_retimed']:>10}")

@@ -24,7 +24,7 @@ def is_aligned(arr: np.ndarray, alignment: int = ALIGNMENT) -> bool:
 def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on an `alignment`-byte boundary."""
     dt = np.dtype(dtype)
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment

@@ -153,8 +153,9 @@ def test_sketch_rules_follow_the_compute_definition():
     # the epilogue is fused into the reduction's tile; no cache_write is needed
     assert ids(custom_matmul_epilogue()) == {"T:tile_fused|out:fused_consumer"}
     assert ids(OPS["dense_gelu"]()) == {"dense_matmul:tile_fused|dense_epilogue:fused_consumer"}
-    # an output reduction: a local accumulator tile, or accumulating in place
-    assert ids(OPS["matmul"]()) == {"matmul:tile_cache_write", "matmul:tile"}
+    # an output reduction: a local accumulator tile, or accumulating in place; and a local tile
+    # vectorized along the rows, which index A but not B's columns (A packed along them)
+    assert ids(OPS["matmul"]()) == {"matmul:tile_cache_write", "matmul:tile", "matmul:tile_cache_write@0"}
     # elementwise producers are inlined; a tiled stage's producer (padding) may be materialized
     assert ids(custom_elementwise()) == {"U:inline|out:elementwise"}
     conv = ids(OPS["conv2d_nchw"]())
@@ -167,6 +168,30 @@ def test_sketch_rules_follow_the_compute_definition():
     assert mm.pack == {0: (1, 1)}
     nhwc = generate_sketches(OPS["conv2d_nhwc"]())
     assert all(sk.pack == {1: (1, 3)} for sk in nhwc)
+    # NCHW: the output channels may be the vector axis (they index the weights, which do not
+    # depend on the columns): the weights are then packed along their first axis
+    by_vec = {sk.id: (sk.vec, sk.pack) for sk in generate_sketches(OPS["conv2d_nchw"]())}
+    assert by_vec["pad:root|conv2d_nchw:tile_cache_write@1"] == ({1: 1}, {1: (1, 0)})
+    assert by_vec["pad:root|conv2d_nchw:tile_cache_write"] == ({}, {})
+    assert not any("@" in sid for sid in ids(OPS["conv2d_nhwc"]()))   # its channels are already last
+
+
+def test_sketch_of_nchw_conv_expresses_channel_vectors():
+    """The default schedule's recipe for deep NCHW layers (schedule_conv_nchw_channels): a local
+    tile cached [n][y][x][f] with f vectorized, the weights packed along f, stored along x."""
+    opdef = get_op("conv2d_nchw", N=1, C=32, H=9, W=11, F=32, KH=3, KW=3, padding=1)
+    space = SketchSpace(opdef)
+    params = {"pad": {"inner": "vec", "split": 11, "parallel": 1},
+              "conv2d_nchw": {"tile": {"s0": [1, 1, 1], "s1": [1, 1, 16], "s2": [1, 1, 2], "s3": [1, 1, 7],
+                                       "r0": [4], "r1": [1], "r2": [1]},
+                              "parallel": 2, "unroll_inner": True, "auto_unroll": 0, "pack": True}}
+    cand = space.make_candidate("pad:root|conv2d_nchw:tile_cache_write@1", params)
+    steps = cand.payload["steps"]
+    (cw,) = [st for st in steps if st["op"] == "cache_write"]
+    assert cw["order"] == [0, 2, 3, 1]
+    (cr,) = [st for st in steps if st["op"] == "cache_read"]
+    assert cr["block"] == {"0": 16}
+    check_builds_and_computes(opdef, cand, np.random.default_rng(0))
 
 
 def test_sketch_of_matmul_expresses_the_default_recipe():

@@ -355,6 +355,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "channel_vectors_pay", "taps_unrolled", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "channel_vectors_pay", "taps_unrolled",
+           "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

@@ -160,25 +160,47 @@ class _Dag:
                 return None
         return j
 
-    def pack_target(self, i):
-        """(input index, tensor axis) of an input the tile reuses and reads with the last
-        spatial axis as one index: packing it blocks that axis by the vector tile."""
+    def pack_target(self, i, vec: int | None = None):
+        """(input index, tensor axis) of an input the tile reuses and reads with spatial axis
+        `vec` (the vector axis; the last by default) as one index: packing it blocks that axis by
+        the vector tile."""
         op = self.op(i)
         live = [ax for ax in op.axis if ax.extent > 1]
         if not live:
             return None
-        last = op.axis[-1].var
+        axis_var = op.axis[len(op.axis) - 1 if vec is None else vec].var
         spatial = {ax.var for ax in live}
         for r in self.reads(op.body):
             if not isinstance(r.tensor.op, PlaceholderOp):
                 continue
-            dims = [d for d, idx in enumerate(r.indices) if idx is last]
+            dims = [d for d, idx in enumerate(r.indices) if idx is axis_var]
             used = set()
             for idx in r.indices:
                 used |= free_vars(idx)
             if dims and spatial - used and used & {ax.var for ax in op.reduce_axis}:
                 return self.inputs.index(r.tensor), dims[0]
         return None
+
+    def vector_axes(self, i) -> list:
+        """Spatial axes of tiled stage i, besides the last, that may be its vector axis: those a
+        reused input reads as one index while it does not read the last axis (a convolution's
+        output channels, which index the weights; a matmul's rows, which index A). Packing that
+        input makes the axis unit-stride; the accumulators are cached with it last."""
+        op = self.op(i)
+        last = op.axis[-1].var
+        out = []
+        for d, ax in enumerate(op.axis[:-1]):
+            if ax.extent <= 1:
+                continue
+            target = self.pack_target(i, d)
+            if target is None:
+                continue
+            tensor = self.inputs[target[0]]
+            reads_last = any(last in free_vars(idx) for r in self.reads(op.body) if r.tensor is tensor
+                             for idx in r.indices)
+            if not reads_last:
+                out.append(d)
+        return out
 
 
 # ----------------------------------------------------------------------------- sketches
@@ -191,6 +213,7 @@ class Sketch:
     rules: dict                                   # stage index -> rule
     consumer: dict = field(default_factory=dict)  # tiled stage -> fused consumer stage
     pack: dict = field(default_factory=dict)      # tiled stage -> (input index, axis)
+    vec: dict = field(default_factory=dict)       # tiled stage -> its vector axis, when not the last
 
 
 TILE_RULES = ("tile", "tile_cache_write", "tile_fused")
@@ -220,7 +243,8 @@ def generate_sketches(opdef, target=None) -> list:
             if i in consumer:
                 choices.append(([i], ["tile_fused"]))
             elif dag.is_output(i):
-                choices.append(([i], ["tile_cache_write", "tile"]))
+                choices.append(([i], ["tile_cache_write", "tile"]
+                                + [f"tile_cache_write@{d}" for d in dag.vector_axes(i)]))
             else:
                 choices.append(([i], ["tile"]))
         elif dag.is_reduce(i):
@@ -240,11 +264,15 @@ def generate_sketches(opdef, target=None) -> list:
                 rules[i] = rule
         sid = "|".join(f"{dag.names[i]}:{rules[i]}" for i in range(dag.n))
         sk = Sketch(sid, dict(sorted(rules.items())))
-        for i, r in rules.items():
+        for i, r in list(sk.rules.items()):
+            if "@" in r:   # tile_cache_write@d: vectorized along spatial axis d
+                r, vec = r.split("@")
+                sk.rules[i] = r
+                sk.vec[i] = int(vec)
             if r in TILE_RULES:
                 if r == "tile_fused":
                     sk.consumer[i] = consumer[i]
-                pt = dag.pack_target(i)
+                pt = dag.pack_target(i, sk.vec.get(i))
                 if pt is not None:
                     sk.pack[i] = pt
         sketches.append(sk)
@@ -353,10 +381,13 @@ class SketchSpace(SearchSpace):
                     "parallel": bool(rng.random() < 0.7)}
         return None
 
-    def _sample_axis_tile(self, i, d, rng) -> list:
+    def _vec_axis(self, i, vec: int | None) -> int:
+        return len(self.dag.op(i).axis) - 1 if vec is None else vec
+
+    def _sample_axis_tile(self, i, d, rng, vec: int | None = None) -> list:
         op = self.dag.op(i)
         ext = op.axis[d].extent
-        if d == len(op.axis) - 1:
+        if d == self._vec_axis(i, vec):
             sizes = _vector_sizes(ext, self._lanes(i))
             inner = 1 if rng.random() < 0.05 else _pick(rng, sizes)
         else:
@@ -365,24 +396,25 @@ class SketchSpace(SearchSpace):
         s1, s2 = _sample_levels(rng, rest, 2, [rest, 1 if rng.random() < 0.5 else MAX_MIDDLE])
         return [s1, s2, inner]
 
-    def _sample_tile(self, i, rng) -> dict:
+    def _sample_tile(self, i, rng, vec: int | None = None) -> dict:
         op = self.dag.op(i)
         # mostly register-sized micro-kernels: no more vector accumulators than the target
         # has registers for
         want_regs = rng.random() < REGISTER_TILE_P
         for _ in range(16):
-            tile = {f"s{d}": self._sample_axis_tile(i, d, rng) for d in range(len(op.axis))}
-            if not want_regs or self._acc_regs(i, tile) <= self.target.capabilities.accumulator_registers:
+            tile = {f"s{d}": self._sample_axis_tile(i, d, rng, vec) for d in range(len(op.axis))}
+            if not want_regs or self._acc_regs(i, tile, vec) <= self.target.capabilities.accumulator_registers:
                 break
         for d, ax in enumerate(op.reduce_axis):
             tile[f"r{d}"] = [_sample_factor(rng, ax.extent, MAX_INNER)]
         self._fit_region(i, tile)
         return tile
 
-    def _acc_regs(self, i, tile) -> int:
+    def _acc_regs(self, i, tile, vec: int | None = None) -> int:
         n = len(self.dag.op(i).axis)
-        regs = -(-tile[f"s{n - 1}"][2] // self._lanes(i))
-        return regs * math.prod(tile[f"s{d}"][2] for d in range(n - 1))
+        v = self._vec_axis(i, vec)
+        regs = -(-tile[f"s{v}"][2] // self._lanes(i))
+        return regs * math.prod(tile[f"s{d}"][2] for d in range(n) if d != v)
 
     def _fit_region(self, i, tile: dict):
         """Shrink the S2 levels until the local accumulator region of stage i fills at most half
@@ -414,7 +446,7 @@ class SketchSpace(SearchSpace):
 
     def _sample_tile_params(self, sketch, i, rng) -> dict:
         op = self.dag.op(i)
-        tile = self._sample_tile(i, rng)
+        tile = self._sample_tile(i, rng, sketch.vec.get(i))
         outer = [-(-ax.extent // math.prod(tile[f"s{d}"])) for d, ax in enumerate(op.axis)]
         p = {"tile": tile, "parallel": self._sample_parallel(outer, rng),
              "unroll_inner": bool(rng.random() < 0.7), "auto_unroll": _pick(rng, AUTO_UNROLL_STEPS)}
@@ -529,7 +561,7 @@ class SketchSpace(SearchSpace):
                 if axis.startswith("s") and rng.random() < 0.5:
                     p["tile"][axis] = _move_factor(p["tile"][axis], rng)
                 else:
-                    p["tile"][axis] = self._sample_tile(i, rng)[axis]
+                    p["tile"][axis] = self._sample_tile(i, rng, sk.vec.get(i))[axis]
                 self._fit_region(i, p["tile"])
             else:
                 fresh = self._sample_stage(sk, i, sk.rules[i], rng)
@@ -642,8 +674,11 @@ class _Applier:
             if r == "tile":
                 self.tile_root(i)
             elif r == "tile_cache_write":
-                acc = self.s[self.s.cache_write(self.orig[i].tensor, "local")]
-                self.tile_attached(i, acc, self.orig[i])
+                n = len(self.orig[i].op.axis)
+                vec = self.sk.vec.get(i, n - 1)
+                order = [d for d in range(n) if d != vec] + [vec]   # accumulators: the vector axis last
+                acc = self.s[self.s.cache_write(self.orig[i].tensor, "local", order=order)]
+                self.tile_attached(i, acc, self.orig[i], order)
             elif r == "tile_fused":
                 self.tile_attached(i, self.orig[i], self.orig[self.sk.consumer[i]])
             elif r == "reduce":
@@ -703,7 +738,8 @@ class _Applier:
         if not p.get("pack") or i not in self.sk.pack:
             return
         inp, axis = self.sk.pack[i]
-        width = self.tile_of(i, f"s{len(self.space.dag.op(i).axis) - 1}", 3)[-1]
+        vec = self.sk.vec.get(i, len(self.space.dag.op(i).axis) - 1)
+        width = self.tile_of(i, f"s{vec}", 3)[-1]
         if width <= 1:
             return
         tensor = self.s.placeholders[inp]
@@ -725,11 +761,13 @@ class _Applier:
         self.parallel_prefix(st, [l[0] for l in sp], p.get("parallel", 0))
         self.pack(i, st)
 
-    def tile_attached(self, i, red: Stage, out: Stage):
-        """`out` (the output copy or the fused consumer) tiled S0 S1 S2 S3; the reduction `red`
-        computed at its last S1 loop as R0 S2 R1 S3."""
+    def tile_attached(self, i, red: Stage, out: Stage, order=None):
+        """`out` (the output copy or the fused consumer) tiled S0 S1 S2 S3 and stored along its
+        last axis; the reduction `red` computed at its last S1 loop as R0 S2 R1 S3. `order`: the
+        cache's dimensions (red's axes) as dimensions of `out`, its vector axis last."""
         p = self.p(i)
         n_sp = len(out.op.axis)
+        order = order or list(range(n_sp))
         tiles = [self.tile_of(i, f"s{d}", 3) for d in range(n_sp)]
         sp = [self.split_levels(out, ax, t) for ax, t in zip(out.op.axis, tiles)]
         out.reorder(*[l[k] for k in range(4) for l in sp])
@@ -737,7 +775,7 @@ class _Applier:
             out.vectorize(sp[-1][3])
         red.compute_at(out, sp[-1][1])
         self.parallel_prefix(out, [l[0] for l in sp], p.get("parallel", 0))
-        inner = [red.split(ax, factor=t[2]) for ax, t in zip(red.op.axis, tiles)]
+        inner = [red.split(red.op.axis[k], factor=tiles[d][2]) for k, d in enumerate(order)]
         rd = [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0]) for d, ax in enumerate(red.op.reduce_axis)]
         red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
         self.micro_kernel(i, red, [x[1] for x in inner], [r[1] for r in rd], p)
