@@ -311,12 +311,18 @@ def test_sketch_candidates_use_the_targets_lanes_and_registers(mm, text):
     cands = [space.sample(rng) for _ in range(24)]
     lengths = set()
     for cand in cands:
-        lengths |= set(vector_loops(str(lower(*instantiate(mm, cand, target)))))
+        if "@" not in cand.payload["sketch"]:   # vectorized along the last axis, loads and stores alike
+            lengths |= set(vector_loops(str(lower(*instantiate(mm, cand, target)))))
+        else:   # vectorized along another axis: its micro-kernel tile, stored along rows of any width
+            (vec,) = space.sketch(cand.payload["sketch"]).vec.values()
+            (p,) = [p for p in cand.payload["params"].values() if "tile" in p]
+            lengths |= {p["tile"][f"s{vec}"][2]} - {1}      # 1: not vectorized
     # the sampled vector lengths are whole registers of this target (or a whole 64-wide row)
     assert lengths and all(n % lanes == 0 or n == 64 for n in lengths)
     if lanes == 4:
         assert any(n % 16 for n in lengths)                      # lengths AVX-512 would not pick
-    accs = [space._acc_regs(space.dag.names.index(name), p["tile"])
+    accs = [space._acc_regs(space.dag.names.index(name), p["tile"],
+                            space.sketch(cand.payload["sketch"]).vec.get(space.dag.names.index(name)))
             for cand in cands for name, p in cand.payload["params"].items() if "tile" in p]
     # most register tiles are held to this target's accumulator registers (not AVX2's 12)
     assert sum(a <= c.accumulator_registers for a in accs) >= 0.6 * len(accs)
