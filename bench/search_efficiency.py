@@ -82,6 +82,18 @@ def rnd(x, nd=3):
     return None if x is None else round(x, nd)
 
 
+def default_speed(task, builder, runner, rounds: int = 5) -> float:
+    """GFLOPS of the task's default schedule, by the same builder and runner as the tuning runs
+    (median of `rounds` timings): the speed each space's best must reach."""
+    from tuner.space import default_candidate
+    opdef = task.workload.opdef()
+    (build,) = builder.build(task, [default_candidate(opdef.workload_key())])
+    costs = [res.cost for res in (runner.run(task, [build])[0] for _ in range(rounds)) if res.ok]
+    if not costs:
+        raise RuntimeError(f"the default schedule of {opdef.name} failed to run")
+    return opdef.flops / statistics.median(costs) / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=64, help="trial budget of every run (default 64)")
@@ -119,6 +131,7 @@ def main():
             store.import_jsonl(io.StringIO(history_jsonl))
         return store
 
+    default_gflops = {}  # workload -> the default schedule's GFLOPS, measured by the runs' runner
     runs = []  # one dict per tuning run
     pairs = []  # one dict per (workload, space, seed)
     history = {}
@@ -144,6 +157,9 @@ def main():
         for wname in args.workloads:
             op, params = WORKLOADS[wname]
             task = Task.create(Workload(op, params))
+            default_gflops[wname] = round(default_speed(task, builder, runner), 1)
+            print(f"  {wname:<14} default schedule {default_gflops[wname]:6.1f} GFLOPS (the bar both spaces must reach)",
+                  flush=True)
             for seed in range(args.seeds):
                 for space in args.spaces:
                     res = {}
@@ -229,7 +245,7 @@ def main():
 
     print()
     print("templates vs sketches: best GFLOPS over all runs (median of the runs' bests)")
-    hdr3 = f"{'workload':<14}{'template':>18}{'sketch':>18}{'sketch/template':>17}"
+    hdr3 = f"{'workload':<14}{'template':>18}{'sketch':>18}{'sketch/template':>17}{'default':>10}"
     print(hdr3)
     print("-" * len(hdr3))
     spaces_best = {}
@@ -244,7 +260,8 @@ def main():
                  for s in ("template", "sketch")]
         ratio = (row["sketch"]["best_gflops"] / row["template"]["best_gflops"]
                  if "sketch" in row and "template" in row and row["template"]["best_gflops"] else None)
-        print(f"{w:<14}{cells[0]:>18}{cells[1]:>18}{(f'{ratio:.2f}' if ratio else '-'):>17}")
+        print(f"{w:<14}{cells[0]:>18}{cells[1]:>18}{(f'{ratio:.2f}' if ratio else '-'):>17}"
+              f"{default_gflops.get(w, float('nan')):>10.1f}")
 
     overhead = {}
     for s in args.spaces:
@@ -273,6 +290,7 @@ def main():
         "per_workload_space": per_ws,
         "guided_reached_90": f"{sum(p['guided_reached'] for p in pairs)}/{len(pairs)}",
         "space_best_gflops": spaces_best,
+        "default_gflops": default_gflops,
         "tuner_overhead_fraction": overhead,
         "trials": args.trials, "batch": args.batch, "seeds": args.seeds,
         "workloads": args.workloads, "spaces": args.spaces,

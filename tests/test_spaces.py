@@ -207,6 +207,21 @@ def test_sketch_of_matmul_expresses_the_default_recipe():
     check_builds_and_computes(opdef, cand, np.random.default_rng(0))
 
 
+def test_sketch_of_matmul_can_walk_column_panels_outermost():
+    """last_outer: the GEMM default's loop order (a packed B panel kept in cache while every row
+    tile uses it), the outer tile loops fused and parallel with the columns first."""
+    opdef = get_op("matmul", M=64, N=64, K=64)
+    space = SketchSpace(opdef)
+    params = {"matmul": {"tile": {"s0": [1, 1, 4], "s1": [1, 1, 16], "r0": [4]}, "parallel": 2, "last_outer": True,
+                         "unroll_inner": True, "auto_unroll": 0, "pack": True}}
+    cand = space.make_candidate("matmul:tile_cache_write", params)
+    ir = str(C.lower(*instantiate(opdef, cand)))
+    assert "parallel for (j_o_i_o_f" in ir        # the columns fused outside the rows, in parallel
+    check_builds_and_computes(opdef, cand, np.random.default_rng(1))
+    rows_first = space.make_candidate("matmul:tile_cache_write", {"matmul": {**params["matmul"], "last_outer": False}})
+    assert rows_first.payload["steps"] != cand.payload["steps"]
+
+
 def test_sketch_mutation_changes_one_parameter():
     space = SketchSpace(OPS["matmul"]())
     rng = np.random.default_rng(5)
@@ -402,3 +417,20 @@ def test_gemm_template_contains_configs_as_fast_as_the_default():
         C.set_num_threads(threads)
     ratio = min(times[0]) / min(min(t) for t in times[1:])
     assert ratio >= 0.5, f"best template config runs at {ratio:.2f}x the default schedule"
+
+
+def test_space_modules_import_no_sibling_but_the_base():
+    """base.py imports none of its children and the two spaces not each other: each space
+    registers its own candidate kind with the base (tuner/space/__init__.py imports both)."""
+    import ast
+    from pathlib import Path
+
+    import tuner.space as pkg
+    root = Path(pkg.__file__).parent
+    allowed = {"base.py": set(), "sketch.py": {"base"}, "template.py": {"base", "templates"}}
+    for name, ok in allowed.items():
+        tree = ast.parse((root / name).read_text())
+        siblings = {n.module.split(".")[0] for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+        assert siblings <= ok, (name, siblings - ok)
+    assert {"config", "trace", "default"} <= set(__import__("tuner.space.base", fromlist=["_"])._INSTANTIATORS)

@@ -70,6 +70,17 @@ SPACE_CANDIDATE_KIND = {"template": "config", "sketch": "trace"}
 DEFAULT_KIND = "default"
 
 
+def resolve_task(task_or_opdef, target):
+    """(opdef, target) of a space's subject: a Task (its target unless `target` is given) or an
+    OpDef (the host unless `target` is given)."""
+    from compiler.target import resolve_target
+    if hasattr(task_or_opdef, "workload") and hasattr(task_or_opdef, "target"):
+        return task_or_opdef.workload.opdef(), resolve_target(target or task_or_opdef.target)
+    if hasattr(task_or_opdef, "output") and hasattr(task_or_opdef, "tensors"):
+        return task_or_opdef, resolve_target(target)
+    raise SpaceError(f"expected a Task or an OpDef, got {type(task_or_opdef).__name__}")
+
+
 def default_candidate(workload_key: str) -> Candidate:
     """The baseline of a task: its workload's default schedule."""
     return Candidate(DEFAULT_KIND, {"workload_key": workload_key})
@@ -83,24 +94,26 @@ def _instantiate_default(opdef, cand: Candidate, target):
     return default_schedule(opdef, target), opdef.tensors
 
 
-def _instantiate_config(opdef, cand: Candidate, target):
-    from .template import instantiate_config
-    return instantiate_config(opdef, cand, target)
+# kind -> instantiator(opdef, cand, target) -> (schedule, args). The base knows only the default;
+# the space modules add their own kinds ("config" in template.py, "trace" in sketch.py) when the
+# package imports them, so this module imports none of its children (tuner/space/__init__.py
+# imports both, and every import of a tuner.space module runs it first).
+_INSTANTIATORS = {DEFAULT_KIND: _instantiate_default}
+BUILTIN_KINDS = ("config", "trace", DEFAULT_KIND)
 
 
-def _instantiate_trace(opdef, cand: Candidate, target):
-    from .sketch import replay_checked
-    return replay_checked(opdef, cand)
-
-
-_INSTANTIATORS = {"config": _instantiate_config, "trace": _instantiate_trace, DEFAULT_KIND: _instantiate_default}
+def register_space_kind(kind: str, instantiator) -> None:
+    """A space module's own candidate kind (one of BUILTIN_KINDS)."""
+    if kind not in BUILTIN_KINDS:
+        raise SpaceError(f"candidate kind {kind!r} is not a space's; use register_candidate_kind")
+    _INSTANTIATORS[kind] = instantiator
 
 
 def register_candidate_kind(kind: str, instantiator) -> None:
     """Add a candidate kind (an extension, or a test's): `instantiator(opdef, cand, target)`
     returns (schedule, args). Build processes need it too: register it in the BuilderPool's
     `initializer`."""
-    if kind in ("config", "trace", DEFAULT_KIND):
+    if kind in BUILTIN_KINDS:
         raise SpaceError(f"candidate kind {kind!r} is built in")
     _INSTANTIATORS[kind] = instantiator
 

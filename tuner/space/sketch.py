@@ -9,7 +9,7 @@ where each stage is computed. It is derived by rules, per stage in reverse topol
 - tile:       a reduction with data reuse (an input read that does not depend on every spatial
               axis: matmul, convolutions) gets a multi-level tiling of the "SSRSRS" kind: each
               spatial axis split into 4 levels, each reduction axis into 2, ordered
-              S0 S1 R0 S2 R1 S3;
+              S0 S1 R0 S2 R1 S3 (the outer S0 S1 levels may take the last axis first);
 - tile_fused: … and when its only reader is an elementwise stage reading it point for point
               (dense's epilogue, a user's `C * 2 + D[j]`), that reader is tiled S0 S1 S2 S3 and
               the reduction is computed at its last S1 loop (R0 S2 R1 S3 inside): the epilogue is
@@ -55,7 +55,7 @@ from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
 
 from ..candidate import Candidate
-from .base import SearchSpace, SpaceError, replay_trace
+from .base import SearchSpace, SpaceError, register_space_kind, replay_trace, resolve_task
 
 NICE_SIZES = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
 AUTO_UNROLL_STEPS = (0, 16, 64, 512)
@@ -337,8 +337,7 @@ class SketchSpace(SearchSpace):
     kind = "trace"
 
     def __init__(self, task_or_opdef, target=None, validate: bool = True):
-        from .template import _resolve_task
-        self.opdef, self.target = _resolve_task(task_or_opdef, target)
+        self.opdef, self.target = resolve_task(task_or_opdef, target)
         self.validate = validate
         self._lowered: dict = {}  # fingerprint -> loop program lowered while validating it
         self.dag = _Dag(self.opdef)
@@ -448,7 +447,10 @@ class SketchSpace(SearchSpace):
         op = self.dag.op(i)
         tile = self._sample_tile(i, rng, sketch.vec.get(i))
         outer = [-(-ax.extent // math.prod(tile[f"s{d}"])) for d, ax in enumerate(op.axis)]
-        p = {"tile": tile, "parallel": self._sample_parallel(outer, rng),
+        last_outer = bool(rng.random() < 0.5)
+        if last_outer:
+            outer = outer[-1:] + outer[:-1]
+        p = {"tile": tile, "last_outer": last_outer, "parallel": self._sample_parallel(outer, rng),
              "unroll_inner": bool(rng.random() < 0.7), "auto_unroll": _pick(rng, AUTO_UNROLL_STEPS)}
         if i in sketch.pack:
             p["pack"] = bool(rng.random() < 0.5)
@@ -750,15 +752,23 @@ class _Applier:
         packed.vectorize(packed.op.axis[-1])
 
     # -- rules
+    @staticmethod
+    def outer_first(sp: list, p: dict) -> list:
+        """The spatial axes' split loops in the order of the outer (S0, S1) levels: the last axis
+        first when `last_outer` (a matmul's column panels outermost, so a packed B panel stays in
+        cache while every row tile uses it: the GEMM default's order), else as defined."""
+        return sp[-1:] + sp[:-1] if p.get("last_outer") else sp
+
     def tile_root(self, i):
         st, p = self.orig[i], self.p(i)
         sp = [self.split_levels(st, ax, self.tile_of(i, f"s{d}", 3)) for d, ax in enumerate(st.op.axis)]
         rd = [self.split_levels(st, ax, self.tile_of(i, f"r{d}", 1)) for d, ax in enumerate(st.op.reduce_axis)]
-        order = [l[0] for l in sp] + [l[1] for l in sp] + [l[0] for l in rd] + [l[2] for l in sp] + \
+        outer = self.outer_first(sp, p)
+        order = [l[0] for l in outer] + [l[1] for l in outer] + [l[0] for l in rd] + [l[2] for l in sp] + \
             [l[1] for l in rd] + [l[3] for l in sp]
         st.reorder(*order)
         self.micro_kernel(i, st, [l[3] for l in sp], [l[1] for l in rd], p)
-        self.parallel_prefix(st, [l[0] for l in sp], p.get("parallel", 0))
+        self.parallel_prefix(st, [l[0] for l in outer], p.get("parallel", 0))
         self.pack(i, st)
 
     def tile_attached(self, i, red: Stage, out: Stage, order=None):
@@ -770,11 +780,12 @@ class _Applier:
         order = order or list(range(n_sp))
         tiles = [self.tile_of(i, f"s{d}", 3) for d in range(n_sp)]
         sp = [self.split_levels(out, ax, t) for ax, t in zip(out.op.axis, tiles)]
-        out.reorder(*[l[k] for k in range(4) for l in sp])
+        outer = self.outer_first(sp, p)
+        out.reorder(*[l[k] for k in range(2) for l in outer], *[l[k] for k in range(2, 4) for l in sp])
         if sp[-1][3].extent > 1:
             out.vectorize(sp[-1][3])
-        red.compute_at(out, sp[-1][1])
-        self.parallel_prefix(out, [l[0] for l in sp], p.get("parallel", 0))
+        red.compute_at(out, outer[-1][1])
+        self.parallel_prefix(out, [l[0] for l in outer], p.get("parallel", 0))
         inner = [red.split(red.op.axis[k], factor=tiles[d][2]) for k, d in enumerate(order)]
         rd = [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0]) for d, ax in enumerate(red.op.reduce_axis)]
         red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
@@ -852,5 +863,7 @@ def replay_checked(opdef, cand: Candidate):
         raise SpaceError("trace candidate has no 'steps' list")
     return replay_trace(opdef, cand)
 
+
+register_space_kind("trace", lambda opdef, cand, target: replay_checked(opdef, cand))
 
 __all__ = ["SketchSpace", "Sketch", "generate_sketches", "replay_checked"]

@@ -47,7 +47,7 @@ from compiler.errors import CompilerError
 from compiler.target import resolve_target
 
 from ..candidate import Candidate
-from .base import SearchSpace, SpaceError
+from .base import SearchSpace, SpaceError, register_space_kind, resolve_task
 
 _TEMPLATES: dict = {}
 MAX_REORDER_AXES = 7  # 5040 permutations; more must be given as candidates
@@ -541,21 +541,13 @@ def instantiate_config(opdef, cand: Candidate, target=None):
 
 # ----------------------------------------------------------------------------- the search space
 
-def _resolve_task(task_or_opdef, target):
-    if hasattr(task_or_opdef, "workload") and hasattr(task_or_opdef, "target"):
-        return task_or_opdef.workload.opdef(), resolve_target(target or task_or_opdef.target)
-    if hasattr(task_or_opdef, "output") and hasattr(task_or_opdef, "tensors"):
-        return task_or_opdef, resolve_target(target)
-    raise SpaceError(f"expected a Task or an OpDef, got {type(task_or_opdef).__name__}")
-
-
 class TemplateSpace(SearchSpace):
     """The configs of one template for one workload and target."""
 
     kind = "config"
 
     def __init__(self, task_or_opdef, template_name: str | None = None, target=None):
-        self.opdef, self.target = _resolve_task(task_or_opdef, target)
+        self.opdef, self.target = resolve_task(task_or_opdef, target)
         if template_name is None:
             template_name = default_template_for(self.opdef)
             if template_name is None:
@@ -628,6 +620,8 @@ class TemplateSpace(SearchSpace):
     def __repr__(self):
         return f"TemplateSpace({self.template_name} on {self.opdef.name}, {len(self)} configs)"
 
+
+register_space_kind("config", instantiate_config)
 
 __all__ = ["template", "get_template", "list_templates", "default_template_for", "ConfigSpace", "Config",
            "TemplateSpace", "SplitEntity", "OtherOptionEntity", "ReorderEntity", "AnnotateEntity",
