@@ -14,6 +14,7 @@ import pytest
 
 from compiler import Target
 from compiler.ops import get_op, random_inputs
+from compiler.ops.schedule_common import lanes
 from compiler.ops.schedule_conv import (
     channel_vectors_pay,
     pick_tile,
@@ -21,7 +22,6 @@ from compiler.ops.schedule_conv import (
     taps_unrolled,
     vector_tiles,
 )
-from compiler.ops.schedule_common import lanes
 from compiler.runtime import build
 
 HOST = Target.host()
