@@ -29,10 +29,11 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from processes import kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = Path(__file__).resolve().parent / "netns_wire.py"
@@ -218,16 +219,6 @@ class Hosts:
         return subprocess.run(["ip", "netns", "exec", namespace, *cmd], cwd=ROOT, capture_output=True, text=True,
                               timeout=timeout, **kw)
 
-    @staticmethod
-    def kill(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        if sig == signal.SIGKILL:
-            proc.wait(timeout=10)
-
     # ------------------------------------------------------------------ faults
     def cut_agent(self, i: int) -> None:
         """Agent i's link goes dead at the service end: nothing passes either way, nobody is told."""
@@ -259,7 +250,7 @@ table inet tunefarm_cut {{
     def close(self) -> None:
         """Kill every process started here, the links, and the namespaces (safe to call twice)."""
         for proc in self._procs:
-            self.kill(proc)
+            kill_group(proc)
         self._procs.clear()
         if self._wire is not None:
             self._wire.terminate()

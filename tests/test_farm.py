@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import kill_group, wait_for
 
 from compiler.ops import default_schedule
 from compiler.runtime import ArgSpec, Kernel
@@ -55,16 +56,6 @@ def spawn(cmd: list, log: Path, env: dict | None = None) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-    if sig == signal.SIGKILL:
-        proc.wait(timeout=10)
 
 
 class Processes:
@@ -117,20 +108,6 @@ def summary(address: str) -> pb.FarmSummary:
                                                     timeout=5)
     finally:
         channel.close()
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - e.g. the tracker is still starting
-            last_error = e
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
 
 
 def agents_of(address: str, key: str = KEY) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import netns
 import pytest
+from processes import kill_group, wait_for
 
 from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
@@ -100,19 +101,17 @@ class Farm:
     def wait_registered(self, names, timeout=30.0):
         wait_for(lambda: set(names) <= set(self.agents()), timeout, f"agents {sorted(names)} to register")
 
+    def start(self) -> list:
+        """The tracker and an agent on every agent host, registered: their names."""
+        self.start_tracker()
+        for i in range(len(self.hosts.agents)):
+            self.start_agent(i)
+        names = [f"agent-{i}" for i in range(len(self.hosts.agents))]
+        self.wait_registered(names)
+        return names
 
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - e.g. the tracker is still starting
-            last_error = e
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f" ({last_error})" if last_error else ""))
+
+
 
 
 @pytest.fixture
@@ -163,10 +162,7 @@ def measured_once(db: str, trials: int, agents) -> list:
 
 def test_tuning_run_across_delayed_lossy_links(make_farm, tmp_path):
     farm = make_farm(2)
-    farm.start_tracker()
-    for i in range(2):
-        farm.start_agent(i)
-    farm.wait_registered(["agent-0", "agent-1"])
+    farm.start()
     db = f"sqlite:///{tmp_path / 'run.db'}"
     tuner = farm.start_tuner(db, extra=["--trials", "6", "--batch", "3"])
     finish(farm, tuner, 90)
@@ -177,11 +173,7 @@ def test_tuning_run_across_delayed_lossy_links(make_farm, tmp_path):
 
 def test_an_agent_cut_off_mid_batch_loses_its_lease_and_comes_back(make_farm, tmp_path):
     farm = make_farm(3)
-    farm.start_tracker()
-    for i in range(3):
-        farm.start_agent(i)
-    names = ["agent-0", "agent-1", "agent-2"]
-    farm.wait_registered(names)
+    names = farm.start()
     db = f"sqlite:///{tmp_path / 'cut.db'}"
     # about half a second a request: the victim is cut early in its second one
     tuner = farm.start_tuner(db, extra=["--trials", "9", "--batch", "9", "--min-repeat-ms", "300"])
@@ -205,10 +197,7 @@ def test_an_agent_cut_off_mid_batch_loses_its_lease_and_comes_back(make_farm, tm
 
 def test_the_tuner_cut_off_from_the_tracker_submits_again_and_nothing_runs_twice(make_farm, tmp_path):
     farm = make_farm(2)
-    farm.start_tracker()
-    for i in range(2):
-        farm.start_agent(i)
-    farm.wait_registered(["agent-0", "agent-1"])
+    farm.start()
     db = f"sqlite:///{tmp_path / 'tuner-cut.db'}"
     tuner = farm.start_tuner(db, extra=["--trials", "8", "--batch", "8", "--min-repeat-ms", "300"])
     wait_for(lambda: farm.completed() >= 2, 60, "two results before the cut")
@@ -225,15 +214,11 @@ def test_the_tuner_cut_off_from_the_tracker_submits_again_and_nothing_runs_twice
 
 def test_a_tracker_restart_mid_run_loses_no_candidate(make_farm, tmp_path):
     farm = make_farm(2)
-    farm.start_tracker()
-    for i in range(2):
-        farm.start_agent(i)
-    names = ["agent-0", "agent-1"]
-    farm.wait_registered(names)
+    names = farm.start()
     db = f"sqlite:///{tmp_path / 'restart.db'}"
     tuner = farm.start_tuner(db, extra=["--trials", "8", "--batch", "8", "--min-repeat-ms", "300"])
     wait_for(lambda: farm.completed() >= 2, 60, "two results before the restart")
-    netns.Hosts.kill(farm.tracker)
+    kill_group(farm.tracker)
     time.sleep(1.0)  # agents and the tuner see the tracker gone
     farm.start_tracker()
     out = finish(farm, tuner, 90)
@@ -299,7 +284,7 @@ def test_agent_hosts_only_dial_out(make_farm):
     wait_for(lambda: "listening" in (hosts.log_dir / "listen-agent.log").read_text(), 15, "the agent-side listener")
     out = hosts.run(hosts.service, [sys.executable, "-c", dial, agent_ip], timeout=30).stdout
     assert "refused or dropped" in out and "timed out" in out, out
-    netns.Hosts.kill(server)
+    kill_group(server)
     # outbound from the agent's host to the service side: through
     server = hosts.spawn(hosts.service, [sys.executable, "-c", listen], hosts.log_dir / "listen-svc.log")
     wait_for(lambda: "listening" in (hosts.log_dir / "listen-svc.log").read_text(), 15, "the service-side listener")

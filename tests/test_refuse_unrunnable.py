@@ -13,15 +13,14 @@ and a real `python -m device_agent` process on loopback (killed by the test).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from api_env import Env, make_env
 from fastapi.testclient import TestClient
+from processes import kill_group, wait_for
 from serve_process import free_port
 
 from compiler.target import Target
@@ -108,16 +107,6 @@ def test_cli_tune_needing_a_feature_this_host_lacks_is_a_usage_error(tmp_path, c
 # ----------------------------------------------------------------------------- farm jobs
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 @pytest.fixture
 def tracker_with_agent(tmp_path):
     """An in-process tracker with one real agent (this host) registered under KEY: the tracker's address."""
@@ -138,9 +127,7 @@ def tracker_with_agent(tmp_path):
             raise AssertionError(f"agent did not register; its output:\n{log.read_text(errors='replace')}") from None
         yield server.address
     finally:
-        if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait(timeout=10)
+        kill_group(agent)
         server.stop(0)
 
 
