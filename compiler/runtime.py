@@ -195,9 +195,7 @@ class Kernel:
         arrays that are not; outputs are copied back): a kernel's speed depends on where its
         buffers start (compiler/buffers.py), and a timing must not depend on where numpy happened
         to put the caller's. Returns a Timing (seconds per call)."""
-        self.check_args(arrays)
-        timed = [aligned_copy(a) for a in arrays]
-        ptrs = self.check_args(timed)
+        timed, ptrs = self._aligned_args(arrays)
         fn = self._load()
 
         def run_batch(n):
@@ -212,6 +210,13 @@ class Kernel:
             timing = time_samples(run_batch, options)
         self._copy_back(arrays, timed)
         return timing
+
+    def _aligned_args(self, arrays) -> tuple:
+        """(the arrays a timing runs on, their pointers): the caller's arrays, checked, with
+        those that do not start on a cache line replaced by aligned copies."""
+        self.check_args(arrays)
+        timed = [aligned_copy(a) for a in arrays]
+        return timed, [a.ctypes.data for a in timed]
 
     def _copy_back(self, arrays, timed) -> None:
         """Write the outputs computed in aligned copies back into the caller's arrays."""
@@ -233,9 +238,7 @@ class Kernel:
             raise ValueError("number and repeat must be at least 1")
 
         def evaluator(*arrays):
-            self.check_args(arrays)
-            timed = [aligned_copy(a) for a in arrays]   # as in `measure`
-            ptrs = self.check_args(timed)
+            timed, ptrs = self._aligned_args(arrays)   # as in `measure`
             fn = self._load()
             self._run(fn, ptrs)
             n = number

@@ -16,11 +16,10 @@ from compiler import Target
 from compiler.ops import get_op, random_inputs
 from compiler.ops.schedule_common import lanes
 from compiler.ops.schedule_conv import (
+    channel_tile,
     channel_vectors_pay,
-    pick_tile,
     schedule_conv_nchw_channels,
     taps_unrolled,
-    vector_tiles,
 )
 from compiler.runtime import build
 
@@ -61,9 +60,7 @@ def test_channel_vectors_match_the_reference(params):
 
 
 def _tile(op):
-    fpg = op.output.shape[1] // op.params["groups"]
-    FB, (XB, YB) = pick_tile(vector_tiles(fpg, VL), VL, [(op.output.shape[3], 8, True), (op.output.shape[2], 4, True)],
-                             lambda r, c: (c[0] * c[1] + r, r), HOST.capabilities)
+    FB, XB, YB = channel_tile(op, HOST)
     return FB // VL, XB, YB
 
 

@@ -198,16 +198,12 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     out = opdef.output
     s = create_schedule(out)
     vl = lanes(target, out.dtype)
-    N, F, OH, OW = out.shape
     groups = opdef.params.get("groups", 1)
-    fpg = F // groups
-    caps = target.capabilities
+    fpg = out.shape[1] // groups
     materialize_pad(s, target)
-    # per step: YB·XB input broadcasts (one live at a time) and fregs weight vectors (all live)
-    FB, (XB, YB) = pick_tile(vector_tiles(fpg, vl), vl, [(OW, 8, True), (OH, 4, True)],
-                              lambda r, c: (c[0] * c[1] + r, r), caps)
+    FB, XB, YB = channel_tile(opdef, target)
     order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
-    red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, caps) else [1, 2, 0]
+    red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) else [1, 2, 0]
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3)
     packed = s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})
@@ -216,6 +212,19 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     pst.vectorize(lane)
     parallel_loop(pst, rows, None, target, int(_prod(packed.shape)))
     return s
+
+
+def channel_tile(opdef, target) -> tuple:
+    """(FB, XB, YB) of schedule_conv_nchw_channels' register tile: channels (the vector), columns
+    and rows. Per step: YB·XB input broadcasts (one live at a time) and FB/lanes weight vectors
+    (all live)."""
+    out = opdef.output
+    vl = lanes(target, out.dtype)
+    _, F, OH, OW = out.shape
+    FB, (XB, YB) = pick_tile(vector_tiles(F // opdef.params.get("groups", 1), vl), vl,
+                              [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
+                              target.capabilities)
+    return FB, XB, YB
 
 
 def taps_unrolled(opdef, fregs: int, XB: int, YB: int, caps) -> bool:
@@ -356,7 +365,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "channel_vectors_pay", "taps_unrolled",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "channel_vectors_pay", "channel_tile", "taps_unrolled",
            "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]
