@@ -194,6 +194,36 @@ def test_sketch_of_nchw_conv_expresses_channel_vectors():
     check_builds_and_computes(opdef, cand, np.random.default_rng(0))
 
 
+def test_conv_template_expresses_channel_vectors():
+    """A deep NCHW layer's template space holds the channel-vector default (config 0 is
+    schedule_conv_nchw_channels, step for step) and both vector axes, strided, grouped and with
+    tiles that overhang the output, all computing the convolution."""
+    rng = np.random.default_rng(23)
+    for params in (dict(N=1, C=16, H=9, W=11, F=32, KH=3, KW=3, padding=1),
+                   dict(N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1, stride=2, groups=2)):
+        opdef = get_op("conv2d_nchw", **params)
+        space = TemplateSpace(opdef)
+        knobs = space.config_space.knobs
+        assert set(knobs["vector_axis"].entities) == {"f", "x"} and "pack_w" in knobs
+        s, _ = instantiate(opdef, space.get(0))
+        assert s.steps == default_schedule(opdef).steps
+        for axis in ("f", "x"):
+            built = 0
+            for _ in range(8):  # a few configs unroll past the compiler's code bound: a clear error
+                values = dict(space.sample(rng).payload["knobs"], vector_axis=axis)
+                cand = Candidate("config", {"template": space.template_name, "knobs": values})
+                try:
+                    C.lower(*instantiate(opdef, cand))
+                except C.ScheduleError as e:
+                    assert "unroll" in str(e)
+                    continue
+                check_builds_and_computes(opdef, cand, rng)
+                built += 1
+                if built == 3:
+                    break
+            assert built == 3, f"too few {axis}-vector configs lower"
+
+
 def test_sketch_of_matmul_expresses_the_default_recipe():
     """Cache write at the tile loop, k outside rows and vector columns, packed B, parallel."""
     opdef = get_op("matmul", M=64, N=64, K=64)

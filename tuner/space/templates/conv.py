@@ -28,6 +28,7 @@ only (see gemm.py); the defaults, first, are the default schedule's for the task
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from compiler.dtypes import nbytes
@@ -44,6 +45,8 @@ GRID_BYTES = 32  # vector-length knobs step by this, on every target (see _vecto
 MAX_UNROLLED_TAPS = 8
 MAX_UNROLLED_TILE = 48   # vector statements of an unrolled register tile
 MAX_UNROLLED_BODY = 128  # statements of an unrolled micro-kernel step (vector registers × loops)
+MAX_UNROLLED_BODY_CHANNELS = 64  # the same with channel vectors: each statement broadcasts an input
+                                 # at a strided, grouped address (about twice the expression nodes)
 
 
 def _first(default, values):
@@ -105,21 +108,24 @@ def _root_rows(stage, parallel: bool):
         stage.parallel(loop)
 
 
-def _reduction_knobs(cfg, natural):
+def _reduction_knobs(cfg, natural, default_perm=None):
     """Knobs of the reduction loops `natural` = [(name, extent)] in definition order:
     tile_rc (a long channel loop split, its inner part unrolled), order_red (the order of the
     reduction loops), unroll_red (unroll each loop of at most MAX_UNROLLED_TAPS iterations).
-    The first values are the default schedule's: extent-1 loops unrolled, the innermost
-    non-trivial loop unrolled when short, else split by 4 (a channel loop)."""
+    The first values are the default schedule's: the loops in `default_perm` order (positions in
+    the definition's; default: as defined), extent-1 loops unrolled, the innermost non-trivial
+    loop unrolled when short, else split by 4 (a channel loop)."""
     ext = dict(natural)
-    inner = [n for n, e in natural if e > 1]
+    perm = list(default_perm) if default_perm is not None else list(range(len(natural)))
+    inner = [natural[i][0] for i in perm if natural[i][1] > 1]
     last = inner[-1] if inner else None
     dflt_ann = ["unroll" if e == 1 or (n == last and e <= MAX_UNROLLED_TAPS) else "none" for n, e in natural]
     if "rc" in ext and ext["rc"] > MAX_UNROLLED_TAPS:
         kus = [1, 2, 4, 8]
         dflt_ku = 4 if last == "rc" and ext["rc"] % 4 == 0 else 1
         cfg.define_split("tile_rc", ext["rc"], policy="candidate", candidate=[[v] for v in _first(dflt_ku, kus)])
-    cfg.define_reorder("order_red", len(natural))
+    perms = [list(q) for q in itertools.permutations(range(len(natural)))]
+    cfg.define_reorder("order_red", len(natural), policy="candidate", candidate=_first(perm, perms))
     anns: list[list[str]] = [[]]
     for _, e in natural:
         choices = ("none", "unroll") if e <= MAX_UNROLLED_TAPS else ("none",)
@@ -136,9 +142,9 @@ def _tile_reduction(cfg, cst, rest, tile_axes):
     return rax
 
 
-def _annotate_reduction(cfg, cst, rax, tile_body: int):
+def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROLLED_BODY):
     """Unroll the chosen reduction loops (extent-1 loops first, then innermost first) while the
-    unrolled micro-kernel stays under MAX_UNROLLED_BODY statements (`tile_body` per reduction
+    unrolled micro-kernel stays under `max_body` statements (`tile_body` per reduction
     step): a config asking for more gets the loops that fit, so every config compiles in
     reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time)."""
     anns = cfg["unroll_red"].anns
@@ -148,13 +154,15 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int):
         ku = cfg["tile_rc"].size[-1]
         if 1 < ku < rax[names.index("rc")].extent:
             split_rc = ku
-    body = tile_body * (split_rc or 1)
+    # the split channel loop's inner part is unrolled only while the step stays within bounds
+    unroll_rc = bool(split_rc) and tile_body * split_rc <= max_body
+    body = tile_body * (split_rc if unroll_rc else 1)
     order = cst.leaf_iter_vars
     flagged = [ax for ax, a in zip(rax, anns) if a == "unroll"]
     flagged.sort(key=lambda ax: (ax.extent != 1, -order.index(ax)))
     chosen = set()
     for ax in flagged:
-        if body * ax.extent <= MAX_UNROLLED_BODY:
+        if body * ax.extent <= max_body:
             body *= ax.extent
             chosen.add(ax)
     for ax, _ in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
@@ -162,37 +170,47 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int):
             cst.unroll(ax)
     if split_rc:
         _, rci = cst.split(rax[names.index("rc")], factor=split_rc)
-        cst.unroll(rci)
+        if unroll_rc:
+            cst.unroll(rci)
 
 
-def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0):
+def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
+                   store_dim=None, max_body=MAX_UNROLLED_BODY):
     """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
-    computed at the fused tile loop into a local buffer: [reduction loops] [tile axes].
-    `vl`: the target's lanes, what one vector statement of the tile covers."""
-    acc = s.cache_write(out, "local")
+    computed at the fused tile loop into a local buffer laid out with the vector axis last:
+    [reduction loops] [tile axes]. `vl`: the target's lanes, what one vector statement of the
+    tile covers. `store_dim`: the axis the tile is stored along (default: the vector axis), as
+    in compiler.ops.schedule_conv._register_tile."""
+    ndim = len(out.shape)
+    layout = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
+    acc = s.cache_write(out, "local", order=layout) if layout != list(range(ndim)) else s.cache_write(out, "local")
     st, cst = s[out], s[acc]
-    axes = list(st.op.axis)
     tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor, outer_order, vec_group)
+    store = vec_dim if store_dim is None else store_dim
     # the tile axes are unrolled (innermost first) while the tile stays under MAX_UNROLLED_TILE
     # vector statements: a bigger tile keeps loops, so it compiles in reasonable time (and runs
     # as slowly as its spilled accumulators deserve)
-    body = -(-min(vec_factor, axes[vec_dim].extent) // vl)
+    body = -(-min(vec_factor, out.shape[vec_dim]) // vl)
     unroll_dims: list[int] = []
     for d, f in reversed(unrolled):
-        f = min(f, axes[d].extent)
+        f = min(f, out.shape[d])
         if body * f <= MAX_UNROLLED_TILE:
             body *= f
             unroll_dims.insert(0, d)
-    for d in unroll_dims:
-        st.unroll(inner[d])
-    st.vectorize(inner[vec_dim])
-    cax = list(cst.op.axis)
-    rest = [cax[d] for d in range(len(cax)) if d not in tile_dims]
+    stored_rows = [d for d in tile_dims if d != store]
+    for d in stored_rows:
+        if d in unroll_dims or d == vec_dim:
+            st.unroll(inner[d])
+    if store != vec_dim:   # store rows along the output's unit-stride axis
+        st.reorder(*[inner[d] for d in stored_rows], inner[store])
+    st.vectorize(inner[store])
+    cax = [cst.op.axis[layout.index(d)] for d in range(ndim)]   # by the output's dimension
+    rest = [cax[d] for d in range(ndim) if d not in tile_dims]
     rax = _tile_reduction(cfg, cst, rest, [cax[d] for d in tile_dims])
     for d in unroll_dims:
         cst.unroll(cax[d])
     cst.vectorize(cax[vec_dim])
-    _annotate_reduction(cfg, cst, rax, body)
+    _annotate_reduction(cfg, cst, rax, body, max_body)
     loop = outer_loops[0] if len(outer_loops) == 1 else st.fuse(*outer_loops)
     cst.compute_at(st, loop)
     if parallel and loop.extent > 1:
@@ -210,51 +228,93 @@ def _conv_nchw(cfg, opdef, target):
     p = opdef.params
     KH, KW = p["KH"], p["KW"]
     sw = p["stride"][1]
+    groups = p.get("groups", 1)
     base = _base(out.dtype)
     lanes = vector_lanes(target, out.dtype)
-    fpg = p.get("multiplier", 1) if depthwise else F // p.get("groups", 1)
+    fpg = p.get("multiplier", 1) if depthwise else F // groups
     cpg = None if depthwise else opdef.inputs[1].shape[1]
     pad = _pad_stage(s)
-    # defaults from the compiler's own heuristics
+    # channel vectors (schedule_conv_nchw_channels) are a choice where a group's channels fill
+    # whole registers of the narrowest grid and its input channels make a reduction as long: a
+    # condition on the workload alone, so the knob set does not depend on the target
+    channels_possible = not depthwise and fpg % base == 0 and cpg >= base
     sc = _defaults()
-    XB, FB, YB, f_first = base, 1, 1, True
-    if sc is not None:
+    channels_first = bool(channels_possible and sc is not None and sc.channel_vectors_pay(opdef, target))
+    natural = ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)]
+    XB, FB, YB, f_first, red_perm = base, 1, 1, True, None
+    if channels_first:
+        FB, XB, YB = sc.channel_tile(opdef, target)
+        f_first = sc.weights_dominate(opdef)
+        if not sc.taps_unrolled(opdef, FB // lanes, XB, YB, target.capabilities):
+            red_perm = [1, 2, 0]
+    elif sc is not None:
         taps = KW if KW <= MAX_UNROLLED_TAPS else 1
         XB, (FB, YB) = sc.pick_tile(sc.vector_tiles(OW, lanes), lanes,
                                      [(F, min(fpg, 16), True), (OH, 8, False)],
                                      lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                                      target.capabilities)
         f_first = depthwise or sc.weights_dominate(opdef)
-    xs = _vector_choices(OW, base)
-    if XB not in xs and XB <= MAX_LANES:
-        xs.append(XB)
-    cfg.define_split("tile_x", OW, policy="candidate", candidate=[[v] for v in _first(XB, xs)])
+    if channels_possible:
+        cfg.define_knob("vector_axis", ["f", "x"] if channels_first else ["x", "f"])
+    # tile extents along x, f and y: vector lengths along the vector axis, unrolled counts along
+    # the others (both kinds of values for x and f when either may be the vector axis)
+    xs = _vector_choices(OW, base) + ([v for v in range(1, 9) if v <= OW] if channels_possible else [])
     fs = [v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v <= F]
-    cfg.define_split("tile_f", F, policy="candidate", candidate=[[v] for v in _first(FB, fs)])
+    if channels_possible:
+        fs += [v for v in _vector_choices(fpg, base) if fpg % v == 0]
+    for vals, dflt in ((xs, XB), (fs, FB)):
+        if dflt not in vals and dflt <= MAX_LANES:
+            vals.append(dflt)
+    cfg.define_split("tile_x", OW, policy="candidate", candidate=[[v] for v in _first(XB, sorted(set(xs)))])
+    cfg.define_split("tile_f", F, policy="candidate", candidate=[[v] for v in _first(FB, sorted(set(fs)))])
     ys = list(range(1, min(OH, 8) + 1))
     cfg.define_split("tile_y", OH, policy="candidate", candidate=[[v] for v in _first(YB, ys)])
-    _reduction_knobs(cfg, ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)])
+    _reduction_knobs(cfg, natural, red_perm)
     cfg.define_knob("tile_order", ["fyx", "yxf"] if f_first else ["yxf", "fyx"])
     if pad is not None or sw > 1:
         modes = ["deinterleave", "root", "inline"] if sw > 1 else ["root", "inline"]
         if pad is None:
             modes = [m for m in modes if m != "inline" and m != "root"] + ["none"]
+        if channels_first:  # strided columns are only other broadcast addresses: no copy
+            modes = _first("root" if pad is not None else "none", modes)
     else:
         modes = ["none"]
     cfg.define_knob("pad", modes)
+    if channels_possible:  # OIHW weights as [F/FB][C][KH][KW][FB] panels
+        cfg.define_knob("pack_w", [channels_first, not channels_first])
     _parallel_knob(cfg, target, opdef.flops)
 
     XB, FB, YB = cfg["tile_x"].size[-1], cfg["tile_f"].size[-1], cfg["tile_y"].size[-1]
-    order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
     par = cfg["parallel"].val
-    acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
     mode = cfg["pad"].val
-    if mode == "deinterleave":
-        _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
-    elif mode == "root":
-        _root_rows(pad, par)
-    elif mode == "inline":
-        pad.compute_inline()
+    if channels_possible and cfg["vector_axis"].val == "f":
+        # schedule_conv_nchw_channels: pad first, then the tile, then the packed weights
+        if mode == "root":
+            _root_rows(pad, par)
+        order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [2, 3, 1]
+        acc = _register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
+                             vec_group=fpg if groups > 1 else 0, store_dim=3,
+                             max_body=MAX_UNROLLED_BODY_CHANNELS)
+        if mode == "inline":
+            pad.compute_inline()
+        elif mode == "deinterleave":
+            _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
+    else:
+        order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
+        acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
+        if mode == "deinterleave":
+            _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
+        elif mode == "root":
+            _root_rows(pad, par)
+        elif mode == "inline":
+            pad.compute_inline()
+    if channels_possible and cfg["pack_w"].val:
+        packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})]
+        *rows, lane = packed.op.axis
+        packed.vectorize(lane)
+        loop = packed.fuse(*rows) if len(rows) > 1 else rows[0]
+        if par and loop.extent > 1 and math.prod(packed.op.shape) >= PARALLEL_MIN_WORK:
+            packed.parallel(loop)
     return s, opdef.tensors
 
 
