@@ -20,7 +20,7 @@ from compiler.ops.matmul import matmul
 from compiler.ops.schedule_gemm import schedule_gemm
 from compiler.target import Target
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
-from tuner.cost_model import XGBCostModel, normalize_by_group, throughputs_from_results
+from tuner.cost_model import XGBCostModel, normalize_by_group, rank_correlation, throughputs_from_results
 from tuner.features import NUM_FEATURES, extract_features, feature_names, features_for
 from tuner.space.base import SearchSpace, instantiate
 
@@ -274,6 +274,32 @@ def test_warm_start_from_other_workloads(measured, target):
     capped = XGBCostModel(max_history_rows=20).warm_start(X, 1 / costs, groups=["a", "b"] * 28)
     assert capped._hX.shape[0] <= 20
 
+
+
+def test_transferred_model_is_trusted_as_far_as_it_ranks_the_first_batch(tmp_path):
+    """Other workloads' records steer the search only as far as the warm-started model ranks the
+    task's own first batch: history whose speeds run against this task's is set aside."""
+    rng = np.random.default_rng(4)
+    X_hist = rng.random((120, 6))
+    X_own = rng.random((24, 6))
+    speed_hist = 1.0 + X_hist[:, 0]
+    for own_speed, trusted in ((1.0 + X_own[:, 0], True), (2.0 - X_own[:, 0], False)):
+        model = XGBCostModel(num_rounds=20)
+        model.warm_start(X_hist, speed_hist, groups=["other_a"] * 60 + ["other_b"] * 60)
+        assert model.history_weight == 1.0
+        model.update(X_own[:8], [MeasureResult(costs=[1 / v]) for v in own_speed[:8]], group="mine")
+        corr = model.transfer_correlation["mine"]
+        assert (corr > 0.5) if trusted else (corr < -0.5)
+        assert model.history_weight == pytest.approx(max(corr, 0.0))
+        # later batches do not re-judge the history
+        model.update(X_own[8:16], [MeasureResult(costs=[1 / v]) for v in own_speed[8:16]], group="mine")
+        assert list(model.transfer_correlation) == ["mine"]
+        held_out, _ = rank_corr(model.predict(X_own[16:]), own_speed[16:])
+        assert held_out > 0.5, f"the model ranks this task's candidates at Spearman {held_out:.2f}"
+        model.save(tmp_path / "m.npz")
+        assert XGBCostModel.load(tmp_path / "m.npz").history_weight == model.history_weight
+    assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 1, 1], [1, 2, 3]) == 0.0
 
 
 def test_a_model_saved_with_other_features_is_refused(measured, tmp_path, monkeypatch):

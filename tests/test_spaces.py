@@ -224,6 +224,30 @@ def test_conv_template_expresses_channel_vectors():
             assert built == 3, f"too few {axis}-vector configs lower"
 
 
+def test_sketch_switch_carries_parameters_over():
+    """Evolution can leave a sketch: switch_sketch gives a candidate of another sketch that keeps
+    the parent's choices where they mean the same (the reduction tile, parallel and unroll
+    flags; the tile of an axis whose role is unchanged), and it computes the operator."""
+    opdef = get_op("matmul", M=48, N=64, K=40)
+    space = SketchSpace(opdef)
+    rng = np.random.default_rng(2)
+    parent = space.sample(rng, sketch="matmul:tile_cache_write")
+    seen = set()
+    for _ in range(12):
+        child = space.switch_sketch(parent, rng)
+        sid = child.payload["sketch"]
+        assert sid != parent.payload["sketch"]
+        seen.add(sid)
+        old, new = parent.payload["params"]["matmul"], child.payload["params"]["matmul"]
+        assert new["tile"]["r0"] == old["tile"]["r0"]
+        assert {k: new[k] for k in ("parallel", "unroll_inner", "auto_unroll", "last_outer")} == \
+               {k: old[k] for k in ("parallel", "unroll_inner", "auto_unroll", "last_outer")}
+        if sid == "matmul:tile":   # same vector axis (the columns): the whole tile carries over
+            assert new["tile"] == old["tile"]
+    assert len(seen) == 2
+    check_builds_and_computes(opdef, child, rng)
+
+
 def test_sketch_of_matmul_expresses_the_default_recipe():
     """Cache write at the tile loop, k outside rows and vector columns, packed B, parallel."""
     opdef = get_op("matmul", M=64, N=64, K=64)

@@ -45,6 +45,30 @@ def throughputs_from_results(results, flops: float = 1.0) -> np.ndarray:
     return out
 
 
+MIN_HISTORY_WEIGHT = 0.05  # below this, other workloads' rows are left out of training
+
+
+def rank_correlation(a, b) -> float:
+    """Spearman's rank correlation of two equally long vectors (ties share their mean rank);
+    0 when either is constant or non-finite scores make it undefined."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 0.0
+    ra, rb = _mean_ranks(a), _mean_ranks(b)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _mean_ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return (sums / counts)[inverse]
+
+
 def normalize_by_group(throughputs, groups) -> np.ndarray:
     """Throughput / best throughput of its group; NaN, inf, negatives and all-failed groups → 0."""
     y = np.asarray(throughputs, dtype=np.float64).copy()
@@ -97,6 +121,9 @@ class XGBCostModel:
         self._hX: np.ndarray | None = None
         self._hy: np.ndarray | None = None
         self._hg: np.ndarray | None = None
+        # per own group: the rank correlation of the warm-started model's predictions with that
+        # group's first measured batch (see history_weight)
+        self.transfer_correlation: dict = {}
 
     # ------------------------------------------------------------------ training
     @property
@@ -124,6 +151,9 @@ class XGBCostModel:
     def update(self, features, results, group="current", flops: float = 1.0):
         """Append measured rows (MeasureResult list, errors → 0) and retrain on everything."""
         X, t, g = self._check(features, throughputs_from_results(results, flops), [group] * len(results))
+        if (self._hX is not None and self.booster is not None and len(X) >= 3
+                and str(group) not in self.transfer_correlation and (self._g is None or str(group) not in self._g)):
+            self.transfer_correlation[str(group)] = rank_correlation(self.predict(X), t)
         if self._X is None:
             self._X, self._t, self._g = X, t, g
         else:
@@ -132,6 +162,17 @@ class XGBCostModel:
             self._g = np.concatenate([self._g, g])
         self._retrain()
         return self
+
+    @property
+    def history_weight(self) -> float:
+        """How far the other workloads' records are trusted: 1 until a task's first batch is
+        measured, then the rank correlation (Spearman) of the warm-started model's predictions
+        with that batch's measured speeds (the mean over tasks when a model serves several),
+        clipped to [0, 1]. A transferred model that ranks this task's candidates no better than
+        chance stops steering the search; one that ranks them well keeps its history."""
+        if not self.transfer_correlation:
+            return 1.0
+        return float(min(max(np.mean(list(self.transfer_correlation.values())), 0.0), 1.0))
 
     def warm_start(self, features, throughputs, groups):
         """Add the records of other workloads (same target); each group ranks on its own.
@@ -192,7 +233,7 @@ class XGBCostModel:
             if self._t is None or self._g is None:
                 raise RuntimeError("the cost model has feature rows without their throughputs or groups")
             parts.append((self._X, normalize_by_group(self._t, self._g), self._g))
-        if self._hX is not None and len(self._hX):
+        if self._hX is not None and len(self._hX) and self.history_weight > MIN_HISTORY_WEIGHT:
             if self._hy is None or self._hg is None:
                 raise RuntimeError("the cost model has warm-start rows without their labels or groups")
             parts.append((self._hX, self._hy, self._hg))
@@ -228,6 +269,13 @@ class XGBCostModel:
         dtrain = xgb.DMatrix(X[order], label=label, nthread=params["nthread"])
         if self.objective in RANK_OBJECTIVES:
             dtrain.set_info(qid=qid[order])
+            w = self.history_weight
+            if w < 1.0 and self._hg is not None:
+                # ranking weights are per query group: the other workloads' groups count w
+                history_groups = set(np.unique(self._hg).tolist()) - set(np.unique(self._g).tolist()
+                                                                         if self._g is not None else [])
+                keys = np.unique(g)
+                dtrain.set_weight(np.array([w if k in history_groups else 1.0 for k in keys]))
         self.booster = xgb.train(params, dtrain, num_boost_round=self.num_rounds)
         self.booster.set_param({"nthread": 1})  # see predict
 
@@ -255,7 +303,8 @@ class XGBCostModel:
                 "num_rounds": self.num_rounds,
                 "min_samples": self.min_samples, "max_history_rows": self.max_history_rows,
                 "threads_min_rows": self.threads_min_rows,
-                "params": self.params, "num_features": self.num_features}
+                "params": self.params, "num_features": self.num_features,
+                "transfer_correlation": self.transfer_correlation}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
         if self.booster is not None:
             arrays["booster"] = np.frombuffer(bytes(self.booster.save_raw("ubj")), dtype=np.uint8)
@@ -286,6 +335,7 @@ class XGBCostModel:
                     threads_min_rows=meta.get("threads_min_rows", 20000))
             m.params = dict(meta["params"])
             m.num_features = meta["num_features"]
+            m.transfer_correlation = dict(meta.get("transfer_correlation", {}))
             if "booster" in z:
                 xgb = _xgb()
                 m.booster = xgb.Booster(params={"nthread": 1})
@@ -303,4 +353,4 @@ class XGBCostModel:
         return f"XGBCostModel({self.objective}, rows={n}, history={h}, trained={self.trained})"
 
 
-__all__ = ["XGBCostModel", "normalize_by_group", "throughputs_from_results"]
+__all__ = ["XGBCostModel", "normalize_by_group", "rank_correlation", "throughputs_from_results"]

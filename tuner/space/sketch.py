@@ -67,6 +67,7 @@ NONDIVIDING_P = 0.15      # how often a tile size that does not divide its exten
 REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to the target's
                           # accumulator registers (12 of AVX2's 16, 28 of AVX-512's or NEON's 32)
 MAX_SKETCHES = 16
+SWITCH_SKETCH_P = 0.1     # how often a mutation moves a candidate to another sketch
 MAX_TRIES = 24
 
 
@@ -547,7 +548,11 @@ class SketchSpace(SearchSpace):
         return self.sketch(sid), params
 
     def mutate(self, cand: Candidate, rng) -> Candidate:
+        """One parameter changed, or (with probability SWITCH_SKETCH_P, when there are other
+        sketches) the candidate moved to another sketch keeping what carries over."""
         sk, params = self._parts(cand)
+        if len(self.sketches) > 1 and rng.random() < SWITCH_SKETCH_P:
+            return self.switch_sketch(cand, rng)
         stages = [n for n in params if params[n]]
         if not stages:
             return cand
@@ -580,6 +585,36 @@ class SketchSpace(SearchSpace):
                     break
             return sk.id, new
         return self._first_valid(gen, "mutate")
+
+    def switch_sketch(self, cand: Candidate, rng) -> Candidate:
+        """The candidate in another sketch: fresh parameters for the new sketch, overlaid with
+        the parent's where they mean the same there (a stage's parallel, unroll and loop-order
+        choices, and the tiles of axes whose role, vector or not, is unchanged). Mutation and
+        crossover otherwise never leave a sketch, so evolution would stay wherever its first good
+        measurement was (on conv2d, in a sketch that plateaus at a third of the best kernels)."""
+        sk, params = self._parts(cand)
+        others = [o for o in self.sketches if o.id != sk.id]
+
+        def gen():
+            new_sk = _pick(rng, others)
+            fresh = self.sample_params(new_sk, rng)
+            for name, p in fresh.items():
+                old = params.get(name)
+                i = self.dag.names.index(name)
+                if not isinstance(old, dict) or (sk.rules.get(i) in TILE_RULES) != (new_sk.rules[i] in TILE_RULES):
+                    continue
+                for key, value in old.items():
+                    if key == "tile" and "tile" in p:
+                        v_old, v_new = self._vec_axis(i, sk.vec.get(i)), self._vec_axis(i, new_sk.vec.get(i))
+                        for axis, t in value.items():
+                            d = int(axis[1:]) if axis.startswith("s") else None
+                            if d is None or (d != v_old and d != v_new) or v_old == v_new:
+                                p["tile"][axis] = copy.deepcopy(t)
+                        self._fit_region(i, p["tile"])
+                    elif key in p and key != "tile":
+                        p[key] = copy.deepcopy(value)
+            return new_sk.id, fresh
+        return self._first_valid(gen, "switch_sketch")
 
     def crossover(self, a: Candidate, b: Candidate, rng) -> Candidate:
         ska, pa = self._parts(a)
