@@ -140,7 +140,10 @@ def main():
     try:
         if args.history == "siblings":
             hstore = fresh_store()
+            wanted_ops = {WORKLOADS[w][0] for w in args.workloads}
             for hname, (op, params) in SIBLINGS.items():
+                if op not in wanted_ops:  # only the history of the operators under test
+                    continue
                 htask = Task.create(Workload(op, params))
                 for space in args.spaces:
                     hstrategy = GUIDED[space] if args.history_strategy == "guided" else "random"

@@ -115,6 +115,9 @@ def to_lin(e: Expr, ranges: dict) -> Lin:
     if isinstance(e, Const):
         return Lin({}, e.value)
     if isinstance(e, Var):
+        r = ranges.get(e)
+        if r is not None and r[0] == r[1]:  # a loop of one iteration: its variable is a constant
+            return Lin({}, r[0])
         return Lin({e: [e, 1]}, 0)
     if isinstance(e, Binary) and e.dtype == INDEX_DTYPE:
         if e.op in ("add", "sub"):

@@ -52,7 +52,7 @@ def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_mode
         effort = {"model": dict(n_parallel=16, sa_iters=12),
                   "evolutionary": dict(population_size=64, num_generations=2)}[name]
         return cls(space, opdef=opdef, target=target, cost_model=cost_model, rng=seed, visited=visited,
-                   group=group, **effort)
+                   group=group, seeds=space.starting_points(), **effort)
     return cls(space, rng=seed, visited=visited)
 
 

@@ -7,7 +7,8 @@
   samples plus the best measured candidates evolves for a few generations by mutation and
   crossover, parents drawn by predicted score; the batch is the best-predicted unvisited ones.
 
-Both pick a fraction `eps` of every batch at random (ε-greedy exploration; the best-predicted
+Both measure the space's starting points first (`seeds`: the default schedule as the space says
+it), pick a fraction `eps` of every batch at random (ε-greedy exploration; the best-predicted
 candidates come first in a batch, the random ones after them), retrain the model after every
 batch, and propose random candidates until the model has something to learn from.
 Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(opdef, ·, target)`,
@@ -26,8 +27,9 @@ from .base import Strategy
 class _ModelGuided(Strategy):
     def __init__(self, space, opdef=None, target=None, cost_model: XGBCostModel | None = None,
                  featurizer=None, rng=None, visited=(), eps: float = 0.05, group: str = "current",
-                 feature_cache_size: int = 200_000):
+                 feature_cache_size: int = 200_000, seeds=()):
         super().__init__(space, rng, visited)
+        self.seeds = list(seeds)  # measured first, before anything the model picks
         if featurizer is None:
             if opdef is None:
                 raise ValueError(f"{type(self).__name__} needs an opdef (for features) or a featurizer")
@@ -74,14 +76,21 @@ class _ModelGuided(Strategy):
 
     # ------------------------------------------------------------------ batches
     def _propose(self, n: int) -> list:
+        taken: set[str] = set()
+        first = [c for c in self.seeds if self._fresh(c, taken)][:n]
+        self.seeds = []
+        return first + self._propose_rest(n - len(first), taken)
+
+    def _propose_rest(self, n: int, taken: set) -> list:
+        if n <= 0:
+            return []
         if not self.model.trained:
-            return self._random_unvisited(n)
+            return self._random_unvisited(n, taken)
         ranked = self._ranked(n)
         expected = n * self.eps
         n_random = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
         n_random = min(n_random, n - 1) if n > 1 else n_random  # the best-predicted always goes
         out: list[Candidate] = []
-        taken: set[str] = set()
         k = 0
         while len(out) < n - n_random and k < len(ranked):  # best predicted first, then random
             if self._fresh(ranked[k], taken):

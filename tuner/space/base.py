@@ -46,6 +46,11 @@ class SearchSpace(ABC):
     def schedule(self, opdef, cand: Candidate):
         """(schedule, args) for `cand` on a fresh compute definition `opdef`."""
 
+    def starting_points(self) -> list:
+        """Candidates a guided search measures first: the operator's default schedule as this
+        space says it, where it can (tuning starts from the best schedule we know)."""
+        return []
+
     def take_lowered(self, cand: Candidate):
         """The loop program this space lowered while validating `cand`, handed over once (so the
         cost model's features need not lower it again), or None."""

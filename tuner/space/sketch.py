@@ -68,6 +68,7 @@ REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to 
                           # accumulator registers (12 of AVX2's 16, 28 of AVX-512's or NEON's 32)
 MAX_SKETCHES = 16
 SWITCH_SKETCH_P = 0.1     # how often a mutation moves a candidate to another sketch
+RED_AS_DEFINED_P = 0.6    # how often a tile's reduction loops keep the definition's order
 MAX_TRIES = 24
 
 
@@ -449,10 +450,19 @@ class SketchSpace(SearchSpace):
         tile = self._sample_tile(i, rng, sketch.vec.get(i))
         outer = [-(-ax.extent // math.prod(tile[f"s{d}"])) for d, ax in enumerate(op.axis)]
         last_outer = bool(rng.random() < 0.5)
-        if last_outer:
-            outer = outer[-1:] + outer[:-1]
+        vec = sketch.vec.get(i)
+        vec_last = vec is not None and bool(rng.random() < 0.5)
+        outer = _outer_order(outer, last_outer, vec if vec_last else None)
         p = {"tile": tile, "last_outer": last_outer, "parallel": self._sample_parallel(outer, rng),
              "unroll_inner": bool(rng.random() < 0.7), "auto_unroll": _pick(rng, AUTO_UNROLL_STEPS)}
+        if vec is not None:
+            p["vec_last"] = vec_last
+        n_red = len(op.reduce_axis)
+        if n_red > 1:  # mostly as defined; else one reduction axis moved innermost
+            perm = list(range(n_red))
+            if rng.random() >= RED_AS_DEFINED_P:
+                perm.append(perm.pop(int(rng.integers(n_red - 1))))
+            p["red_perm"] = perm
         if i in sketch.pack:
             p["pack"] = bool(rng.random() < 0.5)
         return p
@@ -529,6 +539,11 @@ class SketchSpace(SearchSpace):
             sk = chosen or _pick(rng, self.sketches)
             return sk.id, self.sample_params(sk, rng)
         return self._first_valid(gen, "sample")
+
+    def starting_points(self) -> list:
+        from .sketch_defaults import default_sketch_candidate
+        cand = default_sketch_candidate(self)
+        return [cand] if cand is not None else []
 
     def structure(self):
         return ("trace", "sketch", frozenset(self._by_id))
@@ -659,6 +674,17 @@ def _loop_outer(axes, rule, inner, split) -> list:
     return axes[:-1]
 
 
+def _outer_order(items: list, last_outer: bool, vec_last: int | None) -> list:
+    """Per-axis items (loops or extents) in the order of a tile's outer levels: the last axis
+    first when `last_outer`; then the vector axis `vec_last` (if given) moved last."""
+    order = list(range(len(items)))
+    if last_outer:
+        order = order[-1:] + order[:-1]
+    if vec_last is not None:
+        order = [d for d in order if d != vec_last] + [vec_last]
+    return [items[d] for d in order]
+
+
 class _Outer:
     """Stands for the outer loop a split will create (sampling only needs its extent)."""
 
@@ -787,18 +813,31 @@ class _Applier:
         packed.vectorize(packed.op.axis[-1])
 
     # -- rules
-    @staticmethod
-    def outer_first(sp: list, p: dict) -> list:
+    def outer_first(self, i, sp: list, p: dict) -> list:
         """The spatial axes' split loops in the order of the outer (S0, S1) levels: the last axis
         first when `last_outer` (a matmul's column panels outermost, so a packed B panel stays in
-        cache while every row tile uses it: the GEMM default's order), else as defined."""
-        return sp[-1:] + sp[:-1] if p.get("last_outer") else sp
+        cache while every row tile uses it: the GEMM default's order), the vector axis last when
+        `vec_last` (a convolution's spatial tiles outside its channel blocks, so the smaller
+        weights stay in cache), else as defined."""
+        vec = self.sk.vec.get(i) if p.get("vec_last") else None
+        return _outer_order(sp, bool(p.get("last_outer")), vec)
+
+    def red_order(self, p: dict, rd: list) -> list:
+        """The reduction loops (per axis: [outer, inner]) in the tile's `red_perm` order (both
+        levels): e.g. a convolution's channel loop innermost, the taps outside it."""
+        perm = p.get("red_perm")
+        if perm is None:
+            return rd
+        if sorted(perm) != list(range(len(rd))):
+            raise SpaceError(f"red_perm {perm!r} is not a permutation of the {len(rd)} reduction axes")
+        return [rd[k] for k in perm]
 
     def tile_root(self, i):
         st, p = self.orig[i], self.p(i)
         sp = [self.split_levels(st, ax, self.tile_of(i, f"s{d}", 3)) for d, ax in enumerate(st.op.axis)]
         rd = [self.split_levels(st, ax, self.tile_of(i, f"r{d}", 1)) for d, ax in enumerate(st.op.reduce_axis)]
-        outer = self.outer_first(sp, p)
+        outer = self.outer_first(i, sp, p)
+        rd = self.red_order(p, rd)
         order = [l[0] for l in outer] + [l[1] for l in outer] + [l[0] for l in rd] + [l[2] for l in sp] + \
             [l[1] for l in rd] + [l[3] for l in sp]
         st.reorder(*order)
@@ -815,17 +854,33 @@ class _Applier:
         order = order or list(range(n_sp))
         tiles = [self.tile_of(i, f"s{d}", 3) for d in range(n_sp)]
         sp = [self.split_levels(out, ax, t) for ax, t in zip(out.op.axis, tiles)]
-        outer = self.outer_first(sp, p)
+        outer = self.outer_first(i, sp, p)
         out.reorder(*[l[k] for k in range(2) for l in outer], *[l[k] for k in range(2, 4) for l in sp])
         if sp[-1][3].extent > 1:
             out.vectorize(sp[-1][3])
+        if i in self.sk.vec:
+            self.unroll_store(out, [l[3] for l in sp[:-1]])
         red.compute_at(out, outer[-1][1])
         self.parallel_prefix(out, [l[0] for l in outer], p.get("parallel", 0))
         inner = [red.split(red.op.axis[k], factor=tiles[d][2]) for k, d in enumerate(order)]
-        rd = [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0]) for d, ax in enumerate(red.op.reduce_axis)]
+        rd = self.red_order(p, [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0])
+                                for d, ax in enumerate(red.op.reduce_axis)])
         red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
         self.micro_kernel(i, red, [x[1] for x in inner], [r[1] for r in rd], p)
         self.pack(i, red)
+
+    @staticmethod
+    def unroll_store(out: Stage, loops: list):
+        """Unroll the store of a tile cached across another vector axis (its rows, innermost
+        first, while the copy stays under MAX_UNROLLED_BODY statements): every accumulator is
+        then read at a constant offset, so LLVM keeps the whole tile in registers. Left rolled,
+        the tile lives on the stack and each FMA loads and stores its accumulator (a 16-channel
+        x 4 x 7 conv tile ran at a third of the default schedule's speed)."""
+        body = 1
+        for loop in reversed(loops):
+            if loop.extent > 1 and body * loop.extent <= MAX_UNROLLED_BODY:
+                out.unroll(loop)
+                body *= loop.extent
 
     def reduce(self, i):
         st, p = self.orig[i], self.p(i)

@@ -614,6 +614,9 @@ class TemplateSpace(SearchSpace):
     def default(self) -> Candidate:
         return self.get(0)
 
+    def starting_points(self) -> list:
+        return [self.default()]   # config 0 is the default schedule
+
     def schedule(self, opdef, cand: Candidate):
         return apply_config(self.config_of(cand), opdef, self.target)
 
