@@ -62,7 +62,7 @@ def _find_sketch(space, rules: dict, vec: dict):
 
 
 def _gemm(space):
-    opdef, target = space.opdef, space.target
+    target = space.target
     out = space.dag.output
     if len(space.dag.names) != 1:   # an epilogue stage follows: another recipe
         return None
