@@ -81,6 +81,19 @@ def shared():
         yield
 
 
+def timing_elsewhere() -> bool:
+    """Whether a timing holds the host right now (a probe: takes nothing). A build pool uses it
+    to stop the clock of builds that wait for a timing instead of charging them for it."""
+    main = _open("tunefarm-host.lock")
+    try:
+        fcntl.flock(main, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(main)   # closing the file drops the probe's lock, if it got one
+    return False
+
+
 @contextmanager
 def _held(mode: int, kind: str):
     """Pass the gate in `mode`, take the lock in `mode`, let the gate go; hold the lock."""
@@ -111,4 +124,4 @@ def _nested(kind: str):
         setattr(_state, kind, _depth(kind) - 1)
 
 
-__all__ = ["exclusive", "shared", "lock_dir"]
+__all__ = ["exclusive", "shared", "lock_dir", "timing_elsewhere"]

@@ -161,6 +161,35 @@ def test_hung_build_times_out_and_the_pool_is_replaced():
         assert p.build(task, [trace(ADD)])[0].ok  # the fresh pool builds
 
 
+def test_builds_waiting_for_a_timing_are_not_charged_for_it(monkeypatch, tmp_path):
+    """A build waits while a kernel is timed on the host (compiler.host_lock); that wait is not
+    its build time: a timing that holds the host longer than the build timeout fails no build."""
+    import threading
+
+    from compiler import host_lock
+    monkeypatch.setenv("TUNEFARM_LOCK_DIR", str(tmp_path))   # inherited by the build processes
+    task = Task.create(ADD)
+    with BuilderPool(n_workers=2, timeout=1.5) as p:
+        p.build(task, [NAIVE])
+        held, release = threading.Event(), threading.Event()
+
+        def timing():
+            with host_lock.exclusive():
+                held.set()
+                release.wait(10)
+        t = threading.Thread(target=timing)
+        t.start()
+        held.wait(5)
+        assert host_lock.timing_elsewhere()
+        threading.Timer(3.5, release.set).start()
+        t0 = time.monotonic()
+        results = p.build(task, [trace(ADD), NAIVE])
+        waited = time.monotonic() - t0
+        t.join()
+        assert waited >= 3.0 and all(r.ok for r in results), [r.error_msg for r in results]
+        assert not host_lock.timing_elsewhere()
+
+
 def test_user_workloads_build_in_spawned_processes(pool, runner):
     task = Task.create(Workload("test_measure_scaled_sum", {"n": 24}))
     (br,) = pool.build(task, [NAIVE])

@@ -7,7 +7,8 @@ for the same target) is built once per task and cached by the pool.
 
 Builds run in a `ProcessPoolExecutor` with the "spawn" context (forking a process that has
 initialised LLVM is unsafe). At most `n_workers` builds are in flight, so a build starts when it
-is submitted and its deadline is submission + `timeout`. A build past its deadline is recorded as
+is submitted and its deadline is submission + `timeout`, not counting the time a timing holds
+the host (builds wait for it: compiler.host_lock). A build past its deadline is recorded as
 BUILD_TIMEOUT; the pool's processes are killed (a running future cannot be cancelled) and a fresh
 pool takes the other in-flight builds again, uncharged. A build process that dies (LLVM aborts
 on some inputs) breaks the pool: the builds that were in flight are retried one at a time, and
@@ -25,6 +26,8 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+
+from compiler import host_lock
 
 from ..candidate import Candidate, ErrorCode
 from ..workload import Task, Workload
@@ -97,7 +100,6 @@ def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_c
     """Build one candidate (or, with cand_json None, the naive reference) in a build process,
     holding the host's shared lock: a build never runs while a kernel is timed on this host
     (compiler.host_lock), and its time is counted from when the host was free."""
-    from compiler import host_lock
     with host_lock.shared():
         return _build_now(workload, target, cand_json, custom_ctor)
 
@@ -130,6 +132,9 @@ def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_c
 
 
 # ----------------------------------------------------------------------------- the pool
+
+LOCK_PROBE_SECONDS = 1.0  # how often the pool checks whether its builds wait for a timing
+
 
 @dataclass
 class _Job:
@@ -257,8 +262,14 @@ class BuilderPool:
                     fut = self._executor().submit(_build_job, *job.args)
                 inflight[fut] = (job, time.monotonic() + self.timeout)
             first_deadline = min(d for _, d in inflight.values())
-            done, _ = wait(list(inflight), timeout=max(0.0, first_deadline - time.monotonic()),
+            before = time.monotonic()
+            done, _ = wait(list(inflight), timeout=min(max(0.0, first_deadline - before), LOCK_PROBE_SECONDS),
                            return_when=FIRST_COMPLETED)
+            if host_lock.timing_elsewhere():
+                # the builds wait for a kernel being timed (compiler.host_lock): stop their clock
+                waited = time.monotonic() - before
+                for fut, (job, deadline) in list(inflight.items()):
+                    inflight[fut] = (job, deadline + waited)
             broken = False
             for fut in done:
                 job, _ = inflight.pop(fut)
