@@ -17,6 +17,12 @@ same target); random search ignores them. None of them is of a workload under te
 is resumed and no trial is saved. `--history none` runs from empty databases (the cold start:
 the guided search's first batch is then as random as random search's).
 
+Starting points: a guided run measures the space's expression of the operator's default
+schedule first (a template's config 0; the GEMM or channel-vector conv recipe as a sketch
+annotation), as `tunefarm tune` does: tuning starts from the best schedule we know and the search
+evolves from it. Random search never gets it. `--no-starting-points` shows the search alone.
+The history's sibling runs are tuned the same way.
+
 The bar of a (workload, space, seed) is 90 % of the best GFLOPS random search found in its whole
 budget (cost threshold = random's best cost / 0.9). Trials-to-90 of a run is the first trial
 whose own measured cost is at or under that threshold (budget + 1 when it never gets there,
@@ -109,6 +115,9 @@ def main():
     ap.add_argument("--history-trials", type=int, default=64, help="trials per sibling and space")
     ap.add_argument("--history-strategy", choices=("guided", "random"), default="guided",
                     help="how the siblings were tuned (default: the space's guided strategy)")
+    ap.add_argument("--no-starting-points", action="store_true",
+                    help="guided runs do not start from the default schedule as the space says it "
+                         "(the search alone; by default they measure it first, random search never)")
     args = ap.parse_args()
 
     import compiler
@@ -173,7 +182,7 @@ def main():
                         # (in-run costs of search candidates)
                         r = tune(task, store, space=space, strategy=strategy, trials=args.trials,
                                  batch_size=args.batch, seed=seed, builder=builder, runner=runner,
-                                 baseline=False, top_k=0)
+                                 baseline=False, top_k=0, starting_points=not args.no_starting_points)
                         share = top_sketch_share(store, task) if space == "sketch" else None
                         store.close()
                         res[kind] = r
@@ -299,6 +308,7 @@ def main():
         "workloads": args.workloads, "spaces": args.spaces,
         "measure": "LocalRunner(number=1, repeat=3, min_repeat_ms=20)",
         "history": args.history, "history_runs": history,
+        "starting_points": not args.no_starting_points,
         "ratio_definition": "median over (workload, space, seed) of guided_t90 / random_t90; "
                             "threshold = random best cost / 0.9; never reached = budget + 1",
         "errors": errors,

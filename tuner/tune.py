@@ -28,17 +28,20 @@ from .workload import Task
 def tune(task: Task, store, space: str = "sketch", strategy: str | None = None, trials: int = 64,
          seconds: float | None = None, batch_size: int = 8, seed: int = 0, builder=None, runner=None,
          early_stopping: int | None = None, on_batch=None, job_id: int | None = None, top_k: int = 5,
-         retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None) -> TuneResult:
+         retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None,
+         starting_points: bool = True) -> TuneResult:
     """Tune `task` for `trials` new measurements (or `seconds`); every measurement goes to `store`.
 
-    `on_batch(BatchReport)` is called after every measured batch."""
+    `on_batch(BatchReport)` is called after every measured batch. `starting_points=False`: a
+    guided strategy does not start from the space's default schedule (to study the search)."""
     callbacks = _with_on_batch(callbacks, on_batch)
     with ExitStack() as owned:
         builder, runner = _measuring(owned, builder, runner)
         tuner = TaskTuner(task, store, builder=builder, runner=runner, space=space, strategy=strategy,
                           trials=trials, seconds=seconds, batch_size=batch_size, seed=seed,
                           early_stopping=early_stopping, job_id=job_id, top_k=top_k,
-                          retime_rounds=retime_rounds, baseline=baseline, callbacks=callbacks)
+                          retime_rounds=retime_rounds, baseline=baseline, callbacks=callbacks,
+                          starting_points=starting_points)
         while tuner.step() is not None:
             pass
         return tuner.finish()

@@ -42,7 +42,8 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
     raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
 
 
-def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_model=None, group: str = "current"):
+def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_model=None, group: str = "current",
+                  starting_points: bool = True):
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
     cls = STRATEGIES[name]
@@ -52,7 +53,7 @@ def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_mode
         effort = {"model": dict(n_parallel=16, sa_iters=12),
                   "evolutionary": dict(population_size=64, num_generations=2)}[name]
         return cls(space, opdef=opdef, target=target, cost_model=cost_model, rng=seed, visited=visited,
-                   group=group, seeds=space.starting_points(), **effort)
+                   group=group, seeds=space.starting_points() if starting_points else (), **effort)
     return cls(space, rng=seed, visited=visited)
 
 
@@ -67,7 +68,8 @@ class TaskTuner:
     def __init__(self, task: Task, store, *, builder, runner, space: str = "sketch", strategy: str | None = None,
                  trials: int | None = 64, seconds: float | None = None, batch_size: int = 8, seed: int = 0,
                  cost_model=None, early_stopping: int | None = None, job_id: int | None = None, top_k: int = 5,
-                 retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None):
+                 retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None,
+                 starting_points: bool = True):
         from compiler.target import resolve_target
         if trials is not None and trials < 0:
             raise ValueError(f"trials must be >= 0, got {trials}")
@@ -100,7 +102,7 @@ class TaskTuner:
         self.cost_model = cost_model
         self.strategy = make_strategy(self.strategy_name, self.space, self.opdef, self.target, seed,
                                       visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model,
-                                      group=self.workload_key)
+                                      group=self.workload_key, starting_points=starting_points)
         if relevant:
             self.strategy.update([r.candidate for r in relevant], [r.result for r in relevant])
         self.result.tuner_seconds += time.perf_counter() - t0
