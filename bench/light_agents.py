@@ -161,13 +161,14 @@ async def main_async(args) -> int:
     agents = [LightAgent(args.first_index + i, args.tracker, args.key, args.service_ms / 1000.0, token, device)
               for i in range(args.agents)]
     tasks = [asyncio.ensure_future(a.run()) for a in agents]
-    waits = [asyncio.ensure_future(a.welcomed.wait()) for a in agents]
-    done, _ = await asyncio.wait(waits + tasks, timeout=60, return_when=asyncio.FIRST_EXCEPTION)
+    welcomed = asyncio.ensure_future(asyncio.gather(*(a.welcomed.wait() for a in agents)))
+    await asyncio.wait([welcomed, *tasks], timeout=60, return_when=asyncio.FIRST_COMPLETED)
     for t in tasks:
-        if t.done() and t.exception() is not None:
-            raise t.exception()
-    if not all(a.welcomed.is_set() for a in agents):
-        raise SystemExit(f"only {sum(a.welcomed.is_set() for a in agents)} of {len(agents)} light agents welcomed")
+        if t.done():   # an agent's stream ended before all were welcomed: say why
+            raise SystemExit(f"a light agent's stream ended: {t.exception() or 'the tracker closed it'}")
+    if not welcomed.done():
+        raise SystemExit(f"only {sum(a.welcomed.is_set() for a in agents)} of {len(agents)} light agents welcomed "
+                         "within 60 s")
     print(f"ready {len(agents)}", flush=True)
     loop = asyncio.get_running_loop()
     while True:
