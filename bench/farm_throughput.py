@@ -1,4 +1,4 @@
-"""Throughput and per-request overhead of the measurement farm, with 1, 2 and 4 agents on this machine.
+"""Throughput and per-request overhead of the measurement farm: 1, 2 and 4 real agents, and 64 light agents on one tracker.
 
 Everything runs as it does in production, on 127.0.0.1 with tokens: the tracker is a real
 `python -m rpc_tracker` subprocess (so its CPU is not shared with this process, the tuner-side
@@ -61,9 +61,50 @@ so a slow drift of the machine's speed cancels, and pools both rounds for each N
   the agent → worker pipe (WorkerProcess.run's wall time minus run_seconds), and the rest, which is
   the real agent's own handling (threads, messages).
 
+64 light agents on one tracker (the scale of one tracker)
+----------------------------------------------------------
+What 64 devices cost one tracker, measured without 64 devices. `bench/light_agents.py` is a LOAD
+GENERATOR, not a device agent: 2 processes × 32 asyncio agents, each with its own gRPC channel (its
+own TCP connection) speaking the real protocol through the generated stubs (Connect(Hello) with the
+agent token, Welcome, Heartbeat with the ids held, one ResultReport per request on its Report
+stream, acknowledged by request id, Drain). It does not load kernels: each light agent holds a
+request for a FIXED SERVICE TIME of 30 ms (`--light-service-ms`) and answers it, so 64 agents can
+do at most 64 / 30 ms = 2133 req/s, and 2000 req/s needs the farm to add under 2 ms per request
+cycle. This process submits one Measure batch of 100 requests per agent (6400), as RPCRunner
+submits a tuning round, after a warm-up batch.
+
+- `agents_64_requests_per_second`: requests / (last answer read − the Measure call).
+- `agents_64_overhead_ms_p50` (p90 beside it): for each request r, handed to light agent a,
+
+      overhead(r) = t_answer(r) − t_free(r) − service(r)
+
+  t_free(r): when r could have started, the later of the Measure call and the moment a sent its
+  previous report (from then on a was idle while r was queued); service(r): a's own time on r,
+  Work received → report sent, as a measured it (what run_seconds says); t_answer(r): when this
+  process read r's answer from its Measure stream. Timestamps are CLOCK_MONOTONIC, one clock for
+  the three processes. So the overhead is all of the time between "an agent is free and r waits"
+  and "the tuner holds r's answer" that is not the agent's: the report's way to the tracker, the
+  dispatch, the Work's way to the agent (the dispatch leg), and the answer's way to the tuner (the
+  answer leg), both legs printed. It counts the loopback gRPC hops and the time the light agents'
+  and this process's own event loops take to read them, so it is an upper bound on the tracker's
+  own time: measured from outside, on the requests of a full queue, nothing estimated.
+- No request lost or doubled: every submitted id must be answered exactly once on the Measure
+  stream, handed to exactly one light agent (its records), its report acknowledged as taken, and
+  the answer must name that agent; no answer for an id not submitted. Any miss fails the bench.
+- CPU: utime + stime from /proc/<pid>/stat of the tracker, the light-agent processes and this
+  process over the timed batch, per request; `agents_64_tracker_cores` is the tracker's CPU
+  seconds / wall.
+- Where the tracker's time goes: `py-spy record --nonblocking` (never pauses the tracker; idle
+  threads are not sampled, so samples are CPU time) at 250 Hz during the batch; each sample is
+  put in one part by the innermost frame that says what it is (sending a stream message,
+  receiving a report, building messages, the tracker's rules in state.py, the servicer's checks,
+  grpc's callbacks and the event loop in C, grpc's completion-queue thread); ms per request =
+  share × the tracker's CPU per request. Without py-spy installed the bench says so and goes on.
+
 Prints a table, then as the last line one JSON object.
 
     .venv/bin/python bench/farm_throughput.py [--sleep-us 12500] [--per-agent 40] [--agents 1,2,4] [--rounds 2]
+        [--light-agents 64] [--light-service-ms 30] [--light-per-agent 100] [--light-procs 2] [--no-profile]
 """
 
 from __future__ import annotations
