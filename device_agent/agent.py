@@ -15,7 +15,11 @@ Lifecycle:
   tracker says it no longer knows the agent (NOT_FOUND) or heartbeats keep failing for three
   periods, the connection is abandoned and registered again;
 - each Work is queued to the slots; a slot checks that this host can run the request's target,
-  measures it and reports it. FAILED_PRECONDITION (the lease had moved to another agent) and
+  measures it and reports it: as a message on the session's Report stream (`_ReportStream`; a
+  message costs the tracker a fraction of what a call does), or with a ReportResult call when the
+  tracker predates that stream (UNIMPLEMENTED), the stream broke, or its ack is late (a report
+  that got through twice is acknowledged as a duplicate: nothing is counted twice).
+  FAILED_PRECONDITION (the lease had moved to another agent) and
   NOT_FOUND (the tracker restarted or dropped this connection) replies are logged, not fatal:
   the request is answered elsewhere or submitted again by its tuner;
 - a broken stream, a tracker restart or an unreachable tracker: register again with exponential
@@ -56,6 +60,8 @@ EXIT_OK, EXIT_USAGE, EXIT_REFUSED = 0, 2, 3
 # Replies to Connect that no retry can fix: a wrong token, an agent too old, a malformed Hello.
 FATAL_CONNECT_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                        grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT)
+
+_STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}  # ResultAck.status -> grpc.StatusCode
 
 # MeasureOptions fields that are 0 when a sender leaves them unset (proto3 has no presence);
 # 0 is not a usable value for them, so the worker's own defaults apply.
@@ -108,11 +114,68 @@ def make_tracker_channel(address: str, tls_ca: str | None = None) -> grpc.Channe
     return make_channel(address, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
 
 
+class _ReportStream:
+    """A session's Report stream: each result one message, its ResultAck matched by request id.
+
+    `send` returns the ack, or None when the stream cannot say (the tracker predates it, the stream
+    broke, the ack is late): the caller then reports with ReportResult, which retries.
+    """
+
+    def __init__(self, stub, metadata):
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: dict = {}          # request id -> [Event, ack]
+        self.broken = ""                  # why the stream cannot be used ("" while it can)
+        self._call = stub.Report(iter(self._out.get, None), metadata=metadata)
+        threading.Thread(target=self._read_acks, daemon=True, name="report-acks").start()
+
+    def _read_acks(self) -> None:
+        why = "the tracker ended the report stream"
+        try:
+            for ack in self._call:
+                with self._lock:
+                    slot = self._waiting.pop(ack.request_id, None)
+                if slot is not None:
+                    slot[1] = ack
+                    slot[0].set()
+        except grpc.RpcError as e:
+            why = (f"the tracker has no Report stream ({e.details()})" if e.code() == grpc.StatusCode.UNIMPLEMENTED
+                   else f"the report stream broke: {e.code().name}: {e.details()}")
+        with self._lock:
+            self.broken = why
+            for slot in self._waiting.values():
+                slot[0].set()
+            self._waiting.clear()
+
+    def send(self, report, timeout: float):
+        """The tracker's ResultAck for `report`, or None (then use ReportResult)."""
+        slot: list = [threading.Event(), None]
+        with self._lock:
+            if self.broken:
+                return None
+            self._waiting[report.result.request_id] = slot
+        self._out.put(report)
+        if not slot[0].wait(timeout):
+            with self._lock:
+                self._waiting.pop(report.result.request_id, None)
+        return slot[1]
+
+    def close(self) -> None:
+        with self._lock:
+            self.broken = self.broken or "the session ended"
+            for slot in self._waiting.values():
+                slot[0].set()
+            self._waiting.clear()
+        self._out.put(None)
+        self._call.cancel()
+
+
 class _Session:
     """One registration: its Connect stream, the tracker's id for it, and the requests it holds."""
 
-    def __init__(self, call, welcome):
+    def __init__(self, call, welcome, reports: _ReportStream | None = None):
         self.call = call
+        self.reports = reports
         self.agent_id = welcome.agent_id
         self.heartbeat_seconds = welcome.heartbeat_seconds if welcome.heartbeat_seconds > 0 else 2.0
         self.tracker_protocol = welcome.protocol_version
@@ -136,6 +199,8 @@ class _Session:
         """Abandon the stream (the connection loop then registers again unless stopping)."""
         self.closed.set()
         self.call.cancel()
+        if self.reports is not None:
+            self.reports.close()
 
 
 @dataclass
@@ -251,7 +316,7 @@ class Agent:
             call.cancel()
             raise _StreamEnded(f"the tracker's first message was {first.WhichOneof('kind')!r}, "
                                      f"not a welcome")
-        session = _Session(call, first.welcome)
+        session = _Session(call, first.welcome, _ReportStream(self._stub, self._metadata))
         self._session = session
         log.info("registered with the tracker as %s (key %r, heartbeat every %.1f s, tracker protocol %d)",
                  session.agent_id, self.config.device_key, session.heartbeat_seconds,
@@ -272,6 +337,7 @@ class Agent:
             raise
         finally:
             session.closed.set()
+            session.reports.close()
 
     def _heartbeat_loop(self, session: _Session):
         """Heartbeat this session until it closes; abandon it if the tracker stops answering."""
@@ -371,12 +437,25 @@ class Agent:
         return worker.run(mreq, timeout)
 
     def _report(self, session: _Session, result, deadline: float):
-        """ReportResult, retrying a tracker that is briefly unreachable until the lease runs out."""
+        """On the session's Report stream; else ReportResult, retrying a tracker that is briefly
+        unreachable until the lease runs out."""
+        report = pb.ResultReport(agent_id=session.agent_id, result=result)
+        ack = session.reports.send(report, self.config.call_timeout_seconds) if session.reports else None
+        if ack is not None:
+            code = _STATUS_BY_NUMBER.get(ack.status, grpc.StatusCode.UNKNOWN)
+            if code == grpc.StatusCode.OK:
+                if ack.duplicate:
+                    log.info("request %s was already answered by another agent; result dropped", result.request_id)
+            elif code == grpc.StatusCode.NOT_FOUND:
+                log.warning("result of request %s not taken: the tracker no longer knows this connection (%s); "
+                            "it is measured again", result.request_id, ack.detail)
+            else:
+                log.warning("result of request %s not taken: %s: %s", result.request_id, code.name, ack.detail)
+            return
         pause = 0.1
         while True:
             try:
-                ack = self._stub.ReportResult(pb.ResultReport(agent_id=session.agent_id, result=result),
-                                              metadata=self._metadata, timeout=self.config.call_timeout_seconds)
+                ack = self._stub.ReportResult(report, metadata=self._metadata, timeout=self.config.call_timeout_seconds)
                 if ack.duplicate:
                     log.info("request %s was already answered by another agent; result dropped",
                              result.request_id)

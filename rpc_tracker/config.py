@@ -29,5 +29,4 @@ class TrackerConfig:
     unknown_key_grace_seconds: float = 30.0  # after start, requests for never-seen keys are queued
     tls_cert: str | None = None          # PEM files; both or neither
     tls_key: str | None = None
-    max_workers: int = 256               # pool threads: one per open stream, plus unary calls
     reap_interval_seconds: float | None = None  # None: min(0.25, agent_timeout / 4)

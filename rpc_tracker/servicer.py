@@ -5,21 +5,33 @@ Every rule of the farm lives in state.py; this module only authenticates, valida
 the state's typed errors to gRPC status codes. A bad call gets its own status and touches nothing
 else, so the tracker keeps serving everyone else.
 
-Streams: Connect and Measure are server streams, each holding one thread of the server's pool
-while it waits on its own Condition (woken by dispatch or by a result, with a short timeout to
-notice a client that went away). When a client goes away, the callback registered with
-`context.add_callback` drops the agent (its leases are requeued) or detaches the tuner's waiter
-(its requests stay queued and their results are cached for a re-submission).
+The servicer runs on grpc's asyncio server, every call a coroutine on one event loop thread
+(server.py): a request's whole path (the agent's ReportResult, the dispatch of the next request,
+the Work pushed down the next agent's stream, the result pushed down the tuner's Measure stream)
+runs on that thread without handing anything to another thread. With the thread-pool server each
+of those hops was a thread wake-up and a GIL hand-off, and they, not the farm's rules, were where
+the tracker's time went (bench/farm_throughput.py, 64 light agents).
+
+Streams: Connect and Measure are server streams. Each waits on its own asyncio.Event, which the
+state sets (through the `wake` callable given to register_agent / submit) when there is work to
+push, results to send, or a reason to end; it then takes what is there without blocking. When a
+client goes away, grpc cancels its call's coroutine, and the `finally` drops the agent (its leases
+are requeued) or detaches the tuner's waiter (its requests stay queued and their results are
+cached for a re-submission).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
 import re
+import threading
+from typing import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from . import state as st
 from .protocol import AUTH_METADATA_KEY, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, pb, pb_grpc
@@ -44,7 +56,6 @@ MAX_BATCH = 10_000
 MAX_REQUEST_ID = 256
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
 MAX_ERROR_CODE = 7        # tuner.candidate.ErrorCode.RUNNER_ERROR, the last one
-WAIT_SLICE = 0.25         # how often a waiting stream checks that its client is still there
 
 
 def _tracker_version() -> str:
@@ -65,89 +76,113 @@ def check_device_key(key: str, what: str = "device_key") -> str | None:
     return None
 
 
+_CODE_NUMBER = {c: c.value[0] for c in grpc.StatusCode}  # (StatusCode.value is a slow enum property)
+
+
 def _finite_nonneg(x: float) -> bool:
     return math.isfinite(x) and x >= 0
 
 
 class TrackerServicer(pb_grpc.TrackerServicer):
+    """The Tracker service on grpc.aio: every method is a coroutine on the server's event loop."""
+
     def __init__(self, state: st.TrackerState, *, agent_token: str | None = None, tuner_token: str | None = None,
                  heartbeat_seconds: float = 2.0):
         self.state = state
         self.agent_token, self.tuner_token = agent_token, tuner_token
+        self._wanted = {AGENT: (agent_token,), TUNER: (tuner_token,), ANYONE: (agent_token, tuner_token)}
         self.heartbeat_seconds = heartbeat_seconds
         self.version = _tracker_version()
 
     # ------------------------------------------------------------------ helpers
 
-    def _auth(self, context, role: str) -> None:
+    async def _auth(self, context, role: str) -> None:
         """Abort with UNAUTHENTICATED unless the call carries the token `role` needs (None = open)."""
+        wanted = self._wanted[role]
+        if None in wanted:
+            return
         given = None
-        for k, v in context.invocation_metadata():
+        for k, v in context.invocation_metadata() or ():
             if k == AUTH_METADATA_KEY:
                 given = v[len("Bearer "):] if v.startswith("Bearer ") else v
-        wanted = {AGENT: [self.agent_token], TUNER: [self.tuner_token],
-                  ANYONE: [self.agent_token, self.tuner_token]}[role]
-        for token in wanted:
-            if token is None or (given is not None and hmac.compare_digest(given.encode(), token.encode())):
-                return
+        if given is not None:
+            for token in wanted:
+                if hmac.compare_digest(given.encode(), token.encode()):
+                    return
         who = {AGENT: "agent", TUNER: "tuner", ANYONE: "agent or tuner"}[role]
         detail = "no token was given" if given is None else "the token does not match"
         # the operator's side of the refusal (the caller gets the same words in its error)
         log.warning("refused a call from %s: %s token refused: %s", context.peer(), who, detail)
-        context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                      f"{who} token refused: {detail} (metadata 'authorization: Bearer <token>')")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            f"{who} token refused: {detail} (metadata 'authorization: Bearer <token>')")
 
-    def _fail(self, context, err: st.TrackerError):
-        context.abort(STATUS_OF.get(type(err), grpc.StatusCode.INTERNAL), str(err))
+    async def _fail(self, context, err: st.TrackerError):
+        await context.abort(STATUS_OF.get(type(err), grpc.StatusCode.INTERNAL), str(err))
+
+    @staticmethod
+    def _waker(event: asyncio.Event) -> Callable[[], None]:
+        """A `wake` for the state: sets `event` on this loop, from this loop's thread or any other
+        (the state is also called by TrackerServer.stop and by tests from other threads)."""
+        loop = asyncio.get_running_loop()
+        home = threading.get_ident()
+
+        def wake() -> None:
+            if threading.get_ident() == home:
+                event.set()
+            else:
+                loop.call_soon_threadsafe(event.set)
+        return wake
 
     # ------------------------------------------------------------------ agents
 
-    def Connect(self, request: pb.Hello, context):
-        self._auth(context, AGENT)
+    async def Connect(self, request: pb.Hello, context):
+        await self._auth(context, AGENT)
         if request.protocol_version < MIN_AGENT_PROTOCOL:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"agent protocol {request.protocol_version} is older than this tracker's minimum "
-                          f"{MIN_AGENT_PROTOCOL}; upgrade tunefarm on the agent")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"agent protocol {request.protocol_version} is older than this tracker's minimum "
+                                f"{MIN_AGENT_PROTOCOL}; upgrade tunefarm on the agent")
         bad = check_device_key(request.device_key, "Hello.device_key")
         if bad:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         d = request.device
         if not d.triple:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "Hello.device.triple is empty; the tracker needs it to tell which targets the agent can run")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "Hello.device.triple is empty; the tracker needs it to tell which targets the agent "
+                                "can run")
         device = DeviceSpec.make(d.triple, d.cpu, d.features, d.cores, d.memory_bytes, d.agent_version, d.hostname)
+        ready = asyncio.Event()
         try:
             agent_id = self.state.register_agent(request.name, request.device_key, device,
-                                                 min(max(1, request.slots), 1024))
+                                                 min(max(1, request.slots), 1024), wake=self._waker(ready))
         except st.TrackerError as e:
-            self._fail(context, e)
-        if not context.add_callback(lambda: self.state.remove_agent(agent_id, "its stream closed")):
-            self.state.remove_agent(agent_id, "its stream closed before it started")
-            return
-        yield pb.TrackerMessage(welcome=pb.Welcome(agent_id=agent_id, heartbeat_seconds=self.heartbeat_seconds,
-                                                   protocol_version=PROTOCOL_VERSION))
-        while True:
-            try:
-                items = self.state.next_work(agent_id, WAIT_SLICE)
-            except st.AgentGone as e:
-                if context.is_active():
-                    context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-                return
-            for item in items:
-                yield pb.TrackerMessage(work=pb.Work(request=item.payload, lease_seconds=item.lease_seconds))
-            if not context.is_active():
-                return
+            await self._fail(context, e)
+        try:
+            await context.write(pb.TrackerMessage(welcome=pb.Welcome(
+                agent_id=agent_id, heartbeat_seconds=self.heartbeat_seconds, protocol_version=PROTOCOL_VERSION)))
+            while True:
+                ready.clear()  # before taking: a wake from now on is not lost
+                try:
+                    items = self.state.next_work(agent_id, 0)
+                except st.AgentGone as e:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                for item in items:
+                    await context.write(pb.TrackerMessage(work=pb.Work(request=item.payload,
+                                                                       lease_seconds=item.lease_seconds)))
+                if not items:
+                    await ready.wait()
+        finally:  # the agent left, was dropped, or the call was cancelled: its leases are requeued
+            self.state.remove_agent(agent_id, "its stream closed")
 
-    def Heartbeat(self, request: pb.HeartbeatRequest, context):
-        self._auth(context, AGENT)
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context):
+        await self._auth(context, AGENT)
         try:
             self.state.heartbeat(request.agent_id, request.holding)
         except st.TrackerError as e:
-            self._fail(context, e)
+            await self._fail(context, e)
         return pb.HeartbeatReply()
 
-    def ReportResult(self, request: pb.ResultReport, context):
-        self._auth(context, AGENT)
+    def _take_report(self, request: pb.ResultReport) -> tuple[grpc.StatusCode, str, bool]:
+        """Check and take one agent's result: (status, why, duplicate); OK when it was taken."""
         r = request.result
         bad = None
         if not request.agent_id:
@@ -163,21 +198,39 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         elif not _finite_nonneg(r.run_seconds):
             bad = f"result of {r.request_id!r}: run_seconds must be finite and non-negative"
         if bad:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
+            return grpc.StatusCode.INVALID_ARGUMENT, bad, False
         result = st.Result(r.request_id, list(r.costs), r.error_code, r.error_msg, r.run_seconds, r.agent,
                            timing=r.timing if r.HasField("timing") else None)
         try:
-            duplicate = self.state.report_result(request.agent_id, result)
+            return grpc.StatusCode.OK, "", self.state.report_result(request.agent_id, result)
         except st.TrackerError as e:
-            self._fail(context, e)
+            return STATUS_OF.get(type(e), grpc.StatusCode.INTERNAL), str(e), False
+
+    async def ReportResult(self, request: pb.ResultReport, context):
+        await self._auth(context, AGENT)
+        code, why, duplicate = self._take_report(request)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, why)
         return pb.ResultAck(duplicate=duplicate)
 
-    def Drain(self, request: pb.DrainRequest, context):
-        self._auth(context, AGENT)
+    async def Report(self, requests, context):
+        """ReportResult's work for every message of the stream, each answered by an ack naming it."""
+        await self._auth(context, AGENT)
+        async for raw in requests:
+            try:
+                request = pb.ResultReport.FromString(raw)
+            except DecodeError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
+            code, why, duplicate = self._take_report(request)
+            await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
+                                             status=_CODE_NUMBER[code], detail=why))
+
+    async def Drain(self, request: pb.DrainRequest, context):
+        await self._auth(context, AGENT)
         try:
             self.state.drain(request.agent_id)
         except st.TrackerError as e:
-            self._fail(context, e)
+            await self._fail(context, e)
         return pb.DrainReply()
 
     # ------------------------------------------------------------------ tuners
@@ -212,42 +265,45 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                 return f"request {rid!r}: options.timeout_seconds {o.timeout_seconds:g} is over {MAX_TIMEOUT_SECONDS:g}"
         return None
 
-    def Measure(self, request: pb.MeasureBatch, context):
-        self._auth(context, TUNER)
+    async def Measure(self, request: pb.MeasureBatch, context):
+        await self._auth(context, TUNER)
         bad = self._validate_batch(request)
         if bad:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         subs = []
         for r in request.requests:
             if r.options.timeout_seconds <= 0:  # the agent and the lease must agree on the run timeout
                 r.options.timeout_seconds = self.state.default_timeout
             subs.append(st.Submission(r.request_id, r.target, r.options.timeout_seconds, r))
+        ready = asyncio.Event()
         try:
-            waiter = self.state.submit(request.device_key, request.priority, subs)
+            waiter = self.state.submit(request.device_key, request.priority, subs, wake=self._waker(ready))
         except st.TrackerError as e:
-            self._fail(context, e)
-        if not context.add_callback(lambda: self.state.detach(waiter)):
-            self.state.detach(waiter)  # the tuner left already; its requests stay queued
-            return
-        while True:
-            try:
-                results = self.state.wait_results(waiter, WAIT_SLICE)
-            except st.TrackerClosed as e:
-                if context.is_active():
-                    context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-                return
-            for res in results:
-                extra = {"timing": res.timing} if res.timing is not None else {}
-                yield pb.MeasureResult(request_id=res.request_id, costs=res.costs, error_code=res.error_code,
-                                       error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
-                                       attempts=res.attempts, **extra)
-            if self.state.finished(waiter) or not context.is_active():
-                return
+            await self._fail(context, e)
+        try:
+            while True:
+                ready.clear()  # before taking: a wake from now on is not lost
+                try:
+                    results = self.state.wait_results(waiter, 0)
+                except st.TrackerClosed as e:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+                for res in results:
+                    extra = {"timing": res.timing} if res.timing is not None else {}
+                    await context.write(pb.MeasureResult(
+                        request_id=res.request_id, costs=res.costs, error_code=res.error_code,
+                        error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
+                        attempts=res.attempts, **extra))
+                if self.state.finished(waiter):
+                    return
+                if not results:
+                    await ready.wait()
+        finally:  # answered, or the tuner went away: its requests stay queued, their results cached
+            self.state.detach(waiter)
 
     # ------------------------------------------------------------------ everyone
 
-    def Summary(self, request: pb.SummaryRequest, context):
-        self._auth(context, ANYONE)
+    async def Summary(self, request: pb.SummaryRequest, context):
+        await self._auth(context, ANYONE)
         snap = self.state.snapshot()
         out = pb.FarmSummary(protocol_version=PROTOCOL_VERSION, tracker_version=self.version,
                              uptime_seconds=snap.uptime_seconds)
@@ -264,3 +320,44 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             out.keys.add(device_key=k.device_key, agents=k.agents, queued=k.queued, in_flight=k.in_flight,
                          completed=k.completed)
         return out
+
+
+# ----------------------------------------------------------------------------- registration
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Tracker"].full_name
+_METHODS = {  # name -> (handler kind, request type, response type)
+    "Connect": (grpc.unary_stream_rpc_method_handler, pb.Hello, pb.TrackerMessage),
+    "Heartbeat": (grpc.unary_unary_rpc_method_handler, pb.HeartbeatRequest, pb.HeartbeatReply),
+    "ReportResult": (grpc.unary_unary_rpc_method_handler, pb.ResultReport, pb.ResultAck),
+    "Drain": (grpc.unary_unary_rpc_method_handler, pb.DrainRequest, pb.DrainReply),
+    "Measure": (grpc.unary_stream_rpc_method_handler, pb.MeasureBatch, pb.MeasureResult),
+    "Summary": (grpc.unary_unary_rpc_method_handler, pb.SummaryRequest, pb.FarmSummary),
+}
+_STREAMS_IN = {"Report": (grpc.stream_stream_rpc_method_handler, pb.ResultAck)}  # parse each message itself
+
+
+def _parsing(method, request_type):
+    """`method` behind our own parse of the request bytes: grpc.aio answers a request that does not
+    parse with UNKNOWN ("Unexpected DecodeError"); the caller should hear INVALID_ARGUMENT."""
+    name = request_type.DESCRIPTOR.name
+
+    async def handler(raw: bytes, context):
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the {name} message does not parse: {e}")
+        return await method(request, context)
+    return handler
+
+
+def add_to_server(servicer: TrackerServicer, server) -> None:
+    """Register the Tracker service's methods on a grpc.aio server (in place of the generated
+    add_TrackerServicer_to_server, which lets grpc parse the requests)."""
+    handlers = {name: kind(_parsing(getattr(servicer, name), req), request_deserializer=None,
+                           response_serializer=resp.SerializeToString)
+                for name, (kind, req, resp) in _METHODS.items()}
+    for name, (kind, resp) in _STREAMS_IN.items():
+        handlers[name] = kind(getattr(servicer, name), request_deserializer=None,
+                              response_serializer=resp.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

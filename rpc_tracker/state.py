@@ -4,9 +4,12 @@ Pure Python and no gRPC, so every rule of the farm (priorities, key isolation, s
 re-dispatch, exactly-once answers) is unit-tested without sockets and with a fake clock; the
 servicer only translates between protobuf messages and this module.
 
-One lock guards everything. Threads that wait (an agent's stream for work, a tuner's stream for
-results) wait on their own Condition built on that lock, so a result wakes exactly the streams
-that want it, not every stream of the farm.
+One lock guards everything. A stream that waits (an agent's for work, a tuner's for results) is
+woken by its own signal, so a result wakes exactly the streams that want it, not every stream of
+the farm: a thread waits on its own Condition built on that lock (`next_work` / `wait_results`
+with a timeout), and the tracker's asyncio server passes a `wake` callable instead, called under
+the lock whenever the stream has something to send or must end, and then takes what is there
+without waiting (timeout 0).
 
 Rules, in one place:
 - Queues: one per device key, ordered by priority (higher first), then arrival (a sequence
@@ -158,7 +161,7 @@ class Snapshot:
 # ----------------------------------------------------------------------------- internal records
 
 class _Agent:
-    def __init__(self, agent_id, name, device_key, device, slots, now, cond):
+    def __init__(self, agent_id, name, device_key, device, slots, now, cond, wake):
         self.agent_id, self.name, self.device_key, self.device = agent_id, name, device_key, device
         self.slots = slots
         self.connected_at = self.last_seen = now
@@ -169,7 +172,24 @@ class _Agent:
         self.outbox: deque[WorkItem] = deque()     # leased but not yet pushed down the stream
         self.reported_holding: tuple = ()          # what the last heartbeat said
         self.cond = cond
+        self.wake: Callable[[], None] | None = wake
         self.gone_reason: str | None = None
+        self._why_not: dict[TargetSpec, str | None] = {}  # target -> why_cannot_run, asked once per target
+
+    def notify(self) -> None:
+        """Its stream has work to push or must end (lock held): it waits through `wake` or on `cond`."""
+        if self.wake is not None:
+            self.wake()
+        else:
+            self.cond.notify_all()
+
+    def why_not(self, spec: TargetSpec) -> str | None:
+        """why_cannot_run(spec, self.device), remembered: a tuning run sends one target thousands of times."""
+        try:
+            return self._why_not[spec]
+        except KeyError:
+            reason = self._why_not[spec] = why_cannot_run(spec, self.device)
+            return reason
 
 
 class _Request:
@@ -188,8 +208,9 @@ class _Request:
 class ResultWaiter:
     """One Measure call's view of its batch: results not yet delivered, and the ids still pending."""
 
-    def __init__(self, cond: threading.Condition):
+    def __init__(self, cond: threading.Condition, wake: Callable[[], None] | None = None):
         self.cond = cond
+        self.wake = wake
         self.inbox: deque[Result] = deque()
         self.pending: set[str] = set()
         self.closed = False
@@ -197,6 +218,13 @@ class ResultWaiter:
     @property
     def done(self) -> bool:
         return not self.pending and not self.inbox
+
+    def notify(self) -> None:
+        """Its stream has results to send or must end (lock held): it waits through `wake` or on `cond`."""
+        if self.wake is not None:
+            self.wake()
+        else:
+            self.cond.notify_all()
 
 
 # ----------------------------------------------------------------------------- the state
@@ -216,6 +244,7 @@ class TrackerState:
         self._seq = itertools.count()
         self._agent_numbers = itertools.count(1)
         self._agents: dict[str, _Agent] = {}
+        self._key_agents: dict[str, dict[str, _Agent]] = {}  # key -> its agents: dispatch looks at one key's only
         self._queues: dict[str, list] = {}              # key -> heap of [-priority, seq, request id]
         self._queued: dict[str, int] = {}               # key -> live entries in its heap
         self._requests: dict[str, _Request] = {}        # queued or leased, not yet answered
@@ -229,16 +258,21 @@ class TrackerState:
 
     # ------------------------------------------------------------------ agents
 
-    def register_agent(self, name: str, device_key: str, device: DeviceSpec, slots: int = 1) -> str:
-        """A new agent connection; returns its agent id. Queued work of its key is dispatched to it."""
+    def register_agent(self, name: str, device_key: str, device: DeviceSpec, slots: int = 1,
+                       wake: Callable[[], None] | None = None) -> str:
+        """A new agent connection; returns its agent id. Queued work of its key is dispatched to it.
+
+        `wake`, if given, is called (lock held) whenever the agent's stream has work or must end.
+        """
         with self._lock:
             if self.closed:
                 raise TrackerClosed("the tracker is shutting down")
             now = self._clock()
             agent_id = f"a{next(self._agent_numbers)}-{uuid.uuid4().hex[:8]}"
             agent = _Agent(agent_id, name or agent_id, device_key, device, max(1, int(slots)), now,
-                           threading.Condition(self._lock))
+                           threading.Condition(self._lock), wake)
             self._agents[agent_id] = agent
+            self._key_agents.setdefault(device_key, {})[agent_id] = agent
             self._keys_seen.add(device_key)
             log.info("agent joined: %s (%s) key=%s triple=%s cpu=%s cores=%d slots=%d", agent.name, agent_id,
                      device_key, device.triple, device.cpu or "?", device.cores, agent.slots)
@@ -284,7 +318,7 @@ class TrackerState:
             agent = self._agents.get(agent_id)
             if agent is None:
                 raise AgentGone(self._gone.get(agent_id, f"agent {agent_id} is not registered"))
-            if not agent.outbox and agent.gone_reason is None:
+            if not agent.outbox and agent.gone_reason is None and timeout > 0:
                 agent.cond.wait(timeout)
             if agent.gone_reason is not None:
                 raise AgentGone(agent.gone_reason)
@@ -321,8 +355,11 @@ class TrackerState:
 
     # ------------------------------------------------------------------ tuners
 
-    def submit(self, device_key: str, priority: int, submissions: list[Submission]) -> ResultWaiter:
+    def submit(self, device_key: str, priority: int, submissions: list[Submission],
+               wake: Callable[[], None] | None = None) -> ResultWaiter:
         """Queue a batch (atomically: a refused batch queues nothing); returns the caller's waiter.
+
+        `wake`, if given, is called (lock held) whenever the waiter has results or must end.
 
         Raises InvalidRequest, UnknownDeviceKey, TargetNotRunnable or TrackerClosed.
         """
@@ -334,7 +371,7 @@ class TrackerState:
             if len(set(ids)) != len(ids):
                 raise InvalidRequest("request ids in one batch must be unique")
             agents = self._agents_of(device_key)
-            new: list[tuple[Submission, TargetSpec]] = []
+            new: dict[str, TargetSpec] = {}   # request id -> its parsed target, for requests not seen before
             for s in submissions:
                 if s.request_id in self._answered:
                     continue
@@ -348,20 +385,24 @@ class TrackerState:
                     spec = TargetSpec.parse(s.target)
                 except TargetError as e:
                     raise InvalidRequest(f"request {s.request_id!r}: {e}") from None
-                new.append((s, spec))
+                new[s.request_id] = spec
             if new and not agents and device_key not in self._keys_seen \
                     and now - self._started >= self.unknown_key_grace:
                 raise UnknownDeviceKey(self._unknown_key_message(device_key))
             if agents:
-                for s, spec in new:
-                    reasons = [why_cannot_run(spec, a.device) for a in agents]
+                checked: set[TargetSpec] = set()  # a batch has one target or a few: check each once
+                for rid, spec in new.items():
+                    if spec in checked:
+                        continue
+                    reasons = [a.why_not(spec) for a in agents]
                     if all(reasons):
                         raise TargetNotRunnable(
-                            f"request {s.request_id!r}: no agent of device key {device_key!r} can run target "
-                            f"{s.target!r} ({len(agents)} agent{'s' if len(agents) > 1 else ''}; "
+                            f"request {rid!r}: no agent of device key {device_key!r} can run target "
+                            f"{spec.text!r} ({len(agents)} agent{'s' if len(agents) > 1 else ''}; "
                             f"{agents[0].name}: {reasons[0]})")
+                    checked.add(spec)
 
-            waiter = ResultWaiter(threading.Condition(self._lock))
+            waiter = ResultWaiter(threading.Condition(self._lock), wake)
             for s in submissions:
                 cached = self._answered.get(s.request_id)
                 if cached is not None:
@@ -369,7 +410,7 @@ class TrackerState:
                     continue
                 req = self._requests.get(s.request_id)
                 if req is None:
-                    spec = next(sp for sub, sp in new if sub is s)
+                    spec = new[s.request_id]
                     timeout = s.timeout_seconds if s.timeout_seconds > 0 else self.default_timeout
                     req = _Request(s, device_key, int(priority), next(self._seq), spec, timeout)
                     self._requests[s.request_id] = req
@@ -386,7 +427,7 @@ class TrackerState:
         Raises TrackerClosed when the tracker shuts down with results still pending.
         """
         with self._lock:
-            if not waiter.inbox and waiter.pending and not waiter.closed and not self.closed:
+            if not waiter.inbox and waiter.pending and not waiter.closed and not self.closed and timeout > 0:
                 waiter.cond.wait(timeout)
             out = list(waiter.inbox)
             waiter.inbox.clear()
@@ -410,7 +451,7 @@ class TrackerState:
             waiter.pending.clear()
             waiter.inbox.clear()
             self._waiters.discard(waiter)
-            waiter.cond.notify_all()
+            waiter.notify()
 
     # ------------------------------------------------------------------ time
 
@@ -466,9 +507,9 @@ class TrackerState:
             self.closed = True
             for agent in self._agents.values():
                 agent.gone_reason = "the tracker is shutting down; reconnect to its successor"
-                agent.cond.notify_all()
+                agent.notify()
             for w in self._waiters:
-                w.cond.notify_all()
+                w.notify()
 
     # ------------------------------------------------------------------ internals (lock held)
 
@@ -481,7 +522,7 @@ class TrackerState:
         return agent
 
     def _agents_of(self, key: str) -> list[_Agent]:
-        return [a for a in self._agents.values() if a.device_key == key]
+        return list(self._key_agents.get(key, {}).values())
 
     def _unknown_key_message(self, key: str) -> str:
         known = sorted(self._keys_seen)
@@ -492,11 +533,12 @@ class TrackerState:
         agent = self._agents.pop(agent_id, None)
         if agent is None:
             return False
+        del self._key_agents[agent.device_key][agent_id]
         agent.gone_reason = f"agent {agent.name} dropped: {reason}"
         self._gone[agent_id] = agent.gone_reason
         while len(self._gone) > 1000:
             self._gone.popitem(last=False)
-        agent.cond.notify_all()
+        agent.notify()
         log.info("agent left: %s (%s) key=%s: %s; %d lease(s) to requeue, %d completed",
                  agent.name, agent_id, agent.device_key, reason, len(agent.held), agent.completed)
         for req in list(agent.held.values()):
@@ -552,13 +594,13 @@ class TrackerState:
         if not heap:
             return None
         head = self._live(heap[0])
-        if why_cannot_run(head.spec, agent.device) is None:
+        if agent.why_not(head.spec) is None:
             heapq.heappop(heap)
             self._unqueue(head)
             return head
         for entry in sorted(heap):  # the head needs another agent: look further down, in order
             req = self._live(entry)
-            if req is not None and why_cannot_run(req.spec, agent.device) is None:
+            if req is not None and agent.why_not(req.spec) is None:
                 self._unqueue(req)
                 return req
         return None
@@ -567,8 +609,8 @@ class TrackerState:
         if self._queued.get(key, 0) <= 0:
             return
         while self._queued.get(key, 0) > 0:
-            free = [a for a in self._agents.values()
-                    if a.device_key == key and not a.draining and a.gone_reason is None and len(a.held) < a.slots]
+            free = [a for a in self._key_agents.get(key, {}).values()
+                    if not a.draining and a.gone_reason is None and len(a.held) < a.slots]
             if not free:
                 return
             heap = self._queues[key]
@@ -595,7 +637,7 @@ class TrackerState:
         agent.held[req.request_id] = req
         agent.last_assigned = now
         agent.outbox.append(WorkItem(req.request_id, req.payload, lease))
-        agent.cond.notify()
+        agent.notify()
 
     def _answer(self, req: _Request, result: Result) -> None:
         self._requests.pop(req.request_id, None)
@@ -611,5 +653,5 @@ class TrackerState:
         for w in req.waiters:
             w.inbox.append(result)
             w.pending.discard(req.request_id)
-            w.cond.notify()
+            w.notify()
         req.waiters.clear()
