@@ -149,13 +149,13 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time)."""
     anns = cfg["unroll_red"].anns
     names = [ax.name for ax in rax]
-    split_rc = None
+    split_rc = 0
     if "rc" in names and "tile_rc" in cfg.knobs:
         ku = cfg["tile_rc"].size[-1]
         if 1 < ku < rax[names.index("rc")].extent:
             split_rc = ku
     # the split channel loop's inner part is unrolled only while the step stays within bounds
-    unroll_rc = bool(split_rc) and tile_body * split_rc <= max_body
+    unroll_rc = split_rc > 0 and tile_body * split_rc <= max_body
     body = tile_body * (split_rc if unroll_rc else 1)
     order = cst.leaf_iter_vars
     flagged = [ax for ax, a in zip(rax, anns) if a == "unroll"]
@@ -237,7 +237,7 @@ def _conv_nchw(cfg, opdef, target):
     # channel vectors (schedule_conv_nchw_channels) are a choice where a group's channels fill
     # whole registers of the narrowest grid and its input channels make a reduction as long: a
     # condition on the workload alone, so the knob set does not depend on the target
-    channels_possible = not depthwise and fpg % base == 0 and cpg >= base
+    channels_possible = cpg is not None and fpg % base == 0 and cpg >= base
     sc = _defaults()
     channels_first = bool(channels_possible and sc is not None and sc.channel_vectors_pay(opdef, target))
     natural = ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)]
