@@ -161,9 +161,11 @@ install_wheels() {
     rm -f "$ROOT/.tunefarm-board-wheels"
     rm -rf "$site"
     mkdir -p "$site"
-    "$PYTHON" -m pip install -q --disable-pip-version-check --target "$site" \
-        --platform manylinux_2_36_aarch64 --platform manylinux2014_aarch64 --python-version 3.11 \
-        --implementation cp --abi cp311 --only-binary=:all: "${pins[@]}" ||
+    # every manylinux tag bookworm's glibc (2.36) runs: pip does not infer older ones from a newer one
+    local platforms=(--platform manylinux2014_aarch64)
+    for minor in $(seq 17 36); do platforms+=(--platform "manylinux_2_${minor}_aarch64"); done
+    "$PYTHON" -m pip install -q --disable-pip-version-check --target "$site" "${platforms[@]}" \
+        --python-version 3.11 --implementation cp --abi cp311 --only-binary=:all: "${pins[@]}" ||
         die "pip could not fetch aarch64 wheels for ${pins[*]}"
     chroot "$ROOT" /usr/bin/python3 -c 'import numpy, llvmlite.binding, grpc, google.protobuf' ||
         die "the board cannot import its wheels"
