@@ -22,7 +22,8 @@ Lifecycle:
   backoff (0.2 s doubling to 5 s, with jitter). Work of a connection that is gone and has not
   started is dropped (its lease brings it back to the queue on the tracker's side); work already
   running finishes and its report is tried;
-- UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old) or INVALID_ARGUMENT
+- UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old, an llvmlite
+  the tracker cannot serve, an emulated agent under a native key or the other way) or INVALID_ARGUMENT
   from Connect, or a TLS handshake that fails (a tracker certificate not signed by --tls-ca, TLS
   against a plaintext tracker): retrying cannot help, so the agent exits with EXIT_REFUSED and
   says why;

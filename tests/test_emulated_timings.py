@@ -198,3 +198,18 @@ def test_the_worker_refuses_a_kernel_of_another_isa_with_its_own_code():
                                      min_repeat_ms=1))
     assert ans["error_code"] == UNSUPPORTED_TARGET == ErrorCode.UNSUPPORTED_TARGET, ans
     assert "cannot run the candidate kernel" in ans["error_msg"] and "compiled for" in ans["error_msg"], ans
+
+
+def test_apply_best_prefers_a_native_record_to_a_faster_emulated_one(tmp_path):
+    from tuner.apply_best import ApplyHistoryBest
+    from tuner.space import default_candidate
+
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    wl = Workload("matmul", {"M": 8, "N": 8, "K": 8})
+    naive = Candidate("trace", {"sketch": "naive", "steps": []})
+    default = default_candidate(wl.opdef().workload_key())
+    store.add_records(Task(wl, T_ARM, "arm-a72-qemu"), [(naive, timed(1e-6, True))])    # qemu on a fast x86
+    store.add_records(Task(wl, T_ARM, "rpi4"), [(default, timed(1e-3, False))])
+    best = ApplyHistoryBest(store).best_record(wl.opdef(), host.Target.from_string(T_ARM))
+    assert best.candidate == default and not best.result.emulated
+    store.close()
