@@ -208,8 +208,9 @@ def test_apply_best_prefers_a_native_record_to_a_faster_emulated_one(tmp_path):
     wl = Workload("matmul", {"M": 8, "N": 8, "K": 8})
     naive = Candidate("trace", {"sketch": "naive", "steps": []})
     default = default_candidate(wl.opdef().workload_key())
-    store.add_records(Task(wl, T_ARM, "arm-a72-qemu"), [(naive, timed(1e-6, True))])    # qemu on a fast x86
-    store.add_records(Task(wl, T_ARM, "rpi4"), [(default, timed(1e-3, False))])
-    best = ApplyHistoryBest(store).best_record(wl.opdef(), host.Target.from_string(T_ARM))
+    target = host.Target.from_string(T_ARM)
+    store.add_records(Task(wl, str(target), "arm-a72-qemu"), [(naive, timed(1e-6, True))])    # qemu on a fast x86
+    store.add_records(Task(wl, str(target), "rpi4"), [(default, timed(1e-3, False))])
+    best = ApplyHistoryBest(store).best_record(wl.opdef(), target)
     assert best.candidate == default and not best.result.emulated
     store.close()
