@@ -26,7 +26,8 @@ Lifecycle:
   backoff (0.2 s doubling to 5 s, with jitter). Work of a connection that is gone and has not
   started is dropped (its lease brings it back to the queue on the tracker's side); work already
   running finishes and its report is tried;
-- UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old) or INVALID_ARGUMENT
+- UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION (protocol too old, an llvmlite
+  the tracker cannot serve, an emulated agent under a native key or the other way) or INVALID_ARGUMENT
   from Connect, or a TLS handshake that fails (a tracker certificate not signed by --tls-ca, TLS
   against a plaintext tracker): retrying cannot help, so the agent exits with EXIT_REFUSED and
   says why;
@@ -51,7 +52,7 @@ from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
 
 from .host import describe_host, target_problem
-from .worker import RUNNER_ERROR, MeasureRequest, WorkerProcess
+from .worker import UNSUPPORTED_TARGET, MeasureRequest, WorkerProcess
 
 log = logging.getLogger("tunefarm.agent")
 
@@ -300,7 +301,7 @@ class Agent:
     def _refusal_message(self, code, details) -> str:
         hint = {grpc.StatusCode.UNAUTHENTICATED: "check --token / $TUNEFARM_AGENT_TOKEN",
                 grpc.StatusCode.PERMISSION_DENIED: "check --token / $TUNEFARM_AGENT_TOKEN",
-                grpc.StatusCode.FAILED_PRECONDITION: "upgrade this agent (pip install -U tunefarm)",
+                grpc.StatusCode.FAILED_PRECONDITION: "the tracker cannot serve this agent as it is",
                 grpc.StatusCode.INVALID_ARGUMENT: "check --key and --name"}[code]
         return (f"the tracker at {self.config.tracker} refused agent {self.name}: {code.name}: {details} "
                 f"({hint})")
@@ -405,7 +406,8 @@ class Agent:
             answer = self._measure(req, worker)
             result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
                                       error_code=int(answer["error_code"]), error_msg=answer["error_msg"],
-                                      run_seconds=float(answer["run_seconds"]), agent=self.name)
+                                      run_seconds=float(answer["run_seconds"]), agent=self.name,
+                                      emulated=bool(self.device["emulated"]))
             timing = answer.get("timing")
             if timing:
                 # the worker's summary has every field of the message (and a few more for logs)
@@ -421,7 +423,7 @@ class Agent:
         problem = target_problem(req.target)
         if problem:
             dev = self.device
-            return {"costs": [], "error_code": RUNNER_ERROR, "run_seconds": 0.0,
+            return {"costs": [], "error_code": UNSUPPORTED_TARGET, "run_seconds": 0.0,
                     "error_msg": f"agent {self.name} ({dev['cpu']}, {dev['triple']}) cannot run target "
                                  f"{req.target!r}: {problem}"}
         o = req.options

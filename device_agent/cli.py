@@ -4,7 +4,8 @@
 
 The token may come from $TUNEFARM_AGENT_TOKEN instead of the command line (where other users of
 the machine could read it). Exit status: 0 after a drain (SIGTERM/SIGINT), 2 on a usage error,
-3 when the tracker refuses the agent (wrong token, protocol too old).
+3 when the tracker refuses the agent (wrong token, protocol or llvmlite it cannot serve, a key held
+by agents of the other kind, emulated or native).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ RUNTIME_ERROR = 4
 WRONG_ANSWER = 5
 RUN_TIMEOUT = 6
 RUNNER_ERROR = 7
+UNSUPPORTED_TARGET = 8
 
 
 @dataclass
@@ -146,7 +147,7 @@ def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
     `on_start()` is called once it is held."""
     from compiler import host_lock
     from compiler.errors import CompilerError
-    from compiler.runtime import load_kernel
+    from compiler.runtime import check_runnable, load_kernel
 
     if isinstance(request, dict):
         request = MeasureRequest.from_dict(request)
@@ -176,6 +177,11 @@ def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
         if not 0 <= n_in < len(cand.args):
             return done(RUNNER_ERROR, f"num_inputs={n_in} but the kernel has {len(cand.args)} arguments "
                                       f"(at least one must be an output)")
+        for what, kernel in (("candidate", cand), ("reference", ref)):
+            try:   # the kernel's own header, whatever target the request named
+                check_runnable(kernel.target)
+            except CompilerError as e:
+                return done(UNSUPPORTED_TARGET, f"this machine cannot run the {what} kernel: {e}")
         with host_lock.exclusive():
             if on_start is not None:
                 on_start()   # the run's clock starts now, not while waiting for the host

@@ -78,7 +78,8 @@ def format_summary(summary: pb.FarmSummary) -> str:
            f"up {_ago(summary.uptime_seconds)}, {len(summary.agents)} agent(s)"]
     out.append("")
     if summary.agents:
-        rows = [[a.name, a.device_key, a.device.cpu or "?", str(a.device.cores), str(a.slots), str(a.in_flight),
+        rows = [[a.name, a.device_key, (a.device.cpu or "?") + (" (emulated)" if a.device.emulated else ""),
+                 str(a.device.cores), str(a.slots), str(a.in_flight),
                  str(a.completed), str(a.failed), str(a.leases_lost), _ago(a.last_seen_seconds_ago) + " ago",
                  "draining" if a.draining else "ready"]
                 for a in summary.agents]

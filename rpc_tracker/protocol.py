@@ -7,6 +7,8 @@ ImportError deep in the tracker.
 
 from __future__ import annotations
 
+import re
+
 try:
     from .proto import farm_pb2 as pb
     from .proto import farm_pb2_grpc as pb_grpc
@@ -19,8 +21,40 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 # (compiler/kernel_format.py). The tracker refuses agents older than MIN_AGENT_PROTOCOL with
 # FAILED_PRECONDITION and a message telling them to upgrade.
 # 2: kernel format 2 (checksum over header and object, argument roles).
-PROTOCOL_VERSION = 2
-MIN_AGENT_PROTOCOL = 2
+# 3: DeviceInfo.emulated and llvmlite_version, MeasureResult.emulated, error code 8
+#    (UNSUPPORTED_TARGET). Agents of protocol 2 are refused: they cannot say whether they run
+#    emulated, and their timings must not be mixed with a real device's.
+PROTOCOL_VERSION = 3
+MIN_AGENT_PROTOCOL = 3
+
+# The llvmlite releases an agent may load kernels with: [AGENT_LLVMLITE_MIN, AGENT_LLVMLITE_BELOW).
+# Kernels reach an agent as object code compiled by the tuner's LLVM, and the agent's own LLVM
+# loads them (RuntimeDyld) and parses their target (cpu and feature names). Every tuner of this
+# release compiles with an llvmlite in pyproject.toml's range (LLVM 20), so that is what the
+# tracker can serve: an older LLVM need not know a newer one's relocations, cpu names or features
+# (Debian bookworm's python3-llvmlite 0.39 is LLVM 11/14), and newer ones are the releases the
+# project excludes. The tracker knows the range as data (it never imports llvmlite) and refuses an
+# agent outside it at Connect with FAILED_PRECONDITION naming both. tests/test_board.py checks
+# that this range is pyproject.toml's.
+AGENT_LLVMLITE_MIN = (0, 45)
+AGENT_LLVMLITE_BELOW = (0, 48)
+
+
+def llvmlite_problem(version: str) -> str:
+    """Why an agent with llvmlite `version` cannot load this farm's kernels, or '' when it can."""
+    wanted = (f"llvmlite>={AGENT_LLVMLITE_MIN[0]}.{AGENT_LLVMLITE_MIN[1]},"
+              f"<{AGENT_LLVMLITE_BELOW[0]}.{AGENT_LLVMLITE_BELOW[1]}")
+    if not version:
+        return f"the agent did not say its llvmlite version; install tunefarm's agent with {wanted}"
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return f"llvmlite version {version!r} is not a version this tracker can read; install {wanted}"
+    got = (int(m.group(1)), int(m.group(2)))
+    if not AGENT_LLVMLITE_MIN <= got < AGENT_LLVMLITE_BELOW:
+        return (f"llvmlite {version} cannot load the kernels this farm's tuners build (LLVM of {wanted}); "
+                f"install {wanted} on the agent")
+    return ""
+
 
 # Metadata key carrying `Bearer <token>` on every call.
 AUTH_METADATA_KEY = "authorization"
@@ -67,5 +101,6 @@ def server_keepalive_options() -> list:
 
 
 __all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "AUTH_METADATA_KEY",
+           "AGENT_LLVMLITE_MIN", "AGENT_LLVMLITE_BELOW", "llvmlite_problem",
            "MAX_MESSAGE_BYTES", "auth_metadata", "channel_options", "client_keepalive_options",
            "server_keepalive_options"]

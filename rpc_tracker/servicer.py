@@ -34,7 +34,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import state as st
-from .protocol import AUTH_METADATA_KEY, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, pb, pb_grpc
+from .protocol import AUTH_METADATA_KEY, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, llvmlite_problem, pb, pb_grpc
 from .targets import DeviceSpec
 
 log = logging.getLogger("rpc_tracker")
@@ -47,6 +47,7 @@ STATUS_OF = {
     st.UnknownDeviceKey: grpc.StatusCode.NOT_FOUND,
     st.NotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     st.TargetNotRunnable: grpc.StatusCode.FAILED_PRECONDITION,
+    st.EmulationMismatch: grpc.StatusCode.FAILED_PRECONDITION,
     st.TrackerClosed: grpc.StatusCode.UNAVAILABLE,
     st.AgentGone: grpc.StatusCode.UNAVAILABLE,
 }
@@ -55,7 +56,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}$")
 MAX_BATCH = 10_000
 MAX_REQUEST_ID = 256
 MAX_TIMEOUT_SECONDS = 24 * 3600.0
-MAX_ERROR_CODE = 7        # tuner.candidate.ErrorCode.RUNNER_ERROR, the last one
+MAX_ERROR_CODE = 8        # tuner.candidate.ErrorCode.UNSUPPORTED_TARGET, the last one
 
 
 def _tracker_version() -> str:
@@ -149,7 +150,12 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "Hello.device.triple is empty; the tracker needs it to tell which targets the agent "
                                 "can run")
-        device = DeviceSpec.make(d.triple, d.cpu, d.features, d.cores, d.memory_bytes, d.agent_version, d.hostname)
+        problem = llvmlite_problem(d.llvmlite_version)
+        if problem:
+            log.warning("refused agent %r (key %s): %s", request.name, request.device_key, problem)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+        device = DeviceSpec.make(d.triple, d.cpu, d.features, d.cores, d.memory_bytes, d.agent_version, d.hostname,
+                                 d.emulated, d.llvmlite_version)
         ready = asyncio.Event()
         try:
             agent_id = self.state.register_agent(request.name, request.device_key, device,
@@ -200,7 +206,7 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         if bad:
             return grpc.StatusCode.INVALID_ARGUMENT, bad, False
         result = st.Result(r.request_id, list(r.costs), r.error_code, r.error_msg, r.run_seconds, r.agent,
-                           timing=r.timing if r.HasField("timing") else None)
+                           timing=r.timing if r.HasField("timing") else None, emulated=r.emulated)
         try:
             return grpc.StatusCode.OK, "", self.state.report_result(request.agent_id, result)
         except st.TrackerError as e:
@@ -292,7 +298,7 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                     await context.write(pb.MeasureResult(
                         request_id=res.request_id, costs=res.costs, error_code=res.error_code,
                         error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
-                        attempts=res.attempts, **extra))
+                        attempts=res.attempts, emulated=res.emulated, **extra))
                 if self.state.finished(waiter):
                     return
                 if not results:
@@ -312,7 +318,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             out.agents.add(agent_id=a.agent_id, name=a.name, device_key=a.device_key,
                            device=pb.DeviceInfo(triple=d.triple, cpu=d.cpu, features=sorted(d.features),
                                                 cores=d.cores, memory_bytes=d.memory_bytes,
-                                                agent_version=d.agent_version, hostname=d.hostname),
+                                                agent_version=d.agent_version, hostname=d.hostname,
+                                                emulated=d.emulated, llvmlite_version=d.llvmlite_version),
                            slots=a.slots, in_flight=a.in_flight, completed=a.completed, failed=a.failed,
                            leases_lost=a.leases_lost, connected_seconds=a.connected_seconds,
                            last_seen_seconds_ago=a.last_seen_seconds_ago, draining=a.draining)

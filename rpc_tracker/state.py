@@ -35,6 +35,9 @@ Rules, in one place:
   got an agent are answered with a RUNNER_ERROR result.
 - Targets: if agents of the key are registered and none of them can run a request's target, the
   whole batch is refused (TargetNotRunnable) before anything is queued.
+- Emulation: a device key is served by emulated agents (qemu-user boards) or by native ones, never
+  both at once: an agent of the other kind is refused at registration (EmulationMismatch), so the
+  timings of one key's requests are all of one kind, and each result says which (`emulated`).
 """
 
 from __future__ import annotations
@@ -85,12 +88,22 @@ class TargetNotRunnable(TrackerError):
     """No registered agent of the key can run a request's target (FAILED_PRECONDITION)."""
 
 
+class EmulationMismatch(TrackerError):
+    """An emulated agent joining a key served by native agents, or the other way (FAILED_PRECONDITION)."""
+
+
 class TrackerClosed(TrackerError):
     """The tracker is shutting down (UNAVAILABLE: resubmit to the next one)."""
 
 
 class AgentGone(TrackerError):
     """The agent was dropped or left; its stream must end. `str()` says why."""
+
+
+def _emulation_mismatch(device_key: str, emulated: bool, other: str) -> str:
+    this, that = ("emulated", "native") if emulated else ("native", "emulated")
+    return (f"device key {device_key!r} is served by {that} agents ({other}); a {this} agent's timings are not "
+            f"comparable with theirs: register it under a key of its own (e.g. {device_key}-{'qemu' if emulated else 'native'})")
 
 
 # ----------------------------------------------------------------------------- plain data
@@ -115,6 +128,7 @@ class Result:
     agent: str = ""
     attempts: int = 0
     timing: Any = None             # the agent's measurement-protocol summary (pb.Timing), passed on as it is
+    emulated: bool = False         # measured by an emulated agent
 
 
 @dataclass
@@ -267,6 +281,10 @@ class TrackerState:
         with self._lock:
             if self.closed:
                 raise TrackerClosed("the tracker is shutting down")
+            other = next((a for a in self._agents.values()
+                          if a.device_key == device_key and a.device.emulated != device.emulated), None)
+            if other is not None:
+                raise EmulationMismatch(_emulation_mismatch(device_key, device.emulated, other.name))
             now = self._clock()
             agent_id = f"a{next(self._agent_numbers)}-{uuid.uuid4().hex[:8]}"
             agent = _Agent(agent_id, name or agent_id, device_key, device, max(1, int(slots)), now,
@@ -342,6 +360,7 @@ class TrackerState:
                 if result.error_code != NO_ERROR:
                     agent.failed += 1
                 result.agent = result.agent or agent.name
+                result.emulated = agent.device.emulated  # as the agent registered, whatever the report says
                 result.attempts = req.attempts
                 self._answer(req, result)
                 self._dispatch(agent.device_key)

@@ -40,11 +40,15 @@ class DeviceSpec:
     memory_bytes: int = 0
     agent_version: str = ""
     hostname: str = ""
+    emulated: bool = False          # runs under an instruction-set emulator (device_agent.host.is_emulated)
+    llvmlite_version: str = ""
 
     @staticmethod
-    def make(triple, cpu="", features=(), cores=0, memory_bytes=0, agent_version="", hostname="") -> "DeviceSpec":
+    def make(triple, cpu="", features=(), cores=0, memory_bytes=0, agent_version="", hostname="",
+             emulated=False, llvmlite_version="") -> "DeviceSpec":
         feats = frozenset(f.lstrip("+") for f in features if f and not f.startswith("-"))
-        return DeviceSpec(triple, cpu, feats, int(cores), int(memory_bytes), agent_version, hostname)
+        return DeviceSpec(triple, cpu, feats, int(cores), int(memory_bytes), agent_version, hostname,
+                          bool(emulated), llvmlite_version)
 
 
 def why_cannot_run(target: TargetSpec, device: DeviceSpec) -> str | None:

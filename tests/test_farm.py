@@ -398,7 +398,7 @@ def test_a_target_the_agent_cannot_run_is_a_clear_error(farm, builds):
     avx512 = Task(MM, f"llvm -mtriple={host.triple} -mcpu=skylake-avx512 -mattr=+avx2,+fma -num-cores=2", KEY)
     with runner_for(address) as runner:
         (res,) = runner.run(avx512, [good])
-    assert res.error_code == ErrorCode.RUNNER_ERROR and res.measured_by in agents
+    assert res.error_code == ErrorCode.UNSUPPORTED_TARGET and res.measured_by in agents
     assert f"agent {res.measured_by} ({host.cpu}, {host.triple}) cannot run target" in res.error_msg, res.error_msg
     assert "avx512f" in res.error_msg
 

@@ -207,9 +207,9 @@ def test_build_process_crash_is_blamed_on_its_candidate(pool):
 # ----------------------------------------------------------------------------- measuring code
 
 def test_worker_error_codes_match_the_tuner():
-    assert (W.NO_ERROR, W.RUNTIME_ERROR, W.WRONG_ANSWER, W.RUN_TIMEOUT, W.RUNNER_ERROR) == (
+    assert (W.NO_ERROR, W.RUNTIME_ERROR, W.WRONG_ANSWER, W.RUN_TIMEOUT, W.RUNNER_ERROR, W.UNSUPPORTED_TARGET) == (
         ErrorCode.NO_ERROR, ErrorCode.RUNTIME_ERROR, ErrorCode.WRONG_ANSWER, ErrorCode.RUN_TIMEOUT,
-        ErrorCode.RUNNER_ERROR)
+        ErrorCode.RUNNER_ERROR, ErrorCode.UNSUPPORTED_TARGET)
 
 
 def test_compare_output_tolerance():

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import grpc
+import llvmlite
 import pytest
 
 import compiler as C
@@ -82,7 +83,8 @@ def clients():
 
 def host_device():
     return pb.DeviceInfo(triple=HOST.triple, cpu=HOST.cpu, features=[f[1:] for f in HOST.features.split(",") if f],
-                         cores=HOST.num_cores, memory_bytes=1 << 30, agent_version="test", hostname="localhost")
+                         cores=HOST.num_cores, memory_bytes=1 << 30, agent_version="test", hostname="localhost",
+                         llvmlite_version=llvmlite.__version__)
 
 
 class FakeAgent:

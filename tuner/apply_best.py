@@ -18,8 +18,12 @@ class ApplyHistoryBest(DispatchContext):
         self.k = k
 
     def best_record(self, opdef, target):
-        """The best record whose candidate still applies to this definition, or None."""
-        for rec in self.store.best(opdef.workload_key(), str(target), k=self.k):
+        """The best record whose candidate still applies to this definition, or None.
+
+        Natively timed records come first: an emulated board's timings (qemu-user) rank kernels
+        for the emulator, so one of them is used only when no native record of the k best applies."""
+        best = self.store.best(opdef.workload_key(), str(target), k=self.k)
+        for rec in sorted(best, key=lambda r: r.result.emulated):   # stable: the store's order within each kind
             try:
                 instantiate(opdef, rec.candidate, target)
             except SpaceError:

@@ -18,6 +18,7 @@ class ErrorCode(IntEnum):
     WRONG_ANSWER = 5         # result differs from the reference beyond tolerance
     RUN_TIMEOUT = 6          # the kernel hung past its timeout
     RUNNER_ERROR = 7         # the measuring side failed (worker lost, farm error)
+    UNSUPPORTED_TARGET = 8   # the measuring machine cannot run the kernel's target (another ISA, missing CPU features)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class MeasureResult:
     disturbed: bool = False          # other processes kept the kernel waiting, even after retries
     lost_fraction: float = 0.0       # share of the kernel threads' time spent waiting for a CPU
     host_busy: float = 0.0           # CPUs' worth of other processes' work during the timing
+    emulated: bool = False           # timed under an instruction-set emulator (qemu-user board): never mixed with native
 
     @property
     def ok(self) -> bool:

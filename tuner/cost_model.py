@@ -10,6 +10,12 @@ the same workload is faster, which is what the search needs and what transfers a
 The model keeps its training rows and retrains from scratch on all of them (`update` appends and
 retrains; a few thousand rows take a fraction of a second with the defaults). `warm_start` adds
 the records of other workloads of the same target, each in its own group.
+
+Emulated and native timings are never mixed (`emulated`): an agent under qemu-user measures the
+emulator's translation of a kernel, whose ranking of candidates differs from a real core's
+(memory-bound and vectorised code do not slow down alike). A model holds rows of one kind only:
+the kind of the first rows it is given; rows of the other kind are left out, except that a warm
+start of the other kind gives way to the run's own first measurements (they decide the kind).
 """
 
 from __future__ import annotations
@@ -124,6 +130,9 @@ class XGBCostModel:
         # per own group: the rank correlation of the warm-started model's predictions with that
         # group's first measured batch (see history_weight)
         self.transfer_correlation: dict = {}
+        self.emulated: bool | None = None   # the kind of timings its rows are (None: no rows yet)
+        self.rows_left_out = 0              # rows not trained on: timings of the other kind
+        self._own_timings = False           # has `update` given it a timing yet?
 
     # ------------------------------------------------------------------ training
     @property
@@ -149,7 +158,28 @@ class XGBCostModel:
         return self.fit(features, t, groups)
 
     def update(self, features, results, group="current", flops: float = 1.0):
-        """Append measured rows (MeasureResult list, errors → 0) and retrain on everything."""
+        """Append measured rows (MeasureResult list, errors → 0) and retrain on everything.
+
+        Only timings of the model's kind (emulated or native) are kept; failures (no timing) are
+        of no kind. The first timings of a model without own timings set the kind, dropping a warm
+        start of the other kind."""
+        results = list(results)
+        timed = [bool(getattr(r, "ok", False)) for r in results]
+        kinds = [bool(getattr(r, "emulated", False)) for r in results]
+        first = next((k for k, t in zip(kinds, timed) if t), None)
+        if first is not None and not self._own_timings and self.emulated is not first:
+            if self._hX is not None:  # a warm start of the other kind gives way to the run's own timings
+                self.rows_left_out += len(self._hX)
+                self._hX = self._hy = self._hg = None
+            self.emulated = first
+        keep = np.array([not t or k == self.emulated for k, t in zip(kinds, timed)], dtype=bool)
+        if not keep.all():
+            self.rows_left_out += int((~keep).sum())
+            features = np.asarray(features)[keep]
+            results = [r for r, k in zip(results, keep) if k]
+            if not results:
+                return self
+        self._own_timings = self._own_timings or any(getattr(r, "ok", False) for r in results)
         X, t, g = self._check(features, throughputs_from_results(results, flops), [group] * len(results))
         if (self._hX is not None and self.booster is not None and len(X) >= 3
                 and str(group) not in self.transfer_correlation and (self._g is None or str(group) not in self._g)):
@@ -174,12 +204,18 @@ class XGBCostModel:
             return 1.0
         return float(min(max(np.mean(list(self.transfer_correlation.values())), 0.0), 1.0))
 
-    def warm_start(self, features, throughputs, groups):
+    def warm_start(self, features, throughputs, groups, emulated: bool = False):
         """Add the records of other workloads (same target); each group ranks on its own.
 
+        `emulated`: whether these are emulated timings; ignored (left out) when the model already
+        holds rows of the other kind.
         At most `max_history_rows` rows are kept: per workload its best rows and an even spread
         of the rest, so the retrain time stays bounded however large the history is.
         """
+        if self.emulated is not None and self.emulated != bool(emulated):
+            self.rows_left_out += len(throughputs)
+            return self
+        self.emulated = bool(emulated)
         X, t, g = self._check(features, throughputs, groups)
         X, t, g = self._subsample(X, t, g, self.max_history_rows)
         if self._hX is None:
@@ -303,7 +339,7 @@ class XGBCostModel:
                 "num_rounds": self.num_rounds,
                 "min_samples": self.min_samples, "max_history_rows": self.max_history_rows,
                 "threads_min_rows": self.threads_min_rows,
-                "params": self.params, "num_features": self.num_features,
+                "params": self.params, "num_features": self.num_features, "emulated": self.emulated,
                 "transfer_correlation": self.transfer_correlation}
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
         if self.booster is not None:
@@ -336,6 +372,7 @@ class XGBCostModel:
             m.params = dict(meta["params"])
             m.num_features = meta["num_features"]
             m.transfer_correlation = dict(meta.get("transfer_correlation", {}))
+            m.emulated = meta.get("emulated")
             if "booster" in z:
                 xgb = _xgb()
                 m.booster = xgb.Booster(params={"nthread": 1})

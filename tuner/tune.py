@@ -70,7 +70,7 @@ def tune_tasks(tasks: list, store, weights=None, scheduler: str = "gradient", sp
                   for i, task in enumerate(tasks)]
         if shared is not None:
             warm_cost_model(store, tuners[0].task.target, {t.workload_key for t in tuners},
-                            [t.space for t in tuners], model=shared)
+                            [t.space for t in tuners], model=shared, emulated=tuners[0].emulated)
         used = store.count(job_id=job_id, search_only=True) if job_id is not None else 0
         sched = TaskScheduler(tuners, weights, scheduler=scheduler, trials=trials, seconds=seconds, seed=seed,
                               callbacks=callbacks, used_trials=used)

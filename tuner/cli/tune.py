@@ -105,6 +105,9 @@ def cmd_tune(args) -> int:
         if runner is not None:
             runner.close()
     status = EXIT_OK
+    if runner is not None and runner.timings_emulated():
+        print(f"note: the agents of key {args.key!r} run emulated (qemu-user): their timings rank candidates for the "
+              "emulator, not for the real device; they are labelled so in the records and kept apart from native ones")
     for (task, opdef, weight), result in zip(entries, results):
         status = max(status, _summarize(task, opdef, weight, result, len(entries) > 1))
         if result.best_candidate is not None:
@@ -165,6 +168,10 @@ def _report_best(store, opdef, target, repeat: int) -> int:
 
     with ApplyHistoryBest(store):
         kernel = build_op(opdef, target)
+    if not _runs_here(target):  # cross-compiled for the farm's devices: checked and timed there
+        print(f"tuned kernel: built with the best record for {target} ({len(kernel.object_code)} bytes of object "
+              "code); this machine cannot run it, its agents checked and timed it")
+        return EXIT_OK
     ins = random_inputs(opdef, np.random.default_rng(0))
     out = poisoned_output(opdef.output)
     kernel(*ins, out)
@@ -181,6 +188,16 @@ def _report_best(store, opdef, target, repeat: int) -> int:
     print(f"tuned kernel: {gf(ours):.3g} GFLOPS   numpy: {gf(theirs):.3g} GFLOPS   "
           f"ratio {theirs / ours:.2f}x   check {check}")
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _runs_here(target) -> bool:
+    from compiler.errors import CompilerError
+    from compiler.kernel_format import check_runnable
+    try:
+        check_runnable(target)
+    except CompilerError:
+        return False
+    return True
 
 
 def cmd_best(args) -> int:

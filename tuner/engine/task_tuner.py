@@ -95,16 +95,19 @@ class TaskTuner:
         prior = [r for r in store.history(workload_key=self.workload_key, target=task.target)
                  if r.device_key == task.device_key]
         relevant = [r for r in prior if r.candidate.kind == self.space.kind]
+        self.emulated = timings_kind(runner, prior)
+        # the strategy (and its cost model) hears only of timings of the kind this run takes
+        told = [r for r in relevant if not r.result.ok or r.result.emulated == self.emulated]
         self.result = TuneResult(task, resumed_trials=len(relevant), flops=self.opdef.flops)
         t0 = time.perf_counter()
         if cost_model is None and self.strategy_name in MODEL_GUIDED:
-            cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space])
+            cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space], emulated=self.emulated)
         self.cost_model = cost_model
         self.strategy = make_strategy(self.strategy_name, self.space, self.opdef, self.target, seed,
                                       visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model,
                                       group=self.workload_key, starting_points=starting_points)
-        if relevant:
-            self.strategy.update([r.candidate for r in relevant], [r.result for r in relevant])
+        if told:
+            self.strategy.update([r.candidate for r in told], [r.result for r in told])
         self.result.tuner_seconds += time.perf_counter() - t0
         for r in prior:
             if r.result.ok and r.cost < self.result.best_cost:
@@ -304,10 +307,23 @@ def beats_default(ratios: list) -> bool:
     return med - 1.0 > noise
 
 
-def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None):
+def timings_kind(runner, prior: list) -> bool:
+    """Whether this run's timings are emulated: as the runner says (a LocalRunner knows its host,
+    an RPCRunner asks the tracker about the key's agents), else as the newest timed record of the
+    task says, else native. The cost model itself also refuses to mix the two kinds."""
+    ask = getattr(runner, "timings_emulated", None)
+    said = ask() if callable(ask) else None
+    if said is not None:
+        return bool(said)
+    timed = [r for r in prior if r.result.ok]
+    return bool(timed[-1].result.emulated) if timed else False
+
+
+def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None,
+                    emulated: bool = False):
     """A cost model (`model`, or a new one) pre-trained on other workloads' records for this
-    target whose candidates have the structure of one of `spaces` (same template or sketches);
-    None if there are none."""
+    target whose candidates have the structure of one of `spaces` (same template or sketches)
+    and whose timings are of the kind `emulated` says; None if there are none."""
     import numpy as np
 
     from ..cost_model import XGBCostModel, throughputs_from_results
@@ -316,7 +332,7 @@ def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: 
 
     structures = [st for st in (sp.structure() for sp in spaces) if st is not None]
     others = [r for r in store.history_of_structure(target, structures, exclude_keys, limit=limit)
-              if any(sp.same_structure(r.candidate) for sp in spaces)]
+              if r.result.emulated == emulated and any(sp.same_structure(r.candidate) for sp in spaces)]
     if not others:
         return None
     feats, thr, groups = [], [], []
@@ -338,5 +354,5 @@ def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: 
     if not feats:
         return None
     model = model if model is not None else XGBCostModel()
-    model.warm_start(np.concatenate(feats), np.concatenate(thr), groups)
+    model.warm_start(np.concatenate(feats), np.concatenate(thr), groups, emulated=emulated)
     return model

@@ -96,11 +96,24 @@ class RPCRunner(Runner):
                                          max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
+        self._emulated: bool | None = None  # the key's agents' kind, once known
         self.tls_ca = tls_ca
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
         self._channel = make_channel(tracker, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
         self._stub = pb_grpc.TrackerStub(self._channel)
         self._metadata = auth_metadata(self.token)
+
+    def timings_emulated(self) -> bool | None:
+        """Whether the key's agents run emulated, as they told the tracker (it keeps a key to one
+        kind); None when no agent of the key is registered or the tracker does not answer."""
+        if self._emulated is None:
+            try:
+                summary = self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=5.0)
+            except grpc.RpcError:
+                return None
+            kinds = {a.device.emulated for a in summary.agents if a.device_key == self.device_key}
+            self._emulated = kinds.pop() if len(kinds) == 1 else None
+        return self._emulated
 
     @property
     def _unmeasured_by(self) -> str:
@@ -188,7 +201,7 @@ class RPCRunner(Runner):
         if answer.HasField("timing"):
             t = answer.timing
             as_dict["timing"] = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}
-        return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by)
+        return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by, answer.emulated)
 
     def _collect(self, requests: dict):
         """Yield (request id, pb.MeasureResult) as results arrive, submitting the unanswered requests

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from device_agent.host import is_emulated
 from device_agent.worker import MeasureRequest, WorkerProcess
 
 from ..candidate import ErrorCode, MeasureResult
@@ -19,6 +20,11 @@ from .builder import BuildResult
 
 class Runner(ABC):
     """Measures build results of one task; one MeasureResult per BuildResult, in order."""
+
+    def timings_emulated(self) -> bool | None:
+        """Whether this runner's timings come from an emulated machine (None: it cannot tell yet);
+        the tuner keeps the cost model and its warm start to records of that kind."""
+        return False
 
     @abstractmethod
     def run(self, task: Task, build_results: list) -> list:
@@ -50,8 +56,9 @@ def passthrough(br: BuildResult, measured_by: str) -> MeasureResult | None:
     return None
 
 
-def to_measure_result(answer: dict, br: BuildResult, measured_by: str) -> MeasureResult:
-    """A worker's answer dict (measure_one's format) → MeasureResult."""
+def to_measure_result(answer: dict, br: BuildResult, measured_by: str, emulated: bool = False) -> MeasureResult:
+    """A worker's answer dict (measure_one's format) → MeasureResult; `emulated`: whether the
+    machine that measured it runs emulated."""
     try:
         code = ErrorCode(int(answer.get("error_code", ErrorCode.RUNNER_ERROR)))
     except ValueError:
@@ -61,7 +68,7 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str) -> Measur
         code = ErrorCode.RUNNER_ERROR
     res = MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
                         build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
-                        measured_by=measured_by)
+                        measured_by=measured_by, emulated=bool(emulated))
     timing = answer.get("timing") if code == ErrorCode.NO_ERROR else None
     if timing:   # the measurement protocol's summary (an older agent sends none)
         res.take_timing(timing)
@@ -86,6 +93,10 @@ class LocalRunner(Runner):
         self.num_threads = num_threads
         self.max_repeat_ms, self.attempts = float(max_repeat_ms), int(attempts)
         self.worker = WorkerProcess()
+        self.emulated = is_emulated()
+
+    def timings_emulated(self) -> bool | None:
+        return self.emulated
 
     def request(self, br: BuildResult) -> MeasureRequest:
         if br.kernel_bytes is None:  # `passthrough` answers such a build without measuring it
@@ -101,7 +112,7 @@ class LocalRunner(Runner):
         for br in build_results:
             res = passthrough(br, "local")
             if res is None:
-                res = to_measure_result(self.worker.run(self.request(br), self.timeout), br, "local")
+                res = to_measure_result(self.worker.run(self.request(br), self.timeout), br, "local", self.emulated)
             out.append(res)
         return out
 

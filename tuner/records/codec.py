@@ -52,6 +52,7 @@ def record_values(task_id: int, job_id: int | None, candidate: Candidate, result
         "build_seconds": float(result.build_seconds),
         "run_seconds": float(result.run_seconds),
         "measured_by": result.measured_by,
+        "emulated": bool(result.emulated),
         "created_at": created_at,
         **timing_values(result),
     }
@@ -78,7 +79,8 @@ RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.c
                   RecordRow.error_code, RecordRow.error_msg, RecordRow.build_seconds, RecordRow.run_seconds,
                   RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint,
                   RecordRow.mean_cost, RecordRow.min_cost, RecordRow.cost_spread, RecordRow.samples,
-                  RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default)
+                  RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default,
+                  RecordRow.emulated)
 
 
 def to_workload(row: WorkloadRow) -> Workload:
@@ -90,10 +92,11 @@ def to_record(row, task: TaskInfo) -> Record:
     not joined into every row). The row is unpacked by position: a named attribute of a
     SQLAlchemy row costs a microsecond, a page of records reads hundreds of them."""
     (rid, _task_id, job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, retimed,
-     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default) = row
+     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default, emulated) = row
     result = MeasureResult(costs=list(costs), error_code=_error_code(code), error_msg=msg, build_seconds=build_s,
                            run_seconds=run_s, measured_by=measured_by, median=figure, minimum=min_cost, spread=spread,
-                           samples=samples or 0, disturbed=bool(disturbed), lost_fraction=lost or 0.0, host_busy=busy or 0.0)
+                           samples=samples or 0, disturbed=bool(disturbed), lost_fraction=lost or 0.0, host_busy=busy or 0.0,
+                           emulated=bool(emulated))
     return Record(workload_key=task.workload_key, workload=task.workload, target=task.target, device_key=task.device_key,
                   candidate=Candidate(candidate["kind"], candidate["payload"]), result=result,
                   job_id=job_id, created_at=created_at, id=rid, retimed_cost=retimed, beats_default=beats_default)
@@ -110,7 +113,8 @@ def to_line(record: Record) -> str:
         "candidate": record.candidate.to_json(),
         "result": {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
                    "build_seconds": r.build_seconds, "run_seconds": r.run_seconds,
-                   "measured_by": r.measured_by, **({"timing": t} if (t := r.timing_summary()) else {})},
+                   "measured_by": r.measured_by, **({"timing": t} if (t := r.timing_summary()) else {}),
+                   **({"emulated": True} if r.emulated else {})},
         "created_at": record.created_at.isoformat(),
     }, sort_keys=True)
 
@@ -173,7 +177,8 @@ def _from_obj(d) -> Record:
                            error_msg=_check(res.get("error_msg", ""), str, "result.error_msg"),
                            build_seconds=float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
                            run_seconds=float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
-                           measured_by=_check(res.get("measured_by", "unknown"), str, "result.measured_by"))
+                           measured_by=_check(res.get("measured_by", "unknown"), str, "result.measured_by"),
+                           emulated=_check(res.get("emulated", False), bool, "result.emulated"))
     timing = res.get("timing")
     if timing is not None and result.ok:   # the measurement protocol's summary (absent in older lines)
         _check(timing, dict, "result.timing")

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -203,6 +204,9 @@ class RecordRow(Base):
     build_seconds: Mapped[float] = mapped_column(Float)
     run_seconds: Mapped[float] = mapped_column(Float)
     measured_by: Mapped[str] = mapped_column(String(255))
+    # timed under an instruction-set emulator (a qemu-user board): labelled everywhere, and never
+    # mixed with native timings in the cost model
+    emulated: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # median cost of the interleaved re-measurement at the end of a run (top candidates only)
     retimed_cost: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -176,6 +176,8 @@ class ResultOut(BaseModel):
     build_seconds: Num = None
     run_seconds: Num = None
     measured_by: str
+    emulated: bool = Field(default=False, description="timed by an agent that runs emulated (an aarch64 board under "
+                           "qemu-user): the emulator's speed, not the device's; never compared with native timings")
 
 
 def _error_name(code: int) -> str | None:
@@ -210,7 +212,7 @@ class RecordOut(BaseModel):
                    result=ResultOut(costs=list(res.costs), mean_cost=res.mean_cost if ok else None, error_code=code,
                                     error_name=_error_name(code),
                                     error_msg=res.error_msg, build_seconds=res.build_seconds,
-                                    run_seconds=res.run_seconds, measured_by=res.measured_by),
+                                    run_seconds=res.run_seconds, measured_by=res.measured_by, emulated=res.emulated),
                    retimed_cost=r.retimed_cost, cost=r.cost if ok else None, created_at=r.created_at)
 
 

@@ -49,7 +49,8 @@ def _from_tracker(address: str, token: str | None) -> FarmOut:
                            info={"agent_id": a.agent_id, "triple": a.device.triple, "cpu": a.device.cpu,
                                  "features": list(a.device.features), "cores": a.device.cores,
                                  "memory_bytes": a.device.memory_bytes, "agent_version": a.device.agent_version,
-                                 "hostname": a.device.hostname, "connected_seconds": a.connected_seconds},
+                                 "hostname": a.device.hostname, "connected_seconds": a.connected_seconds,
+                                 "emulated": a.device.emulated, "llvmlite_version": a.device.llvmlite_version},
                            slots=a.slots, in_flight=a.in_flight, completed=a.completed, failed=a.failed,
                            leases_lost=a.leases_lost, draining=a.draining)
               for a in summary.agents]

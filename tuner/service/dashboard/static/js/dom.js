@@ -60,7 +60,7 @@ export function badge(state) {
 
 export const ERROR_NAMES = {
   0: "NO_ERROR", 1: "INSTANTIATION_ERROR", 2: "COMPILE_ERROR", 3: "BUILD_TIMEOUT", 4: "RUNTIME_ERROR",
-  5: "WRONG_ANSWER", 6: "RUN_TIMEOUT", 7: "RUNNER_ERROR",
+  5: "WRONG_ANSWER", 6: "RUN_TIMEOUT", 7: "RUNNER_ERROR", 8: "UNSUPPORTED_TARGET",
 };
 
 export function errorName(code) {

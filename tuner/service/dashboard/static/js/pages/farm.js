@@ -68,5 +68,6 @@ function agentColumns() {
     { label: "State", render: (a) => (a.draining ? "draining" : a.draining === false ? "serving" : "—") },
     { label: "Last seen", num: true, render: (a) => (a.last_seen_seconds_ago === null ? "—" : `${fmt(a.last_seen_seconds_ago, 1)} s ago`) },
     { label: "CPU", cls: "hide-narrow", render: (a) => [a.info.cpu, a.info.cores ? `${a.info.cores} cores` : null].filter(Boolean).join(", ") || "—" },
+    { label: "Emulated", render: (a) => (a.info.emulated ? "yes (qemu-user: timings are the emulator's)" : "no") },
   ];
 }

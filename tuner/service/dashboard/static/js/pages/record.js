@@ -19,7 +19,7 @@ export async function render(main, { match }, ctx) {
     ["Result", res.error_code ? `${errorName(res.error_code)} (${res.error_code})` : "valid"],
     ["Build", res.build_seconds === null ? "—" : `${fmt(res.build_seconds, 3)} s`],
     ["Run", res.run_seconds === null ? "—" : `${fmt(res.run_seconds, 3)} s`],
-    ["Measured by", res.measured_by || "—"], ["Stored", fmtTime(r.created_at)], ["Target", targetDetails(r.target), "wide"],
+    ["Measured by", (res.measured_by || "—") + (res.emulated ? " (emulated: the emulator's speed, not the device's)" : "")], ["Stored", fmtTime(r.created_at)], ["Target", targetDetails(r.target), "wide"],
   ];
   const ir = h("pre", { "aria-label": "Loop IR", tabindex: "0" }, "Lowering…");
   replace(main,

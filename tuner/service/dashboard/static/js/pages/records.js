@@ -105,7 +105,7 @@ function columns(order, workloadKey, go) {
     { label: "Job", num: true, render: (r) => (r.job_id ? String(r.job_id) : "—") },
     { label: "Kind", render: (r) => r.candidate.kind },
     {
-      label: "Mean time", num: true, render: (r) => fmtCost(r.result.mean_cost),
+      label: "Mean time", num: true, render: (r) => fmtCost(r.result.mean_cost) + (r.result.emulated ? " (emulated)" : ""),
       sort: { dir: order === "fastest" ? "ascending" : null, disabled: !workloadKey,
         title: workloadKey ? "fastest first" : "choose a workload key to sort by time",
         onclick: () => go({ order: "fastest" }) },
