@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import grpc
+import llvmlite
 import pytest
 from processes import kill_group, wait_for
 
@@ -43,7 +44,7 @@ def tracker():
 
 def device() -> pb.DeviceInfo:
     return pb.DeviceInfo(triple=HOST.triple, cpu=HOST.cpu, features=[f[1:] for f in HOST.features.split(",") if f],
-                         cores=HOST.num_cores, hostname="localhost")
+                         cores=HOST.num_cores, hostname="localhost", llvmlite_version=llvmlite.__version__)
 
 
 def requests(n: int, prefix: str = "r") -> list:
