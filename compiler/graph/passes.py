@@ -1,0 +1,124 @@
+"""Graph → graph passes run after import: constant folding, BatchNormalization folding, dead code.
+
+Each pass is a small function of the graph (changed in place and returned):
+- fold_constants: a node whose inputs are all constants is computed at compile time, and so are
+  Shape and Size of any value (shapes are static), so the Shape → Gather → Unsqueeze → Concat →
+  Reshape chains exported transformers carry disappear and the Reshape sees a constant shape.
+- fold_batch_norm: a BatchNormalization reading a convolution's only output with constant
+  weights becomes part of that convolution (weights scaled per output channel, shift added to
+  the bias); any other one becomes x · scale + shift, two broadcast nodes that fuse like any
+  epilogue.
+- eliminate_dead_nodes: nodes nothing reads on the way to the outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ShapeError
+from .ir import Graph, Node, Value
+from .ops import OPS
+from .ops.elementwise import bn_scale_shift
+from .ops.shape import shape_value
+
+STATIC_FOLD = ("Shape", "Size")
+
+
+def simplify(graph: Graph) -> Graph:
+    fold_constants(graph)
+    fold_batch_norm(graph)
+    eliminate_dead_nodes(graph)
+    return graph
+
+
+def fold_constants(graph: Graph) -> Graph:
+    kept = []
+    for n in graph.nodes:
+        outs = _fold(graph, n)
+        if outs is None:
+            kept.append(n)
+            continue
+        for name, arr in zip(n.outputs, outs):
+            if not name:
+                continue
+            v = graph.values[name]
+            arr = np.asarray(arr)
+            if tuple(arr.shape) != v.shape:
+                raise ShapeError(f"{n.op_type} node {n.name!r}: folded to shape {arr.shape}, inferred {v.shape}")
+            graph.values[name] = Value(name, v.shape, v.dtype, np.ascontiguousarray(arr.astype(v.dtype)))
+    graph.nodes = kept
+    return graph
+
+
+def _fold(graph: Graph, n: Node):
+    if n.op_type in STATIC_FOLD:
+        return [shape_value(n, graph.values[n.inputs[0]])]
+    spec = OPS[n.op_type]
+    if spec.fold is None:
+        return None
+    ins = [graph.values[i] if i else None for i in n.inputs]
+    if any(v is not None and v.const is None for v in ins):
+        return None
+    return spec.fold(n, [None if v is None else v.const for v in ins], graph.opset)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    producer, users = graph.producer(), graph.consumers()
+    kept, counter = [], 0
+    for n in graph.nodes:
+        if n.op_type != "BatchNormalization":
+            kept.append(n)
+            continue
+        ins = [graph.values[i] if i else None for i in n.inputs]
+        scale, shift = bn_scale_shift(n, ins)
+        conv = producer.get(n.inputs[0])
+        if conv is not None and _foldable_conv(graph, conv, n, users):
+            _fold_into_conv(graph, conv, n, scale, shift)
+            continue
+        # x · scale + shift, the vectors shaped to broadcast along axis 1
+        x = graph.values[n.inputs[0]]
+        bshape = (x.shape[1],) + (1,) * (len(x.shape) - 2)
+        counter += 1
+        s_name, b_name, tmp = (f"{n.name}/{what}" for what in ("scale", "shift", "scaled"))
+        graph.values[s_name] = Value(s_name, bshape, x.dtype, scale.astype(x.dtype).reshape(bshape))
+        graph.values[b_name] = Value(b_name, bshape, x.dtype, shift.astype(x.dtype).reshape(bshape))
+        graph.values[tmp] = Value(tmp, x.shape, x.dtype)
+        kept.append(Node("Mul", f"{n.name}/mul", [n.inputs[0], s_name], [tmp]))
+        kept.append(Node("Add", f"{n.name}/add", [tmp, b_name], [n.outputs[0]]))
+    graph.nodes = kept
+    return graph
+
+
+def _foldable_conv(graph, conv, bn, users) -> bool:
+    out = conv.outputs[0]
+    weight = graph.values[conv.inputs[1]]
+    bias = graph.values[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
+    return (conv.op_type == "Conv" and weight.const is not None and (bias is None or bias.const is not None)
+            and len(users.get(out, [])) == 1 and out not in graph.outputs)
+
+
+def _fold_into_conv(graph, conv, bn, scale, shift):
+    weight = graph.values[conv.inputs[1]]
+    F = weight.shape[0]
+    w = weight.const.astype(np.float64) * scale.reshape(F, 1, 1, 1)
+    old_b = graph.values[conv.inputs[2]].const.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
+    b = old_b * scale + shift
+    w_name, b_name = f"{conv.name}/weight_bn", f"{conv.name}/bias_bn"
+    graph.values[w_name] = Value(w_name, weight.shape, weight.dtype, np.ascontiguousarray(w.astype(weight.dtype)))
+    graph.values[b_name] = Value(b_name, (F,), weight.dtype, b.astype(weight.dtype))
+    conv.inputs = [conv.inputs[0], w_name, b_name]
+    conv.outputs = [bn.outputs[0]]
+
+
+def eliminate_dead_nodes(graph: Graph) -> Graph:
+    needed = set(graph.outputs)
+    kept = []
+    for n in reversed(graph.nodes):
+        if any(o in needed for o in n.outputs if o):
+            kept.append(n)
+            needed.update(i for i in n.inputs if i)
+    graph.nodes = kept[::-1]
+    return graph
+
+
+__all__ = ["simplify", "fold_constants", "fold_batch_norm", "eliminate_dead_nodes"]
