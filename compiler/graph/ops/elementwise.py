@@ -129,7 +129,7 @@ def _div(a, b):
 def _int_div(a, b):
     """ONNX integer Div truncates toward zero; the compiler's // floors."""
     q = a // b
-    return E.if_then_else(((a % b) != 0) & ((a < 0) != (b < 0)), q + 1, q)
+    return E.if_then_else(E.not_equal(a % b, 0) & E.not_equal(a < 0, b < 0), q + 1, q)
 
 
 _variadic("Add", lambda a, b: a + b, np.add)
