@@ -16,7 +16,7 @@ from .errors import DynamicShapeError, GraphError, NotOnnxError, ShapeError, Uns
 from .ir import Graph, Node, Value
 from .ops import OPS
 from .ops.elementwise import ONNX_DTYPES
-from .passes import simplify
+from .passes import fold_node, simplify
 
 MIN_OPSET = 7  # exporters of the last years write 9 and up; 7-8 read the same for what tunefarm supports
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -85,7 +85,7 @@ def from_onnx(src, input_shapes: dict | None = None, simplify_graph: bool = True
             problems.append(("initializer", init.name, f"dtype {arr.dtype} (tunefarm compiles "
                                                        f"{', '.join(ONNX_DTYPES.values())})"))
             continue
-        values[init.name] = Value(init.name, tuple(arr.shape), str(arr.dtype), np.ascontiguousarray(arr))
+        values[init.name] = Value(init.name, tuple(arr.shape), str(arr.dtype), np.array(arr, order="C"))
     if problems:
         raise UnsupportedModelError(problems)
 
@@ -223,10 +223,10 @@ def _infer_node(graph: Graph, n: Node):
         raise
     except (IndexError, TypeError, ValueError, KeyError, AttributeError) as e:
         raise ShapeError(f"{n.op_type} node {n.name!r}: {type(e).__name__}: {e}") from None
-    names = [o for o in n.outputs]
-    for name, (shape, dtype) in zip(names, outs):
+    for name, (shape, dtype) in zip(n.outputs, outs):
         if name:
             graph.values[name] = Value(name, tuple(int(s) for s in shape), dtype)
+    fold_node(graph, n)   # now: a later node's shape may need this value (a Reshape's shape)
 
 
 __all__ = ["from_onnx", "load_model", "infer_shapes"]

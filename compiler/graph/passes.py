@@ -32,22 +32,32 @@ def simplify(graph: Graph) -> Graph:
 
 
 def fold_constants(graph: Graph) -> Graph:
+    """Drop the nodes whose outputs are all constants (computing them first if need be)."""
     kept = []
     for n in graph.nodes:
-        outs = _fold(graph, n)
-        if outs is None:
+        if not fold_node(graph, n):
             kept.append(n)
-            continue
-        for name, arr in zip(n.outputs, outs):
-            if not name:
-                continue
-            v = graph.values[name]
-            arr = np.asarray(arr)
-            if tuple(arr.shape) != v.shape:
-                raise ShapeError(f"{n.op_type} node {n.name!r}: folded to shape {arr.shape}, inferred {v.shape}")
-            graph.values[name] = Value(name, v.shape, v.dtype, np.ascontiguousarray(arr.astype(v.dtype)))
     graph.nodes = kept
     return graph
+
+
+def fold_node(graph: Graph, n: Node) -> bool:
+    """Give n's outputs their constant values when they are known at compile time; True if so.
+    Shape inference calls it node by node, since a later node's shape may need the value."""
+    if all(graph.values[o].const is not None for o in n.outputs if o):
+        return True
+    outs = _fold(graph, n)
+    if outs is None:
+        return False
+    for name, arr in zip(n.outputs, outs):
+        if not name:
+            continue
+        v = graph.values[name]
+        arr = np.asarray(arr)
+        if tuple(arr.shape) != v.shape:
+            raise ShapeError(f"{n.op_type} node {n.name!r}: folded to shape {arr.shape}, inferred {v.shape}")
+        graph.values[name] = Value(name, v.shape, v.dtype, np.array(arr, dtype=v.dtype, order="C"))
+    return True
 
 
 def _fold(graph: Graph, n: Node):
@@ -104,7 +114,7 @@ def _fold_into_conv(graph, conv, bn, scale, shift):
     old_b = graph.values[conv.inputs[2]].const.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
     b = old_b * scale + shift
     w_name, b_name = f"{conv.name}/weight_bn", f"{conv.name}/bias_bn"
-    graph.values[w_name] = Value(w_name, weight.shape, weight.dtype, np.ascontiguousarray(w.astype(weight.dtype)))
+    graph.values[w_name] = Value(w_name, weight.shape, weight.dtype, np.array(w, dtype=weight.dtype, order="C"))
     graph.values[b_name] = Value(b_name, (F,), weight.dtype, b.astype(weight.dtype))
     conv.inputs = [conv.inputs[0], w_name, b_name]
     conv.outputs = [bn.outputs[0]]
@@ -121,4 +131,4 @@ def eliminate_dead_nodes(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["simplify", "fold_constants", "fold_batch_norm", "eliminate_dead_nodes"]
+__all__ = ["simplify", "fold_constants", "fold_node", "fold_batch_norm", "eliminate_dead_nodes"]
