@@ -57,6 +57,7 @@ def plan_memory(graph: Graph, steps) -> MemoryPlan:
     free: list = []   # block indices
     for v in graph.inputs:
         plan.block_of[v] = _new_block(plan, graph.values[v].nbytes)
+        plan.unshared_bytes += graph.values[v].nbytes
     for i, (out, reads) in enumerate(steps):
         need = graph.values[out].nbytes
         plan.unshared_bytes += need
