@@ -175,15 +175,15 @@ def _input_value(onnx, vi, pinned) -> Value:
     if not t.HasField("shape"):
         raise DynamicShapeError(f"input {vi.name!r} has no shape in the model; pin it with input_shapes "
                                 f"(--input-shape {vi.name}=1,3,224,224)")
-    shape = []
+    dims: list = []
     for d, dim in enumerate(t.shape.dim):
         if dim.HasField("dim_value") and dim.dim_value > 0:
-            shape.append(int(dim.dim_value))
+            dims.append(int(dim.dim_value))
         else:
             label = dim.dim_param or "?"
             raise DynamicShapeError(f"input {vi.name!r} has a dynamic dimension {d} ({label!r}); pin its shape with "
                                     f"input_shapes={{'{vi.name}': (...)}} (--input-shape {vi.name}=...)")
-    return Value(vi.name, tuple(shape), dtype)
+    return Value(vi.name, tuple(dims), dtype)
 
 
 def infer_shapes(graph: Graph) -> Graph:

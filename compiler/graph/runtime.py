@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..buffers import aligned_empty
-from ..ops import build_op
+from ..ops import OpDef, build_op
 from ..runtime import Kernel
 from ..target import resolve_target
 from .errors import InputError
@@ -43,7 +43,7 @@ class Step:
 class ModelTask:
     """One unique fused workload of a model: its OpDef, how many groups use it, a description."""
 
-    opdef: object
+    opdef: OpDef
     weight: int
     groups: list
 

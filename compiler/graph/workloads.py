@@ -62,8 +62,6 @@ def lower_group(graph: Graph, group: FusedGroup) -> GroupKernel:
             name, params, args = found
             opdef = get_op(name, **params)
             return GroupKernel(group, opdef, [head.inputs[a] if isinstance(a, int) else a for a in args])
-    if spec.lower is None and any(OPS[n.op_type].lower is None for n in group.nodes):
-        raise GraphError(f"{head.op_type} node {head.name!r}: no lowering for these attributes")
     return _lower_dag(graph, group)
 
 
@@ -85,11 +83,13 @@ def _lower_dag(graph: Graph, group: FusedGroup) -> GroupKernel:
         return lazy
 
     for n in group.nodes:
-        spec = OPS[n.op_type]
+        lower = OPS[n.op_type].lower
+        if lower is None:
+            raise GraphError(f"{n.op_type} node {n.name!r}: cannot be compiled with these attributes")
         xs = [operand(i) if i else None for i in n.inputs]
         ins = [graph.values[i] if i else None for i in n.inputs]
         try:
-            env[n.outputs[0]] = spec.lower(n, xs, ins, graph.opset)
+            env[n.outputs[0]] = lower(n, xs, ins, graph.opset)
         except GraphError:
             raise
         except Exception as e:  # noqa: BLE001 - a tensor function refusing the node's operands

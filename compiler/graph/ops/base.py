@@ -31,7 +31,7 @@ import numpy as np
 from ... import expr as E
 from ...tensor import Tensor, compute
 from ..errors import ShapeError
-from ..ir import Node, Value
+from ..ir import Node
 
 
 class Kind(IntEnum):

@@ -147,7 +147,9 @@ _variadic("GreaterOrEqual", lambda a, b: a >= b, np.greater_equal, infer=_infer_
 
 def _mean_lower(node, xs, ins, opset):
     from .base import OPS
-    total = OPS["Sum"].lower(node, xs, ins, opset)
+    lower_sum = OPS["Sum"].lower
+    assert lower_sum is not None
+    total = lower_sum(node, xs, ins, opset)
     n = float(len(xs))
     return Lazy(total.shape, total.dtype, lambda idx: total.read(idx) / n)
 

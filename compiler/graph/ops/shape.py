@@ -17,6 +17,7 @@ import numpy as np
 
 from ... import expr as E
 from ..errors import ShapeError
+from ..ir import Value
 from .base import Kind, Lazy, axis_of, broadcast, broadcast_shapes, const_input, ints, register, same_dtype
 from .elementwise import ONNX_DTYPES
 
@@ -335,7 +336,7 @@ def _affine(i, start, step):
 
 
 def _slice_fold(node, arrays, opset):
-    from .base import Value
+
     values = [None if a is None else Value("c", tuple(a.shape), str(a.dtype), a) for a in arrays]
     sl = [slice(None)] * arrays[0].ndim
     for a, start, step, n in _slice_params(node, values, opset):
@@ -393,7 +394,8 @@ def _pad_lower(node, xs, ins, opset):
     fill = E.const(value, x.dtype)
 
     def read(o):
-        conds, src = [], []
+        conds: list = []
+        src: list = []
         for i, s, b in zip(o, x.shape, before):
             j = i - b if b else i
             if b or shape[len(src)] != s:
@@ -411,7 +413,7 @@ def _pad_lower(node, xs, ins, opset):
 
 
 def _pad_fold(node, arrays, opset):
-    from .base import Value
+
     values = [None if a is None else Value("c", tuple(a.shape), str(a.dtype), a) for a in arrays]
     before, after, value = _pads(node, values, opset)
     return [np.pad(arrays[0], list(zip(before, after)), constant_values=value)]
