@@ -196,3 +196,21 @@ def test_run_refuses_mismatched_inputs(field):
              "dtype": "expected dtype float32", "type": "numpy array"}[field]
     with pytest.raises(InputError, match=match):
         module.run(**bad)
+
+
+@pytest.mark.parametrize("batch,packed", [(1, False), (64, True)])
+def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(batch, packed):
+    """Gemm(transB=1)'s constant [out, in] weight is laid out [in, out] at compile time; a batch-1
+    layer (one row tile) reads it in place, a batch-64 one packs it into panels."""
+    w = rand(RNG, (24, 40))
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])]
+    m = model(nodes, {"x": ((batch, 40), "float32")}, {"y": (None, "float32")}, {"w": w})
+    graph = from_onnx(m)
+    gemm = graph.nodes[0]
+    assert gemm.attrs["transB"] == 0 and graph.values[gemm.inputs[1]].shape == (40, 24)
+    (task,) = extract_tasks(graph)
+    steps = [s["op"] for s in default_schedule(task.opdef).steps]
+    assert ("cache_read" in steps) == packed
+    x = rand(RNG, (batch, 40))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, np.maximum(x.astype(np.float64) @ w.T, 0))

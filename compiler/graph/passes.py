@@ -8,6 +8,7 @@ Each pass is a small function of the graph (changed in place and returned):
   weights becomes part of that convolution (weights scaled per output channel, shift added to
   the bias); any other one becomes x · scale + shift, two broadcast nodes that fuse like any
   epilogue.
+- transpose_gemm_weights: a linear layer's constant [out, in] weight laid out [in, out].
 - eliminate_dead_nodes: nodes nothing reads on the way to the outputs.
 """
 
@@ -27,7 +28,26 @@ STATIC_FOLD = ("Shape", "Size")
 def simplify(graph: Graph) -> Graph:
     fold_constants(graph)
     fold_batch_norm(graph)
+    transpose_gemm_weights(graph)
     eliminate_dead_nodes(graph)
+    return graph
+
+
+def transpose_gemm_weights(graph: Graph) -> Graph:
+    """Gemm(transB=1) with a constant B (a linear layer's [out, in] weight) reads B.T, laid out
+    [in, out] once at compile time: the product's vector of output columns is then unit-stride in
+    the weight, so a batch-1 layer can read it in place instead of packing it on every call."""
+    for n in graph.nodes:
+        if n.op_type != "Gemm" or not int(n.attrs.get("transB", 0)):
+            continue
+        b = graph.values[n.inputs[1]]
+        if b.const is None:
+            continue
+        name = f"{n.inputs[1]}/transposed"
+        if name not in graph.values:
+            graph.values[name] = Value(name, b.shape[::-1], b.dtype, np.array(b.const.T, order="C"))
+        n.inputs = [n.inputs[0], name, *n.inputs[2:]]
+        n.attrs = {**n.attrs, "transB": 0}
     return graph
 
 
@@ -131,4 +151,4 @@ def eliminate_dead_nodes(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["simplify", "fold_constants", "fold_node", "fold_batch_norm", "eliminate_dead_nodes"]
+__all__ = ["simplify", "fold_constants", "fold_node", "transpose_gemm_weights", "fold_batch_norm", "eliminate_dead_nodes"]

@@ -29,7 +29,7 @@ from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .schedule_conv import schedule_conv_nchw
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
-from .schedule_gemm import schedule_gemm
+from .schedule_gemm import gemm_tile, schedule_gemm
 
 CONV_TAGS = ("conv2d_nchw",)
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -45,7 +45,7 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
         if view is not None:
             if view.name == "conv2d_nchw":
                 return _conv_with_epilogue(view, opdef, target)
-            return schedule_gemm(view, target)
+            return schedule_gemm(view, target, pack=_packing_pays(view, target))
     if not reductions:
         s = create_schedule(out)
         for st in s.stages:
@@ -62,6 +62,19 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
             schedule_reduce_stage(s[out], _reduced_input_shape(out.op), _inner_reduced(out.op), target)
         return s
     return create_schedule(out)
+
+
+def _packing_pays(view, target) -> bool:
+    """Whether schedule_gemm should copy B into panels: only when B is [N, K] (dense: the vector
+    of columns would be a gather otherwise) or when several row tiles reuse each panel. A
+    batch-1 layer of a model is one row tile: an MLP's 784-512-512-10 at batch 1 spent most of
+    its time re-packing its weights on every call."""
+    if view.params.get("transpose_b"):
+        return True
+    *batch, M, N = view.output.shape
+    lanes = target.vector_lanes(view.output.dtype)
+    mr, _ = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
+    return math.prod(batch) * M > mr
 
 
 def _conv_with_epilogue(view, opdef, target) -> Schedule:
