@@ -156,3 +156,58 @@ def test_tuned_records_of_a_fused_workload_are_used_by_build_model(tmp_path):
         assert_close(y, want, rtol=1e-5)
     finally:
         store.close()
+
+
+def encoder_layer(S=8, D=16, H=2, F=32):
+    """A transformer encoder layer as exporters write it: fused QKV MatMul + Split, Reshape and
+    Transpose into heads, scaled scores, Softmax, the output projection, residual adds,
+    LayerNormalization, and an erf GELU spelled out (Div, Erf, Add, Mul, Mul)."""
+    p = {"wqkv": rand(RNG, (D, 3 * D)), "bqkv": rand(RNG, (3 * D,)), "wo": rand(RNG, (D, D)), "bo": rand(RNG, (D,)),
+         "g1": rand(RNG, (D,)), "b1": rand(RNG, (D,)), "w1": rand(RNG, (D, F)), "bf1": rand(RNG, (F,)),
+         "w2": rand(RNG, (F, D)), "bf2": rand(RNG, (D,)), "g2": rand(RNG, (D,)), "b2": rand(RNG, (D,)),
+         "heads": np.array([1, S, H, D // H], np.int64), "merged": np.array([1, S, D], np.int64),
+         "scale": np.array(np.sqrt(D // H), np.float32), "sqrt2": np.array(np.sqrt(2.0), np.float32),
+         "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wqkv"], ["qkv0"]), n("Add", ["qkv0", "bqkv"], ["qkv"]),
+             n("Split", ["qkv"], ["q", "k", "v"], axis=2, num_outputs=3)]
+    for t in "qkv":
+        nodes += [n("Reshape", [t, "heads"], [f"{t}h"]),
+                  n("Transpose", [f"{t}h"], [f"{t}t"], perm=[0, 2, 3, 1] if t == "k" else [0, 2, 1, 3])]
+    nodes += [n("MatMul", ["qt", "kt"], ["s0"]), n("Div", ["s0", "scale"], ["s"]), n("Softmax", ["s"], ["a"], axis=-1),
+              n("MatMul", ["a", "vt"], ["c"]), n("Transpose", ["c"], ["ct"], perm=[0, 2, 1, 3]),
+              n("Reshape", ["ct", "merged"], ["cm"]), n("MatMul", ["cm", "wo"], ["o0"]), n("Add", ["o0", "bo"], ["o"]),
+              n("Add", ["x", "o"], ["r1"]), n("LayerNormalization", ["r1", "g1", "b1"], ["l1"], axis=-1),
+              n("MatMul", ["l1", "w1"], ["f0"]), n("Add", ["f0", "bf1"], ["f"]),
+              n("Div", ["f", "sqrt2"], ["fd"]), n("Erf", ["fd"], ["fe"]), n("Add", ["fe", "one"], ["fa"]),
+              n("Mul", ["f", "fa"], ["fm"]), n("Mul", ["fm", "half"], ["gelu"]),
+              n("MatMul", ["gelu", "w2"], ["f2"]), n("Add", ["f2", "bf2"], ["f2b"]), n("Add", ["l1", "f2b"], ["r2"]),
+              n("LayerNormalization", ["r2", "g2", "b2"], ["y"], axis=-1)]
+    return model(nodes, {"x": ((1, S, D), "float32")}, {"y": (None, "float32")}, p, opset=18), p
+
+
+def np_encoder_layer(x, p, S=8, D=16, H=2):
+    from graph_models import np_erf
+
+    def ln(v, g, b):
+        mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+        return (v - mu) / np.sqrt(var + 1e-5) * g + b
+    x = x.astype(np.float64)
+    qkv = x @ p["wqkv"] + p["bqkv"]
+    q, k, v = (t.reshape(1, S, H, D // H).transpose(0, 2, 1, 3) for t in np.split(qkv, 3, axis=2))
+    a = np_softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(D // H), -1)
+    c = (a @ v).transpose(0, 2, 1, 3).reshape(1, S, D)
+    l1 = ln(x + c @ p["wo"] + p["bo"], p["g1"], p["b1"])
+    f = l1 @ p["w1"] + p["bf1"]
+    gelu = 0.5 * f * (1 + np_erf(f / np.sqrt(2)))
+    return ln(l1 + gelu @ p["w2"] + p["bf2"], p["g2"], p["b2"])
+
+
+def test_transformer_encoder_layer_end_to_end():
+    m, p = encoder_layer()
+    graph = from_onnx(m)
+    names = [t.opdef.name for t in extract_tasks(graph)]
+    assert "fused_matmul_add_add" in names and "fused_div_erf_add_mul_mul" in names and "softmax" in names
+    x = rand(RNG, (1, 8, 16))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, np_encoder_layer(x, p), rtol=2e-5)

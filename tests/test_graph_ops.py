@@ -327,3 +327,24 @@ def test_gather_of_embedding_rows_by_runtime_indices():
     m = model([node], {"ids": (ids.shape, "int64")}, {"y": ((2, 3, 4), "float32")}, {"table": table})
     (y,) = run(m, {"ids": ids})
     assert_close(y, table[ids % 10])
+
+
+@pytest.mark.parametrize("opset,sizes", [(11, [1, 3, 2]), (13, [2, 2, 2]), (13, None), (18, None)])
+def test_split(opset, sizes):
+    x = rand(RNG, (2, 6, 3))
+    parts = sizes or [2, 2, 2]
+    attrs, inits = {"axis": 1}, None
+    if sizes is not None and opset < 13:
+        attrs["split"] = sizes
+    elif sizes is not None:
+        inits = {"s": np.array(sizes, np.int64)}
+    if opset >= 18 and sizes is None:
+        attrs["num_outputs"] = 3
+    outs = [f"y{i}" for i in range(3)]
+    node = helper.make_node("Split", ["x0", *(inits or {})], outs, **attrs)
+    relus = [helper.make_node("Relu", [o], [f"r{i}"]) for i, o in enumerate(outs)]
+    m = model([node, *relus], {"x0": (x.shape, "float32")}, {f"r{i}": (None, "float32") for i in range(3)},
+              inits, opset)
+    got = run(m, {"x0": x})
+    for g, want in zip(got, np.split(x, np.cumsum(parts)[:-1], axis=1)):
+        assert_close(g, np.maximum(want, 0))

@@ -4,6 +4,7 @@ Each pass is a small function of the graph (changed in place and returned):
 - fold_constants: a node whose inputs are all constants is computed at compile time, and so are
   Shape and Size of any value (shapes are static), so the Shape → Gather → Unsqueeze → Concat →
   Reshape chains exported transformers carry disappear and the Reshape sees a constant shape.
+- split_to_slices: a Split becomes one Slice per output (fusion takes one-output nodes).
 - fold_batch_norm: a BatchNormalization reading a convolution's only output with constant
   weights becomes part of that convolution (weights scaled per output channel, shift added to
   the bias); any other one becomes x · scale + shift, two broadcast nodes that fuse like any
@@ -20,16 +21,41 @@ from .errors import ShapeError
 from .ir import Graph, Node, Value
 from .ops import OPS
 from .ops.elementwise import bn_scale_shift
-from .ops.shape import shape_value
+from .ops.shape import shape_value, split_sizes
 
 STATIC_FOLD = ("Shape", "Size")
 
 
 def simplify(graph: Graph) -> Graph:
     fold_constants(graph)
+    split_to_slices(graph)
     fold_batch_norm(graph)
     transpose_gemm_weights(graph)
     eliminate_dead_nodes(graph)
+    return graph
+
+
+def split_to_slices(graph: Graph) -> Graph:
+    """Each output of a Split becomes a Slice of its own (a one-output node, which fusion needs:
+    a transformer's fused QKV projection is split three ways, each part read by other nodes)."""
+    kept = []
+    for n in graph.nodes:
+        if n.op_type != "Split":
+            kept.append(n)
+            continue
+        ins = [graph.values[i] if i else None for i in n.inputs]
+        axis, sizes = split_sizes(n, ins, graph.opset)
+        start = 0
+        for out, size in zip(n.outputs, sizes):
+            if out:
+                names = []
+                for what, v in (("starts", start), ("ends", start + size), ("axes", axis)):
+                    name = f"{n.name}/{out}/{what}"
+                    graph.values[name] = Value(name, (1,), "int64", np.array([v], np.int64))
+                    names.append(name)
+                kept.append(Node("Slice", f"{n.name}/{out}", [n.inputs[0], *names], [out]))
+            start += size
+    graph.nodes = kept
     return graph
 
 

@@ -347,6 +347,43 @@ def _slice_fold(node, arrays, opset):
 register("Slice", Kind.INJECTIVE, _slice_infer, _slice_lower, _slice_fold)
 
 
+def split_sizes(node, ins, opset) -> tuple:
+    """(axis, sizes of the outputs) of a Split: the `split` attribute (opset < 13) or input, else
+    equal parts (num_outputs from opset 18, else one per output; the last part may be smaller)."""
+    shape = ins[0].shape
+    axis = axis_of(node, int(node.attrs.get("axis", 0)), len(shape))
+    if opset < 13:
+        sizes = node.attrs.get("split")
+    else:
+        sizes = const_input(node, ins, 1, "split") if len(ins) > 1 and ins[1] is not None else None
+    n = len(node.outputs)
+    if sizes is None:
+        parts = int(node.attrs.get("num_outputs", n))
+        step = -(-shape[axis] // parts)
+        sizes = [min(step, shape[axis] - i * step) for i in range(parts)]
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) != n or sum(sizes) != shape[axis] or any(s < 1 for s in sizes):
+        raise ShapeError(f"Split node {node.name!r}: parts {sizes} do not split {shape[axis]} into {n} outputs")
+    return axis, sizes
+
+
+def _split_infer(node, ins, opset):
+    axis, sizes = split_sizes(node, ins, opset)
+    shape = ins[0].shape
+    return [(shape[:axis] + (s,) + shape[axis + 1:], ins[0].dtype) for s in sizes]
+
+
+def _split_fold(node, arrays, opset):
+    values = [None if a is None else Value("c", tuple(a.shape), str(a.dtype), a) for a in arrays]
+    axis, sizes = split_sizes(node, values, opset)
+    return np.split(arrays[0], np.cumsum(sizes)[:-1], axis=axis)
+
+
+# rewritten into one Slice per output after shape inference (passes.split_to_slices), so each
+# part fuses with its readers like any injective node
+register("Split", Kind.INJECTIVE, _split_infer, fold=_split_fold)
+
+
 def _expand_infer(node, ins, opset):
     target = tuple(int(s) for s in const_input(node, ins, 1, "shape"))
     return [(broadcast_shapes(node, ins[0].shape, target), ins[0].dtype)]
@@ -421,4 +458,4 @@ def _pad_fold(node, arrays, opset):
 
 register("Pad", Kind.INJECTIVE, _pad_infer, _pad_lower, _pad_fold, check=_pad_check)
 
-__all__ = ["ALIAS_TARGETS", "shape_value"]
+__all__ = ["ALIAS_TARGETS", "shape_value", "split_sizes"]
