@@ -214,3 +214,20 @@ def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(b
     x = rand(RNG, (batch, 40))
     (y,) = build_model(graph).run(x=x)
     assert_close(y, np.maximum(x.astype(np.float64) @ w.T, 0))
+
+
+def test_compile_time_constants_are_not_kernel_arguments():
+    """A Slice's starts/ends/axes/steps are read at compile time only: two slices of the same
+    shape with differently spelled arguments are one workload with one argument."""
+    x = rand(RNG, (4, 6))
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax"], ["a"]),
+             helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["b"]),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"])]
+    inits = dict(st=np.array([1, 0], np.int64), en=np.array([3, 6], np.int64), ax=np.array([0, 1], np.int64),
+                 sp=np.array([1, 1], np.int64))
+    m = model(nodes, {"x": ((4, 6), "float32")}, {"ra": (None, "float32"), "rb": (None, "float32")}, inits)
+    tasks = extract_tasks(from_onnx(m))
+    assert len(tasks) == 1 and tasks[0].weight == 2 and len(tasks[0].opdef.inputs) == 1
+    ra, rb = build_model(from_onnx(m)).run(x=x)
+    assert_close(ra, np.maximum(x[1:3], 0))
+    assert_close(rb, np.maximum(x[1:3], 0))

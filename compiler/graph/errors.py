@@ -36,7 +36,14 @@ class DynamicShapeError(GraphError):
 
 
 class ShapeError(GraphError):
-    """Shapes (or constant values a node needs at compile time) that do not fit a node."""
+    """Shapes (or constant values a node needs at compile time) that do not fit a node.
+
+    `needs_constant`: the value that had to be a compile-time constant and was not (a Reshape's
+    shape fed as a graph input), else None."""
+
+    def __init__(self, message: str, needs_constant: str | None = None):
+        super().__init__(message)
+        self.needs_constant = needs_constant
 
 
 class InputError(GraphError):

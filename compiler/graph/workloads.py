@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops import OpDef, get_op
 from ..ops.custom import custom_op
-from ..tensor import PlaceholderOp, compute, placeholder
+from ..tensor import PlaceholderOp, compute, placeholder, topo_order
 from .errors import GraphError
 from .fuse import FusedGroup
 from .ir import Graph
@@ -107,6 +107,10 @@ def _lower_dag(graph: Graph, group: FusedGroup) -> GroupKernel:
     if tuple(out.shape) != (out_value.shape or (1,)) or out.dtype != out_value.dtype:
         raise GraphError(f"group {group.describe()} computes {out.shape} {out.dtype}, the graph expects "
                          f"{out_value.shape} {out_value.dtype}")
+    # constants a node needed only at compile time (a Slice's starts) are not kernel arguments:
+    # the workload key counts only what the output reads, and so must the arguments
+    read = {id(op) for op in topo_order([out])}
+    placeholders = [(v, t) for v, t in placeholders if id(t.op) in read]
     opdef = custom_op(name, [t for _, t in placeholders], out)
     return GroupKernel(group, opdef, [v for v, _ in placeholders])
 

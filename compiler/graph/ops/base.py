@@ -131,7 +131,7 @@ def const_input(node: Node, inputs: list, i: int, what: str):
         return None
     if v.const is None:
         raise ShapeError(f"{node.op_type} node {node.name!r}: {what} (input {v.name!r}) must be a constant "
-                         "known at compile time; tunefarm compiles static shapes only")
+                         "known at compile time; tunefarm compiles static shapes only", needs_constant=v.name)
     return v.const
 
 
