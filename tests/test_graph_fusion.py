@@ -231,3 +231,33 @@ def test_compile_time_constants_are_not_kernel_arguments():
     ra, rb = build_model(from_onnx(m)).run(x=x)
     assert_close(ra, np.maximum(x[1:3], 0))
     assert_close(rb, np.maximum(x[1:3], 0))
+
+
+def test_constant_conv_weights_are_prepacked_for_the_channel_vector_schedule():
+    """Where the target's default conv schedule vectorizes over output channels, the model's
+    constant weights come pre-packed in its channel blocks (no packing on every call); the
+    result is the same convolution."""
+    from compiler.ops import get_op
+    from compiler.ops.schedule_conv import channel_tile, channel_vectors_pay
+    from compiler.target import Target
+    C, F = 16, 32
+    w, b = rand(RNG, (F, C, 3, 3)), rand(RNG, (F,))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, {"x": ((1, C, 6, 6), "float32")}, {"y": (None, "float32")}, {"w": w, "b": b})
+    (task,) = extract_tasks(from_onnx(m))
+    view = get_op("conv2d_nchw", N=1, C=C, H=6, W=6, F=F, KH=3, KW=3, padding=1)
+    host = Target.host()
+    if channel_vectors_pay(view, host):
+        fb = channel_tile(view, host)[0]
+        assert task.opdef.inputs[1].shape == (F // fb, C, 3, 3, fb)
+        assert "cache_read" not in [s["op"] for s in default_schedule(task.opdef).steps]
+    else:
+        assert task.opdef.inputs[1].shape == (F, C, 3, 3)
+    x = rand(RNG, (1, C, 6, 6))
+    (y,) = build_model(from_onnx(m)).run(x=x)
+    assert_close(y, np.maximum(np_conv(x, w, b, pads=(1, 1, 1, 1)), 0))
+    # an AVX2 target (8 lanes) blocks the same weights by its own tile
+    avx2 = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
+    (t2,) = extract_tasks(from_onnx(m), target=avx2)
+    assert t2.opdef.inputs[1].ndim == 5 and t2.opdef.inputs[1].shape[-1] % 8 == 0

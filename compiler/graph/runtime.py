@@ -24,6 +24,7 @@ from ..target import resolve_target
 from .errors import InputError
 from .fuse import fuse
 from .ir import Graph
+from .passes import prepack_conv_weights
 from .plan import MemoryPlan, plan_memory
 from .workloads import GroupKernel, arg_array, lower_group
 
@@ -52,9 +53,17 @@ class ModelTask:
         return self.opdef.workload_key()
 
 
-def extract_tasks(graph: Graph) -> list:
+def for_target(graph: Graph, target) -> Graph:
+    """The graph as it is compiled for `target`: constant convolution weights pre-packed in the
+    layout of the target's default schedule (passes.prepack_conv_weights)."""
+    return prepack_conv_weights(graph, resolve_target(target))
+
+
+def extract_tasks(graph: Graph, target=None) -> list:
     """The model's unique workloads (by workload key) with their occurrence counts, in order of
-    first occurrence: what a model's tuning tunes."""
+    first occurrence: what a model's tuning tunes, for `target` (the host by default; weight
+    layouts, and so some keys, depend on it)."""
+    graph = for_target(graph, target)
     tasks: dict = {}
     for group in fuse(graph):
         gk = lower_group(graph, group)
@@ -94,6 +103,7 @@ def build_model(graph: Graph, target=None, records=None) -> "GraphModule":
     (`lookup(opdef, target) -> Schedule | None`, e.g. tuner.apply_best.ApplyHistoryBest)."""
     target = resolve_target(target)
     t0 = time.perf_counter()
+    graph = for_target(graph, target)
     kernels = [lower_group(graph, g) for g in fuse(graph)]
     built: dict = {}
     for gk in kernels:

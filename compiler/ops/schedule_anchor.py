@@ -31,7 +31,7 @@ from .schedule_conv import schedule_conv_nchw
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, schedule_gemm
 
-CONV_TAGS = ("conv2d_nchw",)
+CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
 
 
@@ -120,8 +120,8 @@ def anchor_view(opdef) -> OpDef | None:
         if not (isinstance(data.op, PlaceholderOp) and isinstance(weight.op, PlaceholderOp)):
             return None
         attrs = anchor.attrs
-        F, cpg, KH, KW = weight.shape
-        N, _, OH, OW = anchor.shape
+        cpg, KH, KW = weight.shape[1:4]
+        N, F, OH, OW = anchor.shape
         params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
                       dilation=tuple(attrs["dilation"]), groups=int(attrs["groups"]))
         flops = 2 * N * F * OH * OW * cpg * KH * KW

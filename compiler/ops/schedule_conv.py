@@ -145,7 +145,7 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
     tiles are stored through it instead of into the convolution's own output (or, without
     `fuse_epilogue`, into the convolution's output, the epilogue a pass of its own)."""
     target = resolve_target(target)
-    if channel_vectors_pay(opdef, target):
+    if channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5:
         return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue)
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)
@@ -207,12 +207,15 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     groups = opdef.params.get("groups", 1)
     fpg = out.shape[1] // groups
     materialize_pad(s, target)
-    FB, XB, YB = channel_tile(opdef, target)
+    prepacked = opdef.inputs[1].ndim == 5   # conv2d_nchw_packed: the weights come in FB blocks
+    FB, XB, YB = channel_tile(opdef, target, opdef.inputs[1].shape[-1] if prepacked else None)
     order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
     red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) else [1, 2, 0]
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
                          fuse_epilogue=fuse_epilogue)
+    if prepacked:
+        return s
     packed = s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})
     pst = s[packed]
     *rows, lane = pst.op.axis
@@ -221,14 +224,14 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     return s
 
 
-def channel_tile(opdef, target) -> tuple:
+def channel_tile(opdef, target, fb: int | None = None) -> tuple:
     """(FB, XB, YB) of schedule_conv_nchw_channels' register tile: channels (the vector), columns
     and rows. Per step: YB·XB input broadcasts (one live at a time) and FB/lanes weight vectors
-    (all live)."""
+    (all live). `fb` fixes the channel block (weights already packed in blocks of fb)."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, F, OH, OW = out.shape
-    FB, (XB, YB) = pick_tile(vector_tiles(F // opdef.params.get("groups", 1), vl), vl,
+    FB, (XB, YB) = pick_tile([fb] if fb else vector_tiles(F // opdef.params.get("groups", 1), vl), vl,
                               [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                               target.capabilities)
     return FB, XB, YB

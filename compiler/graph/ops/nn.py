@@ -63,12 +63,13 @@ def window_geometry(node, in_hw, kernel, dilations=(1, 1), ceil_mode=False):
 
 def _conv_infer(node, ins, opset):
     x, w = ins[0], ins[1]
-    if len(x.shape) != 4 or len(w.shape) != 4:
+    packed = "weight_block" in node.attrs   # passes.prepack_conv_weights: [F/FB, C, KH, KW, FB]
+    if len(x.shape) != 4 or len(w.shape) != (5 if packed else 4):
         raise ShapeError(f"Conv node {node.name!r}: only 2-d convolutions (4-d NCHW data and weight), "
                          f"got data {x.shape} and weight {w.shape}")
     groups = int(node.attrs.get("group", 1))
     N, C, H, W = x.shape
-    F, cpg, KH, KW = w.shape
+    F, cpg, KH, KW = (w.shape[0] * w.shape[4], *w.shape[1:4]) if packed else w.shape
     if C % groups or F % groups or cpg != C // groups:
         raise ShapeError(f"Conv node {node.name!r}: weight {w.shape} does not fit data {x.shape} with group={groups}")
     if len(ins) > 2 and ins[2] is not None and ins[2].shape != (F,):
@@ -83,8 +84,9 @@ def _conv_infer(node, ins, opset):
 def _conv_lower(node, xs, ins, opset):
     x, w = materialize(xs[0], "data"), materialize(xs[1], "weight")
     dil = ints(node, "dilations") or (1, 1)
-    strides, pads, _ = window_geometry(node, x.shape[2:], w.shape[2:], dil)
-    out = fn.conv2d_nchw(x, w, strides, pads, dil, int(node.attrs.get("group", 1)))
+    strides, pads, _ = window_geometry(node, x.shape[2:], w.shape[2:4], dil)
+    conv_fn = fn.conv2d_nchw_packed if "weight_block" in node.attrs else fn.conv2d_nchw
+    out = conv_fn(x, w, strides, pads, dil, int(node.attrs.get("group", 1)))
     conv = Lazy.of(out)
     if len(xs) > 2 and xs[2] is not None:
         b = xs[2]
