@@ -46,9 +46,10 @@ def _shapes(opdef) -> str:
 
 def cmd_tasks(args) -> int:
     from compiler.graph import GraphError, extract_tasks
+    target = resolve_target(args.target)
     graph = _load(args)
     try:
-        tasks = extract_tasks(graph)
+        tasks = extract_tasks(graph, target)
     except GraphError as e:
         raise UsageError(str(e)) from None
     if args.json:
@@ -159,6 +160,8 @@ def register(sub):
     q = msub.add_parser("tasks", help="the model's unique fused workloads with their weights")
     common(q)
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.add_argument("--target", default=None, help="target string (default: host); weight layouts, and so "
+                                                  "some workloads, depend on it")
     q.set_defaults(func=cmd_tasks)
 
     q = msub.add_parser("run", help="compile the model (best records, else default schedules), run it, "
