@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import dispatch
 from ..buffers import aligned_empty
-from ..ops import OpDef, build_op
-from ..runtime import Kernel
+from ..ops import OpDef, default_schedule
+from ..runtime import Kernel, build
 from ..target import resolve_target
 from .errors import InputError
 from .fuse import fuse
@@ -77,20 +78,23 @@ def extract_tasks(graph: Graph, target=None) -> list:
 
 
 def _kernel_for(opdef, target, records, built: dict) -> tuple:
-    """(kernel, where its schedule came from: 'records' or 'default')."""
+    """(kernel, where its schedule came from: 'records' or 'default'). `records` as in build_op:
+    the provider given, else the innermost active one (`with provider:`)."""
     key = opdef.workload_key()
     if key in built:
         return built[key]
-    schedule = records.lookup(opdef, target) if records is not None else None
+    provider = records if records is not None else dispatch.current()
+    schedule = provider.lookup(opdef, target) if provider is not None else None
     if schedule is not None:
-        from ..runtime import build
         result = (build(schedule, opdef.tensors, target), "records")
     else:
+        if provider is not None:
+            dispatch.warn_default_once(opdef, target, "no tuned schedule in the records for this target")
         cache_key = (key, str(target))
         with _cache_lock:
             kernel = _default_kernels.get(cache_key)
         if kernel is None:
-            kernel = build_op(opdef, target)
+            kernel = build(default_schedule(opdef, target), opdef.tensors, target)
             with _cache_lock:
                 _default_kernels[cache_key] = kernel
         result = (kernel, "default")
@@ -100,7 +104,9 @@ def _kernel_for(opdef, target, records, built: dict) -> tuple:
 
 def build_model(graph: Graph, target=None, records=None) -> "GraphModule":
     """Compile `graph` for `target` (the host by default). `records`: a schedule provider
-    (`lookup(opdef, target) -> Schedule | None`, e.g. tuner.apply_best.ApplyHistoryBest)."""
+    (`lookup(opdef, target) -> Schedule | None`, e.g. tuner.apply_best.ApplyHistoryBest), else the
+    innermost active one (`with provider:`), as build_op does; workloads it has no schedule for
+    get the default schedule (with a warning once per workload)."""
     target = resolve_target(target)
     t0 = time.perf_counter()
     graph = for_target(graph, target)
