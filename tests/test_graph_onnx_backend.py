@@ -19,4 +19,8 @@ SAMPLE = ["test_relu", "test_conv_with_strides_padding", "test_conv_with_autopad
 backend_test = onnx.backend.test.BackendTest(TunefarmBackend, __name__)
 for name in SAMPLE:
     backend_test.include(f"^{name}_cpu$")
+wanted = {f"{name}_cpu" for name in SAMPLE}
+for case in backend_test.test_cases.values():
+    for attr in [a for a in vars(case) if a.startswith("test_") and a not in wanted]:
+        delattr(case, attr)   # the other ~4000 generated cases would each be reported as skipped
 globals().update(backend_test.test_cases)
