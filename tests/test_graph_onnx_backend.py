@@ -20,7 +20,8 @@ backend_test = onnx.backend.test.BackendTest(TunefarmBackend, __name__)
 for name in SAMPLE:
     backend_test.include(f"^{name}_cpu$")
 wanted = {f"{name}_cpu" for name in SAMPLE}
-for case in backend_test.test_cases.values():
+cases = backend_test.test_cases   # a property that makes new classes each time: take them once
+for case in cases.values():
     for attr in [a for a in vars(case) if a.startswith("test_") and a not in wanted]:
         delattr(case, attr)   # the other ~4000 generated cases would each be reported as skipped
-globals().update(backend_test.test_cases)
+globals().update({name: case for name, case in cases.items() if any(a in wanted for a in vars(case))})
