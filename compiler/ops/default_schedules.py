@@ -1,7 +1,9 @@
 """A good schedule for every inventory operator without tuning, and `build_op` to compile it.
 
 `default_schedule(opdef)` dispatches on the operator name to the family modules
-(schedule_conv, schedule_pool, schedule_nn, schedule_elementwise, schedule_gemm, schedule_fused).
+(schedule_conv, schedule_pool, schedule_nn, schedule_elementwise, schedule_gemm, schedule_fused);
+a compute DAG that is not an inventory operator (a model's fused group) is scheduled by its
+structure (schedule_anchor: its convolution or matrix product with the epilogue fused).
 They are the baseline a tuned schedule must beat, and what `build_op` uses when nothing better is
 known.
 """
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 from .. import dispatch
 from ..runtime import Kernel, build
-from ..schedule import Schedule, create_schedule
+from ..schedule import Schedule
 from ..target import resolve_target
 from . import schedule_conv, schedule_elementwise, schedule_fused, schedule_nn, schedule_pool
+from .schedule_anchor import schedule_by_structure
 from .schedule_gemm import schedule_gemm
 
 GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
@@ -46,8 +49,8 @@ def default_schedule(opdef, target=None) -> Schedule:
     if opdef.name in GEMM_OPS:
         return schedule_gemm(opdef, target)
     fn = _FAMILY.get(opdef.name)
-    if fn is None:  # an operator added to the inventory without a default schedule yet
-        return create_schedule(opdef.output)
+    if fn is None:  # a compute DAG (a model's fused group, a user's compute): by its structure
+        return schedule_by_structure(opdef, target)
     return fn(opdef, target)
 
 

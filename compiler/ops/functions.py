@@ -137,6 +137,38 @@ def conv2d_nchw(data, weight, stride=1, padding=0, dilation=1, groups=1, name="c
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
+def conv2d_nchw_packed(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nchw") -> Tensor:
+    """conv2d_nchw over weights laid out in blocks of FB output channels, [F/FB, C/groups, KH,
+    KW, FB] (weight[f // FB, c, ry, rx, f % FB]): the layout the channel-vector schedule packs
+    the OIHW weights into on every call, done once instead for a model's constant weights."""
+    op = "conv2d_nchw_packed"
+    _tensor(op, "data", data, 4)
+    _tensor(op, "weight", weight, 5)
+    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
+    (N, C, H, W), (FO, cpg, KH, KW, FB) = data.shape, weight.shape
+    F = FO * FB
+    groups = check_groups(op, C, F, groups)
+    _channel_check(op, "weight.shape[1] (input channels per group)", cpg, C // groups, f" (C={C} / groups={groups})")
+    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
+    padded = pad_tensor(data, (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])) if any(pads) else data
+    rc, ry, rx = reduce_axis(cpg, "rc"), reduce_axis(KH, "ry"), reduce_axis(KW, "rx")
+
+    def body(n, f, y, x):
+        v = padded[n, _group_channel(f, rc, C, F, groups), window_index(y, stride[0], ry, dil[0]),
+                   window_index(x, stride[1], rx, dil[1])]
+        w = weight[(f // FB, rc, ry, rx, f % FB) if FO > 1 else (0, rc, ry, rx, f)]
+        return te_sum(_mul(v, w, out_dtype), axis=[rc, ry, rx])
+
+    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, groups=groups, weight_block=FB)
+    return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
+
+
+def pack_conv_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """OIHW weights [F, C, KH, KW] as conv2d_nchw_packed reads them, [F/block, C, KH, KW, block]."""
+    F, C, KH, KW = weight.shape
+    return np.ascontiguousarray(weight.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
 def conv2d_nhwc(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nhwc") -> Tensor:
     """NHWC data [N, H, W, C], HWIO weight [KH, KW, C/groups, F], NHWC output; int8 accumulates
     into int32."""
@@ -296,5 +328,6 @@ def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadc
     return compute(data.shape, lambda *i: act(data[i] + bias[i[axis]]), name=name, tag=tag)
 
 
-__all__ = ["conv2d_nchw", "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
+__all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight",
+           "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
            "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]

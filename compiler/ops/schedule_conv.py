@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import divisors, fuse_all, lanes, parallel_loop, want_parallel
-from .schedule_elementwise import schedule_pad_stage
+from .schedule_elementwise import schedule_injective_stage, schedule_pad_stage
 
 RED_UNROLL = 4  # a long innermost reduction loop is unrolled by this
 FMA_LATENCY = 4  # cycles
@@ -136,14 +136,19 @@ def materialize_pad(s, target):
             schedule_pad_stage(st, target)
 
 
-def schedule_conv_nchw(opdef, target=None) -> Schedule:
+def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
     """conv2d_nchw and depthwise_conv2d_nchw: vector over x, unrolled over f and y (or, where
-    channel_vectors_pay, schedule_conv_nchw_channels)."""
+    channel_vectors_pay, schedule_conv_nchw_channels).
+
+    `epilogue`: the output of a fused compute (compiler/ops/schedule_anchor.py), one elementwise
+    stage of the convolution's shape reading it (bias, residual add, activation); the register
+    tiles are stored through it instead of into the convolution's own output (or, without
+    `fuse_epilogue`, into the convolution's output, the epilogue a pass of its own)."""
     target = resolve_target(target)
-    if channel_vectors_pay(opdef, target):
-        return schedule_conv_nchw_channels(opdef, target)
+    if channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5:
+        return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue)
     out = opdef.output
-    s = create_schedule(out)
+    s = create_schedule(out if epilogue is None else epilogue)
     vl = lanes(target, out.dtype)
     N, F, OH, OW = out.shape
     KW = opdef.params["KW"]
@@ -157,7 +162,8 @@ def schedule_conv_nchw(opdef, target=None) -> Schedule:
                               lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                               target.capabilities)
     order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
-    acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order)
+    acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
+                         epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     prepare_conv_input(s, acc, opdef, target)
     return s
 
@@ -177,7 +183,7 @@ def channel_vectors_pay(opdef, target) -> bool:
     return (F // groups) % vl == 0 and C // groups >= vl
 
 
-def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
+def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
     """conv2d_nchw with the output channels as the vector axis (NCHWc-style): a tile is FB
     channels (1 or 2 registers) x XB columns x YB rows, each reduction step FB/lanes weight
     vectors and XB*YB input broadcasts. Every lane is used whatever the image width (a 7-wide
@@ -196,16 +202,20 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     so the channel loop goes innermost (ry, rx, rc: 1.02x)."""
     target = resolve_target(target)
     out = opdef.output
-    s = create_schedule(out)
+    s = create_schedule(out if epilogue is None else epilogue)
     vl = lanes(target, out.dtype)
     groups = opdef.params.get("groups", 1)
     fpg = out.shape[1] // groups
     materialize_pad(s, target)
-    FB, XB, YB = channel_tile(opdef, target)
+    prepacked = opdef.inputs[1].ndim == 5   # conv2d_nchw_packed: the weights come in FB blocks
+    FB, XB, YB = channel_tile(opdef, target, opdef.inputs[1].shape[-1] if prepacked else None)
     order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
     red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) else [1, 2, 0]
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
-                         vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3)
+                         vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
+                         fuse_epilogue=fuse_epilogue)
+    if prepacked:
+        return s
     packed = s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})
     pst = s[packed]
     *rows, lane = pst.op.axis
@@ -214,14 +224,14 @@ def schedule_conv_nchw_channels(opdef, target=None) -> Schedule:
     return s
 
 
-def channel_tile(opdef, target) -> tuple:
+def channel_tile(opdef, target, fb: int | None = None) -> tuple:
     """(FB, XB, YB) of schedule_conv_nchw_channels' register tile: channels (the vector), columns
     and rows. Per step: YB·XB input broadcasts (one live at a time) and FB/lanes weight vectors
-    (all live)."""
+    (all live). `fb` fixes the channel block (weights already packed in blocks of fb)."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, F, OH, OW = out.shape
-    FB, (XB, YB) = pick_tile(vector_tiles(F // opdef.params.get("groups", 1), vl), vl,
+    FB, (XB, YB) = pick_tile([fb] if fb else vector_tiles(F // opdef.params.get("groups", 1), vl), vl,
                               [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                               target.capabilities)
     return FB, XB, YB
@@ -322,7 +332,8 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
 
 
 def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
-                   vec_group: int = 0, store_dim: int | None = None, red_order=None):
+                   vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
+                   fuse_epilogue: bool = True):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).
@@ -331,10 +342,20 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     divides), so `f // group` simplifies to the outer loop instead of a per-lane gather index.
     `store_dim`: the axis the tile is stored along, vectorized (default: the vector axis); the
     unit-stride axis of the output when the vector axis is not. `red_order`: the reduction
-    loops' order as positions in the definition's (default: as defined)."""
+    loops' order as positions in the definition's (default: as defined). `epilogue`: an
+    elementwise stage of `out`'s shape that is the schedule's output; the tile is stored
+    through it (`out`, now a copy of the tile, is inlined into it); without `fuse_epilogue` the
+    tile is stored into `out` and the epilogue is an elementwise pass of its own (for tiles whose
+    unrolled store would be too much straight-line code with the epilogue in it)."""
     ndim = len(out.shape)
     order = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     acc = s.cache_write(out, "local", order=order)
+    if epilogue is not None and epilogue is not out:
+        if fuse_epilogue:
+            s[out].compute_inline()
+            out = epilogue
+        else:
+            schedule_injective_stage(s[epilogue], target)
     st, cst = s[out], s[acc]
     tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor,
                                                       outer_order or [d for d, _ in unrolled] + [vec_dim],

@@ -38,7 +38,11 @@ def gemm_tile(M: int, N: int, lanes: int, registers: int) -> tuple:
     return mr, nr
 
 
-def schedule_gemm(opdef, target=None) -> Schedule:
+def schedule_gemm(opdef, target=None, pack: bool = True) -> Schedule:
+    """The GotoBLAS schedule. `pack=False` reads B in place: for a product of one row tile
+    (a batch-1 layer of a model) every B element is used once per call, so copying B into
+    panels costs as much as the product itself; unpacked, B must be [K, N] (unit stride along
+    the vector of columns)."""
     target = resolve_target(target)
     out = opdef.output
     s = create_schedule(out)
@@ -70,7 +74,8 @@ def schedule_gemm(opdef, target=None) -> Schedule:
     acc_stage.vectorize(cj)
     out_stage.vectorize(ji)
     out_stage.parallel(outer)
-    _pack_b(s, opdef, acc_stage, nr)
+    if pack:
+        _pack_b(s, opdef, acc_stage, nr)
     return s
 
 

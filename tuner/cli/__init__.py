@@ -8,8 +8,9 @@
     tunefarm tracker / agent / farm status         the measurement farm
     tunefarm serve / worker / db upgrade / token   the tuning service (REST API, job workers)
     tunefarm submit / jobs [show|watch|cancel ID]  jobs on a tunefarm server, over REST
+    tunefarm model tasks|run MODEL.onnx            a whole ONNX model: its fused workloads, compile and run it
 
-One module per family of subcommands (ops.py, tune.py, farm.py, service.py, remote.py), the helpers they share in
+One module per family of subcommands (ops.py, tune.py, farm.py, service.py, remote.py, model.py), the helpers they share in
 common.py. User errors (an unknown operator, a bad parameter or target) print one line and exit
 with status 2, never a traceback.
 """
@@ -20,7 +21,7 @@ import argparse
 import os
 import sys
 
-from . import farm, ops, remote, service, tune
+from . import farm, model, ops, remote, service, tune
 from .common import DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, EXIT_USAGE, SMALL_PARAMS, UsageError, check_output
 
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     farm.register(sub)
     service.register(sub)
     remote.register(sub)
+    model.register(sub)
     return parser
 
 

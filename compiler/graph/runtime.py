@@ -1,0 +1,206 @@
+"""Compile a graph into a runnable model: fused groups → kernels, a memory plan, a step list.
+
+`build_model(graph, target, records)` fuses the graph, lowers every group to its workload, builds
+each unique workload once (the schedule from `records`, a schedule provider such as the tuner's
+ApplyHistoryBest, when it holds one for the workload on this target, else the default schedule;
+default-schedule kernels are also cached per process, so a repeated model or layer compiles
+once), plans the buffers, and checks every kernel call's arguments once, at build time. A run
+is then a copy of the inputs into their buffers and one native call per step; every operator runs
+as generated code, numpy only allocates and copies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dispatch
+from ..buffers import aligned_empty
+from ..ops import OpDef, default_schedule
+from ..runtime import Kernel, build
+from ..target import resolve_target
+from .errors import InputError
+from .fuse import fuse
+from .ir import Graph
+from .passes import prepack_conv_weights
+from .plan import MemoryPlan, plan_memory
+from .workloads import GroupKernel, arg_array, lower_group
+
+_cache_lock = threading.Lock()
+_default_kernels: dict = {}   # (workload key, target string) -> Kernel of the default schedule
+
+
+@dataclass
+class Step:
+    kernel: Kernel
+    group: GroupKernel
+    arrays: list      # the kernel's argument arrays (views of the plan's blocks, constants)
+    ptrs: list
+
+
+@dataclass
+class ModelTask:
+    """One unique fused workload of a model: its OpDef, how many groups use it, a description."""
+
+    opdef: OpDef
+    weight: int
+    groups: list
+
+    @property
+    def key(self) -> str:
+        return self.opdef.workload_key()
+
+
+def for_target(graph: Graph, target) -> Graph:
+    """The graph as it is compiled for `target`: constant convolution weights pre-packed in the
+    layout of the target's default schedule (passes.prepack_conv_weights)."""
+    return prepack_conv_weights(graph, resolve_target(target))
+
+
+def extract_tasks(graph: Graph, target=None) -> list:
+    """The model's unique workloads (by workload key) with their occurrence counts, in order of
+    first occurrence: what a model's tuning tunes, for `target` (the host by default; weight
+    layouts, and so some keys, depend on it)."""
+    graph = for_target(graph, target)
+    tasks: dict = {}
+    for group in fuse(graph):
+        gk = lower_group(graph, group)
+        key = gk.key
+        if key in tasks:
+            tasks[key].weight += 1
+            tasks[key].groups.append(gk)
+        else:
+            tasks[key] = ModelTask(gk.opdef, 1, [gk])
+    return list(tasks.values())
+
+
+def _kernel_for(opdef, target, records, built: dict) -> tuple:
+    """(kernel, where its schedule came from: 'records' or 'default'). `records` as in build_op:
+    the provider given, else the innermost active one (`with provider:`)."""
+    key = opdef.workload_key()
+    if key in built:
+        return built[key]
+    provider = records if records is not None else dispatch.current()
+    schedule = provider.lookup(opdef, target) if provider is not None else None
+    if schedule is not None:
+        result = (build(schedule, opdef.tensors, target), "records")
+    else:
+        if provider is not None:
+            dispatch.warn_default_once(opdef, target, "no tuned schedule in the records for this target")
+        cache_key = (key, str(target))
+        with _cache_lock:
+            kernel = _default_kernels.get(cache_key)
+        if kernel is None:
+            kernel = build(default_schedule(opdef, target), opdef.tensors, target)
+            with _cache_lock:
+                _default_kernels[cache_key] = kernel
+        result = (kernel, "default")
+    built[key] = result
+    return result
+
+
+def build_model(graph: Graph, target=None, records=None) -> "GraphModule":
+    """Compile `graph` for `target` (the host by default). `records`: a schedule provider
+    (`lookup(opdef, target) -> Schedule | None`, e.g. tuner.apply_best.ApplyHistoryBest), else the
+    innermost active one (`with provider:`), as build_op does; workloads it has no schedule for
+    get the default schedule (with a warning once per workload)."""
+    target = resolve_target(target)
+    t0 = time.perf_counter()
+    graph = for_target(graph, target)
+    kernels = [lower_group(graph, g) for g in fuse(graph)]
+    built: dict = {}
+    for gk in kernels:
+        _kernel_for(gk.opdef, target, records, built)
+    steps_io = [(gk.output, [a for a in gk.args if isinstance(a, str) and graph.values[a].const is None])
+                for gk in kernels]
+    plan = plan_memory(graph, steps_io)
+    module = GraphModule(graph, target, kernels, built, plan)
+    module.build_seconds = time.perf_counter() - t0
+    return module
+
+
+class GraphModule:
+    """A compiled model: `run(**inputs)` returns the outputs as numpy arrays, in graph order."""
+
+    def __init__(self, graph: Graph, target, kernels: list, built: dict, plan: MemoryPlan):
+        self.graph = graph
+        self.target = target
+        self.plan = plan
+        self.build_seconds = 0.0
+        self.sources = {k: src for k, (_, src) in built.items()}
+        self._blocks = [aligned_empty(max(n, 1), np.uint8) for n in plan.block_bytes]
+        self._consts: dict = {}
+        self.steps = []
+        for gk in kernels:
+            kernel = built[gk.key][0]
+            arrays = [self._array(a, t.shape, t.dtype) for a, t in zip(gk.args, gk.opdef.inputs)]
+            arrays.append(self._view(gk.output, gk.opdef.output.shape, gk.opdef.output.dtype))
+            ptrs = kernel.check_args(arrays)   # shapes, dtypes and overlaps, once
+            self.steps.append(Step(kernel, gk, arrays, ptrs))
+        self.input_names = list(graph.inputs)
+        self.output_names = list(graph.outputs)
+        self._inputs = {v: self._view(v, graph.values[v].shape, graph.values[v].dtype) for v in graph.inputs}
+
+    def _view(self, value, shape, dtype) -> np.ndarray:
+        block = self._blocks[self.plan.block_of[value]]
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return block[:n].view(dtype).reshape(tuple(shape) or ())
+
+    def _array(self, arg, shape, dtype) -> np.ndarray:
+        const = arg_array(self.graph, arg)
+        if const is None:
+            return self._view(arg, shape, dtype)
+        key = id(arg) if isinstance(arg, np.ndarray) else arg
+        if key not in self._consts:
+            a = aligned_empty(shape, dtype)
+            np.copyto(a, np.asarray(const, dtype).reshape(shape))
+            a.flags.writeable = False
+            self._consts[key] = a
+        return self._consts[key]
+
+    @property
+    def workloads(self) -> list:
+        return [s.group for s in self.steps]
+
+    def run(self, **inputs) -> list:
+        """The model's outputs for `inputs` (one array per graph input, by name)."""
+        self._check_inputs(inputs)
+        for name, arr in inputs.items():
+            np.copyto(self._inputs[name], arr)
+        for step in self.steps:
+            step.kernel._run(step.kernel._load(), step.ptrs)
+        return [self._output(v) for v in self.output_names]
+
+    def _output(self, name) -> np.ndarray:
+        v = self.graph.values[name]
+        if v.const is not None:
+            return v.const.copy()
+        return self._view(name, v.shape, v.dtype).copy()
+
+    def _check_inputs(self, inputs):
+        missing = [n for n in self.input_names if n not in inputs]
+        extra = sorted(set(inputs) - set(self.input_names))
+        if missing or extra:
+            raise InputError(f"the model takes inputs {self.input_names}; "
+                             + (f"missing {missing}" if missing else "") + ("; " if missing and extra else "")
+                             + (f"unknown {extra}" if extra else ""))
+        for name in self.input_names:
+            arr, v = inputs[name], self.graph.values[name]
+            if not isinstance(arr, np.ndarray):
+                raise InputError(f"input {name!r} must be a numpy array, got {type(arr).__name__}")
+            if arr.dtype != np.dtype(v.dtype):
+                raise InputError(f"input {name!r}: expected dtype {v.dtype}, got {arr.dtype}")
+            if tuple(arr.shape) != v.shape:
+                raise InputError(f"input {name!r}: expected shape {v.shape}, got {tuple(arr.shape)}")
+
+    def summary(self) -> str:
+        lines = [f"{len(self.steps)} kernels, {len(set(s.group.key for s in self.steps))} unique workloads, "
+                 f"buffers {self.plan.total_bytes / 1e6:.2f} MB (unshared {self.plan.unshared_bytes / 1e6:.2f} MB), "
+                 f"built in {self.build_seconds:.1f} s"]
+        return "\n".join(lines)
+
+
+__all__ = ["build_model", "GraphModule", "extract_tasks", "ModelTask"]

@@ -1,0 +1,263 @@
+"""Fusion groups, the workloads they become (stable keys the tuner finds again), schedules from a
+provider, and the memory plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graph_models import assert_close, model, np_conv, rand
+from onnx import helper
+
+from compiler.dispatch import DispatchContext
+from compiler.graph import build_model, extract_tasks, from_onnx, fuse, lower_group
+from compiler.ops import default_schedule
+from compiler.ops.schedule_anchor import anchor_view
+
+RNG = np.random.default_rng(11)
+
+
+def conv(x, w, y, name, **kw):
+    return helper.make_node("Conv", [x, w], [y], name=name, kernel_shape=[3, 3], pads=[1, 1, 1, 1], **kw)
+
+
+def residual_block(C=4, H=6):
+    """conv → BN → relu → conv (+bias) → add x → relu → transpose → add 1 → relu (an injective tail)."""
+    nodes = [conv("x", "w1", "c1", "conv1"),
+             helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("Relu", ["bn"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "x"], ["s"], name="residual"),
+             helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+             helper.make_node("Transpose", ["r2"], ["t"], perm=[0, 2, 3, 1], name="to_nhwc"),
+             helper.make_node("Add", ["t", "one"], ["t1"], name="plus_one"),
+             helper.make_node("Sigmoid", ["t1"], ["y"], name="sig")]
+    inits = dict(w1=rand(RNG, (C, C, 3, 3)), w2=rand(RNG, (C, C, 3, 3)), b2=rand(RNG, (C,)),
+                 g=rand(RNG, (C,)), b=rand(RNG, (C,)), m=rand(RNG, (C,)),
+                 v=RNG.uniform(0.5, 1.5, C).astype(np.float32), one=np.array(1.0, np.float32))
+    return model(nodes, {"x": ((1, C, H, H), "float32")}, {"y": (None, "float32")}, inits), inits
+
+
+def test_groups_follow_the_fusion_rules():
+    m, _ = residual_block()
+    groups = fuse(from_onnx(m))
+    assert [g.describe() for g in groups] == ["Conv+Relu", "Conv+Add+Relu", "Transpose+Add+Sigmoid"]
+    # the residual add reads the block's input from outside its group
+    assert groups[1].inputs[-1] == "x"
+
+
+def test_a_value_with_two_readers_or_a_graph_output_ends_a_group():
+    nodes = [conv("x", "w", "c", "conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),          # c is also an output
+             helper.make_node("Sigmoid", ["r"], ["s1"], name="s1"),        # r has two readers
+             helper.make_node("Tanh", ["r"], ["s2"], name="s2"),
+             helper.make_node("Add", ["s1", "s2"], ["y"], name="add")]
+    m = model(nodes, {"x": ((1, 2, 5, 5), "float32")}, {"c": (None, "float32"), "y": (None, "float32")},
+              {"w": rand(RNG, (2, 2, 3, 3))})
+    groups = fuse(from_onnx(m))
+    # the Add joins the first of its producers' chains; that group runs after Tanh, which it reads
+    assert [g.describe() for g in groups] == ["Conv", "Relu", "Tanh", "Sigmoid+Add"]
+    x = rand(RNG, (1, 2, 5, 5))
+    c, y = build_model(from_onnx(m)).run(x=x)
+    want_c = np_conv(x, from_onnx(m).values["w"].const, pads=(1, 1, 1, 1))
+    assert_close(c, want_c)
+    r = np.maximum(want_c, 0)
+    assert_close(y, 1 / (1 + np.exp(-r)) + np.tanh(r))
+
+
+def test_fused_block_matches_numpy():
+    m, p = residual_block()
+    x = rand(RNG, (1, 4, 6, 6))
+    module = build_model(from_onnx(m))
+    (y,) = module.run(x=x)
+    s = (1, -1, 1, 1)
+    bn = (np_conv(x, p["w1"], pads=(1, 1, 1, 1)) - p["m"].reshape(s)) / np.sqrt(p["v"].reshape(s) + 1e-5) \
+        * p["g"].reshape(s) + p["b"].reshape(s)
+    r2 = np.maximum(np_conv(np.maximum(bn, 0), p["w2"], p["b2"], pads=(1, 1, 1, 1)) + x, 0)
+    assert_close(y, 1 / (1 + np.exp(-(r2.transpose(0, 2, 3, 1) + 1))))
+
+
+def test_repeated_layers_are_one_workload_with_a_weight():
+    C = 4
+    nodes = [conv("x", "w1", "a", "c1"), helper.make_node("Relu", ["a"], ["ra"]),
+             conv("ra", "w2", "b", "c2"), helper.make_node("Relu", ["b"], ["rb"]),
+             conv("rb", "w3", "c", "c3"), helper.make_node("Relu", ["c"], ["y"])]
+    inits = {f"w{i}": rand(RNG, (C, C, 3, 3)) for i in (1, 2, 3)}
+    m = model(nodes, {"x": ((1, C, 5, 5), "float32")}, {"y": (None, "float32")}, inits)
+    tasks = extract_tasks(from_onnx(m))
+    assert len(tasks) == 1 and tasks[0].weight == 3
+    assert tasks[0].opdef.name == "fused_conv_relu"
+    assert tasks[0].opdef.flops == 2 * C * 25 * C * 9 + C * 25
+    # the same model read again gives the same key: keys depend on structure and shapes only
+    again = extract_tasks(from_onnx(m))
+    assert again[0].key == tasks[0].key
+
+
+def test_fused_workload_round_trips_through_the_tuner():
+    """The tuner stores a fused group as its DAG definition; rebuilt from JSON it has the same
+    key and the same default schedule, so records tuned for it are found at build time."""
+    from tuner.workload import Workload
+    m, _ = residual_block()
+    graph = from_onnx(m)
+    for group in fuse(graph):
+        gk = lower_group(graph, group)
+        wl = Workload.from_compute(gk.opdef)
+        rebuilt = wl.opdef()
+        assert wl.key == gk.key == rebuilt.workload_key()
+        assert default_schedule(rebuilt).steps == default_schedule(gk.opdef).steps
+
+
+def test_anchor_schedules_are_the_operators():
+    m, _ = residual_block()
+    graph = from_onnx(m)
+    views = [anchor_view(lower_group(graph, g).opdef) for g in fuse(graph)]
+    assert [v.name if v else None for v in views] == ["conv2d_nchw", "conv2d_nchw", None]
+    assert views[0].params["padding"] == (1, 1, 1, 1) and views[0].params["groups"] == 1
+
+
+class OneSchedule(DispatchContext):
+    """A schedule provider that knows one workload (what apply-best is to the compiler)."""
+
+    def __init__(self, key):
+        self.key, self.asked = key, []
+
+    def lookup(self, opdef, target):
+        self.asked.append(opdef.workload_key())
+        if opdef.workload_key() != self.key:
+            return None
+        s = default_schedule(opdef, target)
+        return s
+
+
+def test_build_takes_schedules_from_the_records_provider():
+    m, _ = residual_block()
+    graph = from_onnx(m)
+    tasks = extract_tasks(graph)
+    provider = OneSchedule(tasks[1].key)
+    module = build_model(graph, records=provider)
+    assert sorted(provider.asked) == sorted(t.key for t in tasks)
+    assert module.sources[tasks[1].key] == "records"
+    assert [module.sources[t.key] for t in tasks].count("default") == len(tasks) - 1
+    x = rand(RNG, (1, 4, 6, 6))
+    (a,) = module.run(x=x)
+    (b,) = build_model(graph).run(x=x)
+    assert_close(a, b, rtol=1e-6)
+
+
+def test_memory_plan_reuses_buffers_by_liveness():
+    """Six convolutions in a chain: two intermediate buffers take turns (an output never shares
+    a buffer with its own input), plus the input's and the output's."""
+    C, n = 4, 6
+    nodes, inits, prev = [], {}, "x"
+    for i in range(n):
+        out = "y" if i == n - 1 else f"a{i}"
+        nodes.append(conv(prev, f"w{i}", out, f"conv{i}"))
+        inits[f"w{i}"] = rand(RNG, (C, C, 3, 3))
+        prev = out
+    m = model(nodes, {"x": ((1, C, 8, 8), "float32")}, {"y": (None, "float32")}, inits)
+    module = build_model(from_onnx(m))
+    plan = module.plan
+    assert len(plan.block_bytes) == 4
+    assert plan.total_bytes == 4 * C * 64 * 4 and plan.unshared_bytes == (n + 1) * C * 64 * 4
+    blocks = [plan.block_of[f"a{i}"] for i in range(n - 1)]
+    assert all(a != b for a, b in zip(blocks, blocks[1:])) and len(set(blocks)) == 2
+    x = rand(RNG, (1, C, 8, 8))
+    want = x
+    for i in range(n):
+        want = np_conv(want, inits[f"w{i}"], pads=(1, 1, 1, 1))
+    (y,) = module.run(x=x)
+    assert_close(y, want)
+    (y2,) = module.run(x=x)   # buffers are reused across runs too
+    assert_close(y2, want)
+
+
+def test_reshape_outputs_share_their_inputs_buffer():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["y"], transB=1)]
+    m = model(nodes, {"x": ((2, 3, 2, 2), "float32")}, {"y": (None, "float32")}, {"w": rand(RNG, (5, 12))})
+    module = build_model(from_onnx(m))
+    assert module.plan.block_of["f"] == module.plan.block_of["r"]
+    assert len(module.steps) == 2
+    w = from_onnx(m).values["w"].const
+    x = rand(RNG, (2, 3, 2, 2))
+    (y,) = module.run(x=x)
+    assert_close(y, np.maximum(x, 0).reshape(2, 12) @ w.T.astype(np.float64))
+
+
+@pytest.mark.parametrize("field", ["name", "shape", "dtype", "type"])
+def test_run_refuses_mismatched_inputs(field):
+    from compiler.graph import InputError
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    module = build_model(from_onnx(model(nodes, {"x": ((2, 3), "float32")}, {"y": (None, "float32")})))
+    good = rand(RNG, (2, 3))
+    bad = {"name": dict(input=good), "shape": dict(x=rand(RNG, (3, 2))), "dtype": dict(x=good.astype(np.float64)),
+           "type": dict(x=good.tolist())}[field]
+    match = {"name": "missing \\['x'\\]; unknown \\['input'\\]", "shape": "expected shape \\(2, 3\\)",
+             "dtype": "expected dtype float32", "type": "numpy array"}[field]
+    with pytest.raises(InputError, match=match):
+        module.run(**bad)
+
+
+@pytest.mark.parametrize("batch,packed", [(1, False), (64, True)])
+def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(batch, packed):
+    """Gemm(transB=1)'s constant [out, in] weight is laid out [in, out] at compile time; a batch-1
+    layer (one row tile) reads it in place, a batch-64 one packs it into panels."""
+    w = rand(RNG, (24, 40))
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])]
+    m = model(nodes, {"x": ((batch, 40), "float32")}, {"y": (None, "float32")}, {"w": w})
+    graph = from_onnx(m)
+    gemm = graph.nodes[0]
+    assert gemm.attrs["transB"] == 0 and graph.values[gemm.inputs[1]].shape == (40, 24)
+    (task,) = extract_tasks(graph)
+    steps = [s["op"] for s in default_schedule(task.opdef).steps]
+    assert ("cache_read" in steps) == packed
+    x = rand(RNG, (batch, 40))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, np.maximum(x.astype(np.float64) @ w.T, 0))
+
+
+def test_compile_time_constants_are_not_kernel_arguments():
+    """A Slice's starts/ends/axes/steps are read at compile time only: two slices of the same
+    shape with differently spelled arguments are one workload with one argument."""
+    x = rand(RNG, (4, 6))
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax"], ["a"]),
+             helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["b"]),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"])]
+    inits = dict(st=np.array([1, 0], np.int64), en=np.array([3, 6], np.int64), ax=np.array([0, 1], np.int64),
+                 sp=np.array([1, 1], np.int64))
+    m = model(nodes, {"x": ((4, 6), "float32")}, {"ra": (None, "float32"), "rb": (None, "float32")}, inits)
+    tasks = extract_tasks(from_onnx(m))
+    assert len(tasks) == 1 and tasks[0].weight == 2 and len(tasks[0].opdef.inputs) == 1
+    ra, rb = build_model(from_onnx(m)).run(x=x)
+    assert_close(ra, np.maximum(x[1:3], 0))
+    assert_close(rb, np.maximum(x[1:3], 0))
+
+
+def test_constant_conv_weights_are_prepacked_for_the_channel_vector_schedule():
+    """Where the target's default conv schedule vectorizes over output channels, the model's
+    constant weights come pre-packed in its channel blocks (no packing on every call); the
+    result is the same convolution."""
+    from compiler.ops import get_op
+    from compiler.ops.schedule_conv import channel_tile, channel_vectors_pay
+    from compiler.target import Target
+    C, F = 16, 32
+    w, b = rand(RNG, (F, C, 3, 3)), rand(RNG, (F,))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, {"x": ((1, C, 6, 6), "float32")}, {"y": (None, "float32")}, {"w": w, "b": b})
+    (task,) = extract_tasks(from_onnx(m))
+    view = get_op("conv2d_nchw", N=1, C=C, H=6, W=6, F=F, KH=3, KW=3, padding=1)
+    host = Target.host()
+    if channel_vectors_pay(view, host):
+        fb = channel_tile(view, host)[0]
+        assert task.opdef.inputs[1].shape == (F // fb, C, 3, 3, fb)
+        assert "cache_read" not in [s["op"] for s in default_schedule(task.opdef).steps]
+    else:
+        assert task.opdef.inputs[1].shape == (F, C, 3, 3)
+    x = rand(RNG, (1, C, 6, 6))
+    (y,) = build_model(from_onnx(m)).run(x=x)
+    assert_close(y, np.maximum(np_conv(x, w, b, pads=(1, 1, 1, 1)), 0))
+    # an AVX2 target (8 lanes) blocks the same weights by its own tile
+    avx2 = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
+    (t2,) = extract_tasks(from_onnx(m), target=avx2)
+    assert t2.opdef.inputs[1].ndim == 5 and t2.opdef.inputs[1].shape[-1] % 8 == 0

@@ -1,0 +1,182 @@
+"""`tunefarm model tasks|run MODEL.onnx`: whole models.
+
+`tasks` lists what tuning a model means: its unique fused workloads (name, shapes, flops, and the
+weight a task scheduler gives each: how many times the model runs it). `run` compiles the model
+with the best records of this target (the default schedules where there are none), runs it on
+random inputs and, when onnxruntime is installed, compares the outputs and the latency with it in
+the same process, the two timed interleaved on the same threads.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target
+
+
+def _input_shapes(items) -> dict:
+    shapes = {}
+    for text in items:
+        name, sep, dims = text.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d < 1 for d in shape):
+            raise UsageError(f"--input-shape {text!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        shapes[name] = shape
+    return shapes
+
+
+def _load(args):
+    from compiler.graph import GraphError, from_onnx
+    try:
+        return from_onnx(args.model, input_shapes=_input_shapes(args.input_shape))
+    except GraphError as e:
+        raise UsageError(str(e)) from None
+
+
+def _shapes(opdef) -> str:
+    return ", ".join("x".join(map(str, t.shape)) for t in opdef.inputs) + " -> " + "x".join(map(str, opdef.output.shape))
+
+
+def cmd_tasks(args) -> int:
+    from compiler.graph import GraphError, extract_tasks
+    target = resolve_target(args.target)
+    graph = _load(args)
+    try:
+        tasks = extract_tasks(graph, target)
+    except GraphError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps([dict(name=t.opdef.name, key=t.key, shapes=_shapes(t.opdef), flops=t.opdef.flops,
+                               weight=t.weight) for t in tasks], indent=1))
+        return EXIT_OK
+    total = sum(t.opdef.flops * t.weight for t in tasks)
+    print(f"{graph.name}: {len(graph.nodes)} nodes after folding, {sum(t.weight for t in tasks)} kernels, "
+          f"{len(tasks)} unique workloads, {total / 1e9:.3f} GFLOP per run")
+    print(f"{'#':>3}  {'workload':<34} {'key':<12} {'weight':>6} {'MFLOP':>10}  shapes")
+    for i, t in enumerate(tasks):
+        print(f"{i:>3}  {t.opdef.name:<34} {t.key[:12]:<12} {t.weight:>6} {t.opdef.flops / 1e6:>10.2f}  {_shapes(t.opdef)}")
+    return EXIT_OK
+
+
+def _random_inputs(graph, rng) -> dict:
+    out = {}
+    for name in graph.inputs:
+        v = graph.values[name]
+        if v.dtype.startswith("float"):
+            out[name] = rng.standard_normal(v.shape).astype(v.dtype)
+        elif v.dtype == "bool":
+            out[name] = rng.integers(0, 2, v.shape).astype(bool)
+        else:
+            out[name] = rng.integers(0, 2, v.shape).astype(v.dtype)
+    return out
+
+
+def cmd_run(args) -> int:
+    import warnings
+
+    from compiler.graph import GraphError, build_model
+    from compiler.runtime import set_num_threads
+
+    target = resolve_target(args.target)
+    graph = _load(args)
+    provider = None
+    if not args.no_records:
+        from ..apply_best import ApplyHistoryBest
+        provider = ApplyHistoryBest(open_store(args.db))
+    if args.threads:
+        set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # "no tuned schedule": counted below instead
+            module = build_model(graph, target, records=provider)
+    except GraphError as e:
+        raise UsageError(str(e)) from None
+    build_s = time.perf_counter() - t0
+    tuned = sum(1 for src in module.sources.values() if src == "records")
+    print(f"built {len(module.steps)} kernels ({len(module.sources)} unique workloads, {tuned} from records, "
+          f"{len(module.sources) - tuned} default schedules) in {build_s:.1f} s; buffers "
+          f"{module.plan.total_bytes / 1e6:.2f} MB (without reuse {module.plan.unshared_bytes / 1e6:.2f} MB)")
+    inputs = _random_inputs(graph, np.random.default_rng(args.seed))
+    outputs = module.run(**inputs)
+    session = _onnxruntime_session(args.model, args.threads)
+    ours, theirs = [], []
+    ref = None
+    if session is not None:
+        ref = session.run(None, inputs)
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        module.run(**inputs)
+        ours.append(time.perf_counter() - t)
+        if session is not None:
+            t = time.perf_counter()
+            session.run(None, inputs)
+            theirs.append(time.perf_counter() - t)
+    ok = True
+    print(f"tunefarm:    {statistics.median(ours) * 1e3:9.3f} ms (median of {args.repeat})")
+    if session is None:
+        print("onnxruntime: not installed (pip install 'tunefarm[bench]' to compare)")
+    else:
+        ratio = statistics.median(theirs) / statistics.median(ours)
+        print(f"onnxruntime: {statistics.median(theirs) * 1e3:9.3f} ms   ratio (onnxruntime / tunefarm) {ratio:.2f}x")
+        for name, a, b in zip(graph.outputs, outputs, ref):
+            scale = float(np.max(np.abs(b))) if b.size else 0.0
+            err = float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
+            rel = err / scale if scale else err
+            good = rel <= args.rtol
+            ok &= good
+            print(f"output {name}: max |diff| {err:.3g} ({rel:.2g} of max |value|) {'ok' if good else 'MISMATCH'}")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def _onnxruntime_session(path, threads):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def register(sub):
+    p = sub.add_parser("model", help="whole ONNX models: their tuning tasks, compile and run them")
+    msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+
+    def common(q):
+        q.add_argument("model", metavar="MODEL.onnx")
+        q.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                       help="pin an input whose shape the model leaves dynamic")
+
+    q = msub.add_parser("tasks", help="the model's unique fused workloads with their weights")
+    common(q)
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.add_argument("--target", default=None, help="target string (default: host); weight layouts, and so "
+                                                  "some workloads, depend on it")
+    q.set_defaults(func=cmd_tasks)
+
+    q = msub.add_parser("run", help="compile the model (best records, else default schedules), run it, "
+                                    "compare with onnxruntime when installed")
+    common(q)
+    q.add_argument("--target", default=None, help="target string (default: host)")
+    q.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
+                                              "sqlite:///~/.tunefarm/records.db)")
+    q.add_argument("--no-records", action="store_true", help="default schedules only")
+    q.add_argument("--repeat", type=int, default=10, help="timed runs of each (interleaved)")
+    q.add_argument("--threads", type=int, default=0, help="threads for both (default: all cores)")
+    q.add_argument("--rtol", type=float, default=1e-4, help="largest output difference, relative to the "
+                                                            "largest output magnitude")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(func=cmd_run)
+
+
+__all__ = ["register"]
