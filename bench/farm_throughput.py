@@ -133,7 +133,7 @@ from llvmlite import ir  # noqa: E402
 from compiler.runtime import Kernel, compile_module  # noqa: E402
 from compiler.target import Target  # noqa: E402
 from rpc_tracker.client import make_channel  # noqa: E402
-from rpc_tracker.protocol import auth_metadata, pb, pb_grpc  # noqa: E402
+from rpc_tracker.protocol import auth_metadata, pb, pb_grpc, unpack_results  # noqa: E402
 
 KEY = "bench"
 MIN_RUNS_PER_REQUEST = 4      # reference + check + warm-up + at least 1 timed sample (see the docstring)
@@ -753,7 +753,7 @@ def classify_profile(lines: list) -> dict:
 
 
 def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_ms: float, per_agent: int,
-                profile: bool) -> dict:
+                profile: bool, pack: bool = True) -> dict:
     """64 light agents: one timed batch, every request id checked end to end; see the docstring."""
     load = LightLoad(farm, n_agents, procs, service_ms)
     try:
@@ -761,7 +761,7 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
         client.wait_agents(n_agents, key=LIGHT_KEY)
         client.batch(4 * n_agents, key=LIGHT_KEY)   # warm-up: every stream and connection busy once
 
-        msg = pb.MeasureBatch(device_key=LIGHT_KEY, priority=0,
+        msg = pb.MeasureBatch(device_key=LIGHT_KEY, priority=0, pack_results=pack,
                               requests=[client.request() for _ in range(per_agent * n_agents)])
         ids = [r.request_id for r in msg.requests]
         ideal = len(ids) * service_ms / 1000.0 / n_agents
@@ -771,11 +771,14 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
         results: dict = {}
         doubled = unknown = 0
         t0 = time.monotonic()
-        for res in client.stub.Measure(msg, metadata=client.md, timeout=300):
+        messages = 0
+        for message in client.stub.Measure(msg, metadata=client.md, timeout=300):
             t = time.monotonic()
-            if res.request_id in results:
-                doubled += 1
-            results.setdefault(res.request_id, (t, res))
+            messages += 1
+            for res in unpack_results(message):
+                if res.request_id in results:
+                    doubled += 1
+                results.setdefault(res.request_id, (t, res))
         t_end = time.monotonic()
         c1 = (_cpu_seconds(farm.tracker.pid), sum(_cpu_seconds(p) for p in pids), time.process_time())
         parts = prof.finish() if prof else None
@@ -828,7 +831,8 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
     cpu = {"tracker": (c1[0] - c0[0]) * 1000.0 / n, "light_agents": (c1[1] - c0[1]) * 1000.0 / n,
            "tuner": (c1[2] - c0[2]) * 1000.0 / n}
     return {"agents": n_agents, "procs": procs, "service_ms": service_ms, "requests": n, "wall": wall,
-            "stream_seconds": t_end - t0, "rps": n / wall, "ideal_rps": n_agents / (service_ms / 1000.0),
+            "stream_seconds": t_end - t0, "rps": n / wall, "result_messages": messages, "packed": pack,
+            "ideal_rps": n_agents / (service_ms / 1000.0),
             "overhead": over, "gap": gap, "deliver": deliver, "service": service, "check": check,
             "cpu_ms": cpu, "tracker_cores": (c1[0] - c0[0]) / wall, "profile": parts,
             "profile_note": prof.why_none if prof else "--no-profile"}
@@ -847,6 +851,8 @@ def report_light(lp: dict) -> dict:
           f"{lp['service_ms']:g} ms per request, so at most {lp['ideal_rps']:.0f} req/s if the farm added nothing):")
     print(f"  {lp['requests']} requests in one Measure batch, last answer after {lp['wall']:.3f} s: "
           f"{lp['rps']:.0f} req/s ({lp['rps'] / lp['ideal_rps']:.1%} of the service-time bound)")
+    print(f"  results came in {lp['result_messages']} Measure stream messages "
+          f"({'packed: MeasureBatch.pack_results' if lp['packed'] else 'one result each: --light-single-results'})")
     rows = [("overhead per request (the figure)", lp["overhead"]),
             ("  dispatch leg: agent free -> its next Work", lp["gap"]),
             ("  answer leg: report sent -> tuner has the answer", lp["deliver"]),
@@ -879,6 +885,7 @@ def report_light(lp: dict) -> dict:
         print(f"  no profile of the tracker: {lp['profile_note']}")
     return {
         f"agents_{n}_requests_per_second": round(lp["rps"], 1),
+        f"agents_{n}_result_messages": lp["result_messages"],
         f"agents_{n}_overhead_ms_p50": _pct_ms(lp["overhead"], .5),
         f"agents_{n}_overhead_ms_p90": _pct_ms(lp["overhead"], .9),
         f"agents_{n}_dispatch_ms_p50": _pct_ms(lp["gap"], .5),
@@ -922,6 +929,9 @@ def main(argv=None) -> int:
                         "2133 req/s, so 2000 needs the farm to add under 2 ms per request)")
     p.add_argument("--light-per-agent", type=int, default=100,
                    help="requests per light agent in the timed batch (default 100)")
+    p.add_argument("--light-single-results", action="store_true",
+                   help="the tuner of the light phase reads one result per message (does not set "
+                        "MeasureBatch.pack_results), as a tuner from before packed results")
     p.add_argument("--no-profile", action="store_true", help="do not sample the tracker with py-spy")
     p.add_argument("--fake-agent", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--key-for-fake", default="bench-noop", help=argparse.SUPPRESS)
@@ -966,7 +976,8 @@ def main(argv=None) -> int:
                 parts = breakdown(farm, client, kbytes, samples=40)
             if args.light_agents:
                 light = light_phase(farm, client, args.light_agents, min(args.light_procs, args.light_agents),
-                                    args.light_service_ms, args.light_per_agent, not args.no_profile)
+                                    args.light_service_ms, args.light_per_agent, not args.no_profile,
+                                    pack=not args.light_single_results)
         except Exception:
             for name in ["tracker.log"] + sorted(f.name for f in Path(tmp).glob("*agent*.log")) + \
                     sorted(f.name for f in Path(tmp).glob("bench-*.log")) + \

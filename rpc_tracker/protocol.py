@@ -104,3 +104,19 @@ __all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "AUTH_META
            "AGENT_LLVMLITE_MIN", "AGENT_LLVMLITE_BELOW", "llvmlite_problem",
            "MAX_MESSAGE_BYTES", "auth_metadata", "channel_options", "client_keepalive_options",
            "server_keepalive_options"]
+
+
+# Results per Measure stream message at most, for a tuner that asked for packed results
+# (MeasureBatch.pack_results): far under MAX_MESSAGE_BYTES even with long error messages.
+MAX_PACKED_RESULTS = 512
+
+
+def unpack_results(message: pb.MeasureResult) -> list:
+    """Every result one Measure stream message carries: itself and those packed in its `more`.
+
+    A tracker answers a tuner that set MeasureBatch.pack_results with as many results per message
+    as it had ready (one message instead of one per result is where a busy tracker's time went);
+    a tracker from before the field sends one result per message, whose `more` is empty. The
+    first result is returned as the message itself: callers read its result fields only.
+    """
+    return [message, *message.more] if message.more else [message]

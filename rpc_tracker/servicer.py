@@ -34,7 +34,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import state as st
-from .protocol import AUTH_METADATA_KEY, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, llvmlite_problem, pb, pb_grpc
+from .protocol import AUTH_METADATA_KEY, MAX_PACKED_RESULTS, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, llvmlite_problem, pb, pb_grpc
 from .targets import DeviceSpec
 
 log = logging.getLogger("rpc_tracker")
@@ -82,6 +82,13 @@ _CODE_NUMBER = {c: c.value[0] for c in grpc.StatusCode}  # (StatusCode.value is 
 
 def _finite_nonneg(x: float) -> bool:
     return math.isfinite(x) and x >= 0
+
+
+def _result_message(res: st.Result) -> pb.MeasureResult:
+    extra = {"timing": res.timing} if res.timing is not None else {}
+    return pb.MeasureResult(request_id=res.request_id, costs=res.costs, error_code=res.error_code,
+                            error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
+                            attempts=res.attempts, emulated=res.emulated, **extra)
 
 
 class TrackerServicer(pb_grpc.TrackerServicer):
@@ -281,6 +288,7 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             if r.options.timeout_seconds <= 0:  # the agent and the lease must agree on the run timeout
                 r.options.timeout_seconds = self.state.default_timeout
             subs.append(st.Submission(r.request_id, r.target, r.options.timeout_seconds, r))
+        pack = request.pack_results
         ready = asyncio.Event()
         try:
             waiter = self.state.submit(request.device_key, request.priority, subs, wake=self._waker(ready))
@@ -293,12 +301,15 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                     results = self.state.wait_results(waiter, 0)
                 except st.TrackerClosed as e:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-                for res in results:
-                    extra = {"timing": res.timing} if res.timing is not None else {}
-                    await context.write(pb.MeasureResult(
-                        request_id=res.request_id, costs=res.costs, error_code=res.error_code,
-                        error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
-                        attempts=res.attempts, emulated=res.emulated, **extra))
+                if pack:  # every result in hand in one message (at most MAX_PACKED_RESULTS each)
+                    for i in range(0, len(results), MAX_PACKED_RESULTS):
+                        chunk = [_result_message(res) for res in results[i:i + MAX_PACKED_RESULTS]]
+                        head = chunk[0]
+                        head.more.extend(chunk[1:])
+                        await context.write(head)
+                else:
+                    for res in results:
+                        await context.write(_result_message(res))
                 if self.state.finished(waiter):
                     return
                 if not results:

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from processes import kill_group, wait_for
 from compiler.target import Target
 from rpc_tracker import servicer as servicer_module
 from rpc_tracker.client import farm_summary, make_channel
-from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
+from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc, unpack_results
 from rpc_tracker.server import TrackerConfig, start_tracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,3 +197,44 @@ def test_agent_reports_on_the_report_stream(monkeypatch, tmp_path):
     finally:
         kill_group(agent)
         srv.stop(grace=0)
+
+
+def test_measure_packs_ready_results_for_a_tuner_that_asks_and_not_for_one_that_does_not(tracker):
+    """MeasureBatch.pack_results: every result the tracker has in hand goes in one message (the
+    first result, the rest in `more`); a tuner that does not ask (one from before the field) gets
+    one result per message. Both are answered once per request id, with the agent's figures."""
+    with make_channel(tracker.address) as ch:
+        stub = pb_grpc.TrackerStub(ch)
+        amd, tmd = auth_metadata(AGENT_TOKEN), auth_metadata(TUNER_TOKEN)
+        connect = stub.Connect(pb.Hello(protocol_version=PROTOCOL_VERSION, device_key="k", device=device(), slots=16,
+                                        name="packer"), metadata=amd, timeout=30)
+        agent_id = next(connect).welcome.agent_id
+        packed, single = requests(8, "p"), requests(8, "s")
+        calls = [stub.Measure(pb.MeasureBatch(device_key="k", requests=packed, pack_results=True), metadata=tmd,
+                              timeout=30),
+                 stub.Measure(pb.MeasureBatch(device_key="k", requests=single), metadata=tmd, timeout=30)]
+        held = {next(connect).work.request.request_id for _ in range(16)}
+        assert held == {r.request_id for r in packed + single}
+        for call in calls:   # the tuners go away; the results will wait in the tracker's cache
+            call.cancel()
+        time.sleep(0.1)
+        costs = {rid: [1e-3 * (i + 1)] for i, rid in enumerate(sorted(held))}
+        acks = list(stub.Report(iter([pb.ResultReport(agent_id=agent_id, result=result(rid, costs[rid]))
+                                      for rid in sorted(held)]), metadata=amd, timeout=30))
+        assert [(a.status, a.duplicate) for a in acks] == [(0, False)] * 16
+
+        # the tuner that asks: all 8 cached results in one message
+        messages = list(stub.Measure(pb.MeasureBatch(device_key="k", requests=packed, pack_results=True),
+                                     metadata=tmd, timeout=30))
+        assert len(messages) == 1 and len(messages[0].more) == 7
+        got = [r for m in messages for r in unpack_results(m)]
+        assert sorted(r.request_id for r in got) == sorted(r.request_id for r in packed)
+        assert all(list(r.costs) == costs[r.request_id] for r in got)
+        assert not any(r.more for r in messages[0].more)   # packed one level deep
+
+        # the tuner that does not ask: one result per message, as before the field
+        messages = list(stub.Measure(pb.MeasureBatch(device_key="k", requests=single), metadata=tmd, timeout=30))
+        assert len(messages) == 8 and not any(m.more for m in messages)
+        assert sorted(m.request_id for m in messages) == sorted(r.request_id for r in single)
+        assert all(list(m.costs) == costs[m.request_id] for m in messages)
+        connect.cancel()

@@ -33,7 +33,7 @@ import grpc
 
 from device_agent.agent import RECONNECT_OPTIONS
 from rpc_tracker.client import make_channel, tls_problem
-from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
+from rpc_tracker.protocol import auth_metadata, pb, pb_grpc, unpack_results
 
 from ..candidate import ErrorCode, MeasureResult
 from ..workload import Task
@@ -214,14 +214,16 @@ class RPCRunner(Runner):
             if left <= 0:
                 break
             batch = pb.MeasureBatch(device_key=self.device_key, priority=self.priority,
-                                    requests=[requests[rid] for rid in requests if rid in pending])
+                                    requests=[requests[rid] for rid in requests if rid in pending],
+                                    pack_results=True)
             progressed = False
             try:
-                for res in self._stub.Measure(batch, metadata=self._metadata, timeout=left):
-                    if res.request_id in pending:  # a duplicate or unknown id is ignored
-                        pending.discard(res.request_id)
-                        progressed = True
-                        yield res.request_id, res
+                for message in self._stub.Measure(batch, metadata=self._metadata, timeout=left):
+                    for res in unpack_results(message):
+                        if res.request_id in pending:  # a duplicate or unknown id is ignored
+                            pending.discard(res.request_id)
+                            progressed = True
+                            yield res.request_id, res
                 if not pending:
                     break
                 reason = f"the result stream ended with {len(pending)} request(s) unanswered"
