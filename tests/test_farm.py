@@ -434,7 +434,9 @@ def test_sigterm_drains_an_agent(builds, procs):
         agent = procs.agent(server.address, "drainer", extra=("--verbose",))
         wait_registered(server.address, ["drainer"])
         task, (good, _) = builds
-        with runner_for(server.address, number=1, repeat=3, min_repeat_ms=400) as runner:
+        # samples of 20 000 calls: the timing stops at 32 samples whatever min_repeat_ms says, so
+        # only long samples keep the request running (>= 0.4 s) until the signal arrives
+        with runner_for(server.address, number=20000, repeat=3, min_repeat_ms=400) as runner:
             run = Background(runner, task, [good])
             received(procs, agent)
             agent.send_signal(signal.SIGTERM)
