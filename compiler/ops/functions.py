@@ -118,23 +118,10 @@ def conv2d_nchw(data, weight, stride=1, padding=0, dilation=1, groups=1, name="c
     """out[n,f,y,x] = Σ data[n, c, y·sh + ry·dh - pt, x·sw + rx·dw - pl] · weight[f, c', ry, rx];
     data [N, C, H, W], weight [F, C/groups, KH, KW]; int8 accumulates into int32."""
     op = "conv2d_nchw"
-    _tensor(op, "data", data, 4)
     _tensor(op, "weight", weight, 4)
-    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
-    (N, C, H, W), (F, cpg, KH, KW) = data.shape, weight.shape
-    groups = check_groups(op, C, F, groups)
-    _channel_check(op, "weight.shape[1] (input channels per group)", cpg, C // groups, f" (C={C} / groups={groups})")
-    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
-    padded = pad_tensor(data, (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])) if any(pads) else data
-    rc, ry, rx = reduce_axis(cpg, "rc"), reduce_axis(KH, "ry"), reduce_axis(KW, "rx")
-
-    def body(n, f, y, x):
-        v = padded[n, _group_channel(f, rc, C, F, groups), window_index(y, stride[0], ry, dil[0]),
-                   window_index(x, stride[1], rx, dil[1])]
-        return te_sum(_mul(v, weight[f, rc, ry, rx], out_dtype), axis=[rc, ry, rx])
-
-    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, groups=groups)
-    return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
+    F, cpg, KH, KW = weight.shape
+    return _conv_nchw(op, data, weight, F, cpg, KH, KW, lambda f, rc, ry, rx: weight[f, rc, ry, rx],
+                      stride, padding, dilation, groups, name, {})
 
 
 def conv2d_nchw_packed(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nchw") -> Tensor:
@@ -142,11 +129,21 @@ def conv2d_nchw_packed(data, weight, stride=1, padding=0, dilation=1, groups=1, 
     KW, FB] (weight[f // FB, c, ry, rx, f % FB]): the layout the channel-vector schedule packs
     the OIHW weights into on every call, done once instead for a model's constant weights."""
     op = "conv2d_nchw_packed"
-    _tensor(op, "data", data, 4)
     _tensor(op, "weight", weight, 5)
+    FO, cpg, KH, KW, FB = weight.shape
+
+    def read(f, rc, ry, rx):
+        return weight[(f // FB, rc, ry, rx, f % FB) if FO > 1 else (0, rc, ry, rx, f)]
+    return _conv_nchw(op, data, weight, FO * FB, cpg, KH, KW, read, stride, padding, dilation, groups, name,
+                      {"weight_block": FB})
+
+
+def _conv_nchw(op, data, weight, F, cpg, KH, KW, weight_at, stride, padding, dilation, groups, name,
+               extra_attrs) -> Tensor:
+    """The NCHW convolution of both weight layouts: `weight_at(f, rc, ry, rx)` reads one weight."""
+    _tensor(op, "data", data, 4)
     out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
-    (N, C, H, W), (FO, cpg, KH, KW, FB) = data.shape, weight.shape
-    F = FO * FB
+    N, C, H, W = data.shape
     groups = check_groups(op, C, F, groups)
     _channel_check(op, "weight.shape[1] (input channels per group)", cpg, C // groups, f" (C={C} / groups={groups})")
     stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
@@ -156,10 +153,9 @@ def conv2d_nchw_packed(data, weight, stride=1, padding=0, dilation=1, groups=1, 
     def body(n, f, y, x):
         v = padded[n, _group_channel(f, rc, C, F, groups), window_index(y, stride[0], ry, dil[0]),
                    window_index(x, stride[1], rx, dil[1])]
-        w = weight[(f // FB, rc, ry, rx, f % FB) if FO > 1 else (0, rc, ry, rx, f)]
-        return te_sum(_mul(v, w, out_dtype), axis=[rc, ry, rx])
+        return te_sum(_mul(v, weight_at(f, rc, ry, rx), out_dtype), axis=[rc, ry, rx])
 
-    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, groups=groups, weight_block=FB)
+    attrs = dict(layout="NCHW", stride=stride, padding=pads, dilation=dil, groups=groups, **extra_attrs)
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
