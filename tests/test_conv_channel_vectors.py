@@ -18,6 +18,7 @@ from compiler.ops.schedule_common import lanes
 from compiler.ops.schedule_conv import (
     channel_tile,
     channel_vectors_pay,
+    input_channel_block,
     schedule_conv_nchw_channels,
     taps_unrolled,
 )
@@ -36,6 +37,12 @@ CASES = [
     dict(N=1, C=VL, H=12, W=13, F=2 * VL, KH=5, KW=5, stride=2, padding=(2, 1, 2, 0)),
     dict(N=1, C=VL, H=9, W=9, F=VL, KH=3, KW=3, padding=1, dtype="int8"),
     dict(N=1, C=VL, H=6, W=20, F=VL, KH=7, KW=7, stride=2, padding=3),
+    # weights outweigh the input (res4/res5-like): the input is copied into channel blocks
+    dict(N=1, C=40, H=7, W=7, F=8 * VL, KH=1, KW=1),
+    dict(N=1, C=16, H=9, W=9, F=12 * VL, KH=1, KW=1, stride=2),
+    dict(N=2, C=24, H=6, W=5, F=2 * VL, KH=3, KW=3, stride=2, padding=1),
+    dict(N=1, C=24, H=5, W=6, F=4 * VL, KH=3, KW=3, padding=(1, 0, 2, 1)),
+    dict(N=1, C=16, H=4, W=4, F=2 * VL, KH=3, KW=3, padding=1, dtype="int8"),
 ]
 
 
@@ -68,6 +75,14 @@ def test_both_reduction_orders_are_among_the_cases():
     """The cases exercise the taps-unrolled order and the channel-innermost one."""
     seen = {taps_unrolled(op, *_tile(op), HOST.capabilities) for op in (get_op("conv2d_nchw", **p) for p in CASES)}
     assert seen == {True, False}
+
+
+def test_input_channel_blocks_are_among_the_cases():
+    """Some cases copy the input into channel blocks (weights dominating), 1x1 and 3x3, others not."""
+    ops = [get_op("conv2d_nchw", **p) for p in CASES]
+    blocked = [op for op in ops if input_channel_block(op, HOST, taps_unrolled(op, *_tile(op), HOST.capabilities))]
+    assert {op.params["KH"] for op in blocked} == {1, 3}
+    assert len(blocked) < len(ops)
 
 
 def test_channel_vectors_are_chosen_for_deep_layers_not_for_the_rgb_stem():

@@ -200,11 +200,15 @@ def test_conv_template_expresses_channel_vectors():
     tiles that overhang the output, all computing the convolution."""
     rng = np.random.default_rng(23)
     for params in (dict(N=1, C=16, H=9, W=11, F=32, KH=3, KW=3, padding=1),
-                   dict(N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1, stride=2, groups=2)):
+                   dict(N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1, stride=2, groups=2),
+                   dict(N=1, C=24, H=5, W=5, F=64, KH=3, KW=3, padding=1),   # weights dominate
+                   dict(N=1, C=32, H=7, W=7, F=64, KH=1, KW=1)):
         opdef = get_op("conv2d_nchw", **params)
         space = TemplateSpace(opdef)
         knobs = space.config_space.knobs
         assert set(knobs["vector_axis"].entities) == {"f", "x"} and "pack_w" in knobs
+        if params.get("groups", 1) == 1:
+            assert set(knobs["block_input"].entities) == {0, 8}
         s, _ = instantiate(opdef, space.get(0))
         assert s.steps == default_schedule(opdef).steps
         for axis in ("f", "x"):

@@ -37,6 +37,8 @@ RED_UNROLL = 4  # a long innermost reduction loop is unrolled by this
 FMA_LATENCY = 4  # cycles
 LOADS_PER_CYCLE = 2  # load ports of the x86 and Neoverse cores the cpu table lists
 MAX_UNROLLED_TAPS = 8  # a reduction loop this short is unrolled whole
+INPUT_BLOCK = 8  # channels per block of a channel-vector conv's NCHWc input copy (input_channel_block)
+MAX_UNROLLED_PACK = 72  # statements of a weight-panel copy's unrolled inner loops (8 channels x 3x3)
 
 
 def vector_tiles(extent: int, vl: int) -> list:
@@ -206,22 +208,86 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     vl = lanes(target, out.dtype)
     groups = opdef.params.get("groups", 1)
     fpg = out.shape[1] // groups
-    materialize_pad(s, target)
     prepacked = opdef.inputs[1].ndim == 5   # conv2d_nchw_packed: the weights come in FB blocks
     FB, XB, YB = channel_tile(opdef, target, opdef.inputs[1].shape[-1] if prepacked else None)
     order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
-    red_order = None if taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) else [1, 2, 0]
+    shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities)
+    RB = input_channel_block(opdef, target, shared)
+    red_order = None if shared and not RB else [1, 2, 0]
+    if not RB:
+        materialize_pad(s, target)
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
-                         fuse_epilogue=fuse_epilogue)
-    if prepacked:
-        return s
-    packed = s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})
-    pst = s[packed]
-    *rows, lane = pst.op.axis
-    pst.vectorize(lane)
-    parallel_loop(pst, rows, None, target, int(_prod(packed.shape)))
+                         fuse_epilogue=fuse_epilogue, red_block=RB)
+    if RB:
+        block_input_channels(s, acc, opdef.inputs[0], RB, lambda work: want_parallel(target, work))
+    if not prepacked:
+        pack_weight_panels(s, acc, opdef.inputs[1], FB, lambda work: want_parallel(target, work))
     return s
+
+
+def input_channel_block(opdef, target, taps_shared: bool) -> int:
+    """Channels per block of the NCHWc copy of a channel-vector conv's input (0: no copy).
+
+    Where the weights dominate (res4, res5: 7x7 and 14x14 maps, 256-2048 channels) a tile's
+    broadcasts walk the input one channel plane apart (196 bytes on a 7x7 map), each touching a
+    new cache line for a few floats, and the whole input is re-read from beyond L2 for every
+    channel block. Copied once into [C/RB][N][H][W][RB] blocks of a register's lanes, the
+    reduction's inner RB channels (INPUT_BLOCK, 32 bytes of float32 on every target, unrolled)
+    read consecutive floats: with prepacked weights, res5's 1x1
+    2048>512 ran 123 GFLOPS against 65 (oneDNN 106; znver3, 2 threads), res4's 3x3 132 against
+    84. Not where the input is the bigger operand (res2, res3: the copy costs what it saves),
+    nor for grouped convolutions, nor where the taps share their broadcasts in registers
+    (taps_unrolled with a window wider than 1x1), which orders the reduction its own way."""
+    KH, KW = opdef.params["KH"], opdef.params["KW"]
+    C = opdef.inputs[0].shape[1]
+    if opdef.params.get("groups", 1) != 1 or C % INPUT_BLOCK or C == INPUT_BLOCK or not weights_dominate(opdef):
+        return 0
+    if taps_shared and KH * KW > 1:
+        return 0
+    return INPUT_BLOCK
+
+
+def block_input_channels(s, acc, data, block: int, want_parallel_for):
+    """The conv's (padded) input copied into [C/block][N][H][W][block] for `acc`, the padding
+    inlined into the copy. The copy walks each block's rows with the channels unrolled inside
+    the columns: 'block' reads one plane apart that the next column reuses, one contiguous
+    store. `want_parallel_for(work)` decides its parallel loop. Shared with the conv template."""
+    pad = next((st for st in s.stages if st.op.name == "pad"), None)
+    src = pad.tensor if pad is not None else data
+    st = s[s.cache_read(src, "global", [acc], block={1: block})]
+    if pad is not None:
+        pad.compute_inline()
+    cb, n, h, w, ci = st.op.axis
+    st.unroll(ci)
+    loop = st.fuse(cb, n, h)
+    if loop.extent > 1 and want_parallel_for(int(_prod(st.op.shape))):
+        st.parallel(loop)
+    return st
+
+
+PACK_CHANNEL_STEP = 8  # input channels a weight-panel copy reads per output channel
+
+
+def pack_weight_panels(s, acc, weight, block: int, want_parallel_for):
+    """OIHW weights copied into [F/block][C][KH][KW][block] panels for `acc`.
+
+    Vectorized along the panel's lanes, every load would be a gather of `block` output channels
+    a whole filter apart: 0.8 ms of a res5 1x1 conv's 1.7 (znver3). Instead each output channel
+    reads PACK_CHANNEL_STEP input channels' taps, consecutive floats, into stores `block` floats
+    apart: that conv ran 88 GFLOPS against 53 (oneDNN 89). Shared with the conv template."""
+    st = s[s.cache_read(weight, "global", [acc], block={0: block})]
+    fo, c, kh, kw, fi = st.op.axis
+    step = PACK_CHANNEL_STEP if c.extent % PACK_CHANNEL_STEP == 0 and c.extent > PACK_CHANNEL_STEP else c.extent
+    co, ci = st.split(c, factor=step) if step < c.extent else (None, c)
+    st.reorder(*[a for a in (fo, co) if a is not None], fi, ci, kh, kw)
+    if step * kh.extent * kw.extent <= MAX_UNROLLED_PACK:
+        for a in (ci, kh, kw):
+            st.unroll(a)
+    loop = st.fuse(fo, co) if co is not None else fo
+    if loop.extent > 1 and want_parallel_for(int(_prod(st.op.shape))):
+        st.parallel(loop)
+    return st
 
 
 def channel_tile(opdef, target, fb: int | None = None) -> tuple:
@@ -333,7 +399,7 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
 
 def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                    vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
-                   fuse_epilogue: bool = True):
+                   fuse_epilogue: bool = True, red_block: int = 0):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).
@@ -342,7 +408,9 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     divides), so `f // group` simplifies to the outer loop instead of a per-lane gather index.
     `store_dim`: the axis the tile is stored along, vectorized (default: the vector axis); the
     unit-stride axis of the output when the vector axis is not. `red_order`: the reduction
-    loops' order as positions in the definition's (default: as defined). `epilogue`: an
+    loops' order as positions in the definition's (default: as defined). `red_block`: split
+    the first reduction loop (the channels) by this and put its inner part innermost, unrolled
+    (the input is copied in blocks of as many channels: input_channel_block). `epilogue`: an
     elementwise stage of `out`'s shape that is the schedule's output; the tile is stored
     through it (`out`, now a copy of the tile, is inlined into it); without `fuse_epilogue` the
     tile is stored into `out` and the epilogue is an elementwise pass of its own (for tiles whose
@@ -372,6 +440,10 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     rax = list(cst.op.reduce_axis)
     if red_order is not None:
         rax = [rax[i] for i in red_order]
+    if red_block:   # the first reduction loop (channels) split, its inner part innermost
+        rc = cst.op.reduce_axis[0]
+        rco, rci = cst.split(rc, factor=red_block)
+        rax = [rco if a is rc else a for a in rax] + [rci]
     rest = [cax[d] for d in range(len(cax)) if d not in tile_dims]
     cst.reorder(*rest, *rax, *[cax[d] for d in tile_dims])
     for d, _ in unrolled:
@@ -386,7 +458,8 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "channel_vectors_pay", "channel_tile", "taps_unrolled",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "input_channel_block", "block_input_channels",
+           "pack_weight_panels", "channel_vectors_pay", "channel_tile", "taps_unrolled",
            "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

@@ -10,6 +10,11 @@ NCHW / depthwise (vector over output columns x):
 - tile_rc (input channel loops longer than 8): the channel loop split, its inner part unrolled;
 - order_red: the order of the reduction loops; unroll_red: unroll each short reduction loop;
 - tile_order: channel blocks outermost ("fyx") or spatial tiles outermost ("yxf");
+- vector_axis ("f" / "x", where a group's channels fill registers): channel vectors
+  (schedule_conv_nchw_channels) or column vectors; pack_w: OIHW weights copied into
+  [F/FB][C][KH][KW][FB] panels; block_input (0 or INPUT_BLOCK, channel vectors without groups):
+  the (padded) input copied into [C/8][N][H][W][8] blocks, the channel loop split by 8 with its
+  inner part innermost and unrolled (the default where the weights dominate);
 - pad: the padding stage materialized at the root ("root"), inlined into the convolution
   ("inline"), or, for a column stride > 1, the input copied into column phases so the
   micro-kernel's loads stay unit-stride ("deinterleave");
@@ -34,7 +39,8 @@ import math
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.ops.schedule_common import lanes as vector_lanes
-from compiler.ops.schedule_conv import deinterleave_columns, split_output_tile
+from compiler.ops.schedule_conv import (INPUT_BLOCK, block_input_channels, deinterleave_columns, pack_weight_panels,
+                                        split_output_tile)
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -133,24 +139,35 @@ def _reduction_knobs(cfg, natural, default_perm=None):
     cfg.define_annotate("unroll_red", len(natural), policy="candidate", candidate=_first(dflt_ann, anns))
 
 
-def _tile_reduction(cfg, cst, rest, tile_axes):
+def _tile_reduction(cfg, cst, rest, tile_axes, red_block: int = 0):
     """Order the accumulator's loops [rest] [reduction loops in the chosen order] [tile axes];
-    returns the reduction axes in definition order."""
+    returns the reduction axes in definition order. `red_block`: the channel loop (the first)
+    is split by this first, its outer part ordered in its place and its inner part innermost
+    (an input copied in channel blocks: block_input); the returned channel axis is then the
+    inner part."""
     rax = list(cst.op.reduce_axis)
+    inner = []
+    if red_block:
+        rco, rci = cst.split(rax[0], factor=red_block)
+        rax, inner = [rco] + rax[1:], [rci]
     ordered = [rax[p] for p in cfg["order_red"].perm]
-    cst.reorder(*rest, *ordered, *tile_axes)
-    return rax
+    cst.reorder(*rest, *ordered, *inner, *tile_axes)
+    return rax[:0] + inner + rax[1:] if red_block else rax
 
 
-def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROLLED_BODY):
+def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROLLED_BODY, blocked: bool = False):
     """Unroll the chosen reduction loops (extent-1 loops first, then innermost first) while the
     unrolled micro-kernel stays under `max_body` statements (`tile_body` per reduction
     step): a config asking for more gets the loops that fit, so every config compiles in
-    reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time)."""
+    reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time).
+    `blocked`: rax[0] is the inner part of a channel loop split by block_input, always unrolled
+    (INPUT_BLOCK steps of a tile of at most MAX_UNROLLED_TILE statements), as the default does."""
     anns = cfg["unroll_red"].anns
     names = [ax.name for ax in rax]
     split_rc = 0
-    if "rc" in names and "tile_rc" in cfg.knobs:
+    if blocked:   # the inner part of a channel loop split by block_input: unrolled, after the short loops
+        anns = ["none"] + list(anns[1:])
+    elif "rc" in names and "tile_rc" in cfg.knobs:
         ku = cfg["tile_rc"].size[-1]
         if 1 < ku < rax[names.index("rc")].extent:
             split_rc = ku
@@ -168,6 +185,8 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     for ax, _ in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
         if ax in chosen:
             cst.unroll(ax)
+    if blocked:
+        cst.unroll(rax[0])
     if split_rc:
         _, rci = cst.split(rax[names.index("rc")], factor=split_rc)
         if unroll_rc:
@@ -175,12 +194,12 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
 
 
 def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
-                   store_dim=None, max_body=MAX_UNROLLED_BODY):
+                   store_dim=None, max_body=MAX_UNROLLED_BODY, red_block: int = 0):
     """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
     computed at the fused tile loop into a local buffer laid out with the vector axis last:
     [reduction loops] [tile axes]. `vl`: the target's lanes, what one vector statement of the
     tile covers. `store_dim`: the axis the tile is stored along (default: the vector axis), as
-    in compiler.ops.schedule_conv._register_tile."""
+    in compiler.ops.schedule_conv._register_tile. `red_block`: see _tile_reduction."""
     ndim = len(out.shape)
     layout = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     acc = s.cache_write(out, "local", order=layout) if layout != list(range(ndim)) else s.cache_write(out, "local")
@@ -206,11 +225,11 @@ def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, 
     st.vectorize(inner[store])
     cax = [cst.op.axis[layout.index(d)] for d in range(ndim)]   # by the output's dimension
     rest = [cax[d] for d in range(ndim) if d not in tile_dims]
-    rax = _tile_reduction(cfg, cst, rest, [cax[d] for d in tile_dims])
+    rax = _tile_reduction(cfg, cst, rest, [cax[d] for d in tile_dims], red_block)
     for d in unroll_dims:
         cst.unroll(cax[d])
     cst.vectorize(cax[vec_dim])
-    _annotate_reduction(cfg, cst, rax, body, max_body)
+    _annotate_reduction(cfg, cst, rax, body, max_body, blocked=bool(red_block))
     loop = outer_loops[0] if len(outer_loops) == 1 else st.fuse(*outer_loops)
     cst.compute_at(st, loop)
     if parallel and loop.extent > 1:
@@ -241,11 +260,13 @@ def _conv_nchw(cfg, opdef, target):
     sc = _defaults()
     channels_first = bool(channels_possible and sc is not None and sc.channel_vectors_pay(opdef, target))
     natural = ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)]
-    XB, FB, YB, f_first, red_perm = base, 1, 1, True, None
+    XB, FB, YB, f_first, red_perm, RB = base, 1, 1, True, None, 0
     if channels_first:
         FB, XB, YB = sc.channel_tile(opdef, target)
         f_first = sc.weights_dominate(opdef)
-        if not sc.taps_unrolled(opdef, FB // lanes, XB, YB, target.capabilities):
+        shared = sc.taps_unrolled(opdef, FB // lanes, XB, YB, target.capabilities)
+        RB = sc.input_channel_block(opdef, target, shared)
+        if not shared or RB:
             red_perm = [1, 2, 0]
     elif sc is not None:
         taps = KW if KW <= MAX_UNROLLED_TAPS else 1
@@ -282,20 +303,28 @@ def _conv_nchw(cfg, opdef, target):
     cfg.define_knob("pad", modes)
     if channels_possible:  # OIHW weights as [F/FB][C][KH][KW][FB] panels
         cfg.define_knob("pack_w", [channels_first, not channels_first])
+    if channels_possible and groups == 1 and cpg % INPUT_BLOCK == 0 and cpg > INPUT_BLOCK:
+        # the (padded) input copied into channel blocks, the padding inside the copy (the pad
+        # knob is then moot): schedule_conv.input_channel_block
+        cfg.define_knob("block_input", [RB, INPUT_BLOCK - RB])
     _parallel_knob(cfg, target, opdef.flops)
 
     XB, FB, YB = cfg["tile_x"].size[-1], cfg["tile_f"].size[-1], cfg["tile_y"].size[-1]
     par = cfg["parallel"].val
     mode = cfg["pad"].val
+    want_par = lambda work: par and work >= PARALLEL_MIN_WORK   # noqa: E731
     if channels_possible and cfg["vector_axis"].val == "f":
-        # schedule_conv_nchw_channels: pad first, then the tile, then the packed weights
-        if mode == "root":
+        # schedule_conv_nchw_channels: pad first, then the tile, the input copy, the packed weights
+        rb = cfg["block_input"].val if "block_input" in cfg.knobs else 0
+        if mode == "root" and not rb:
             _root_rows(pad, par)
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [2, 3, 1]
         acc = _register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
                              vec_group=fpg if groups > 1 else 0, store_dim=3,
-                             max_body=MAX_UNROLLED_BODY_CHANNELS)
-        if mode == "inline":
+                             max_body=MAX_UNROLLED_BODY_CHANNELS, red_block=rb)
+        if rb:
+            block_input_channels(s, acc, opdef.inputs[0], rb, want_par)
+        elif mode == "inline":
             pad.compute_inline()
         elif mode == "deinterleave":
             _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
@@ -309,12 +338,7 @@ def _conv_nchw(cfg, opdef, target):
         elif mode == "inline":
             pad.compute_inline()
     if channels_possible and cfg["pack_w"].val:
-        packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={0: FB})]
-        *rows, lane = packed.op.axis
-        packed.vectorize(lane)
-        loop = packed.fuse(*rows) if len(rows) > 1 else rows[0]
-        if par and loop.extent > 1 and math.prod(packed.op.shape) >= PARALLEL_MIN_WORK:
-            packed.parallel(loop)
+        pack_weight_panels(s, acc, opdef.inputs[1], FB, want_par)
     return s, opdef.tensors
 
 
