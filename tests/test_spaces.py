@@ -8,6 +8,7 @@ outside its space, a trace of another workload) raises SpaceError.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import zlib
@@ -252,6 +253,16 @@ def test_sketch_switch_carries_parameters_over():
     check_builds_and_computes(opdef, child, rng)
 
 
+def _default_blocks_input(opdef) -> bool:
+    """Whether the host's default schedule copies this conv's input in channel blocks."""
+    from compiler.ops.schedule_common import lanes
+    from compiler.ops.schedule_conv import channel_tile, input_channel_block, taps_unrolled
+    host = C.Target.host()
+    FB, XB, YB = channel_tile(opdef, host)
+    shared = taps_unrolled(opdef, FB // lanes(host, "float32"), XB, YB, host.capabilities)
+    return input_channel_block(opdef, host, shared) > 0
+
+
 def test_sketch_space_starts_from_the_default_schedule():
     """The GEMM and channel-vector conv defaults are annotations of sketches (starting_points),
     which compute the operator; a guided search measures them first. Where the default's loop
@@ -262,17 +273,46 @@ def test_sketch_space_starts_from_the_default_schedule():
              (get_op("conv2d_nchw", N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1),
               "pad:root|conv2d_nchw:tile_cache_write@1"),
              (get_op("conv2d_nchw", N=1, C=32, H=8, W=8, F=32, KH=1, KW=1, stride=2),
-              "conv2d_nchw:tile_cache_write@1")]
+              "conv2d_nchw:tile_cache_write@1"),
+             # weights dominating: the input copied in channel blocks (block_input)
+             (get_op("conv2d_nchw", N=1, C=24, H=5, W=5, F=64, KH=3, KW=3, padding=1),
+              "pad:root|conv2d_nchw:tile_cache_write@1"),
+             (get_op("conv2d_nchw", N=1, C=32, H=7, W=7, F=64, KH=1, KW=1), "conv2d_nchw:tile_cache_write@1")]
     for opdef, sketch_id in cases:
         space = SketchSpace(opdef)
         (start,) = space.starting_points()
         assert start.payload["sketch"] == sketch_id
+        blocked = opdef.name == "conv2d_nchw" and _default_blocks_input(opdef)
+        assert start.payload["params"]["conv2d_nchw" if opdef.name == "conv2d_nchw" else "matmul"].get(
+            "block_input", False) == blocked
         check_builds_and_computes(opdef, start, rng)
         search = EvolutionarySearch(space, opdef=opdef, rng=0, seeds=space.starting_points())
         assert search.next_batch(4)[0] == start
     grouped = get_op("conv2d_nchw", N=1, C=32, H=8, W=8, F=32, KH=3, KW=3, padding=1, groups=2)
     assert SketchSpace(grouped).starting_points() == []
     assert TemplateSpace(OPS["matmul"]()).starting_points() == [TemplateSpace(OPS["matmul"]()).get(0)]
+
+
+def test_sketch_block_input_computes_the_convolution():
+    """block_input (the padded input copied in channel blocks of the reduction's inner tile, the
+    padding inlined into the copy or read through it) computes the convolution for sampled
+    tiles, dividing the channels or not, on both padding sketches."""
+    rng = np.random.default_rng(11)
+    opdef = get_op("conv2d_nchw", N=1, C=20, H=6, W=5, F=32, KH=3, KW=3, padding=(1, 0, 1, 1), stride=(1, 2))
+    space = SketchSpace(opdef)
+    built = set()
+    for sketch_id in ("pad:root|conv2d_nchw:tile_cache_write@1", "pad:inline|conv2d_nchw:tile_cache_write@1"):
+        for _ in range(3):
+            cand = space.sample(rng, sketch=sketch_id)
+            params = copy.deepcopy(cand.payload["params"])
+            params["conv2d_nchw"]["block_input"] = True
+            params["conv2d_nchw"]["tile"]["r0"] = [int(rng.choice([4, 8, 6]))]
+            cand = space.make_candidate(sketch_id, params)
+            assert any(st["op"] == "cache_read" and st.get("block") and "1" in st["block"]
+                       for st in cand.payload["steps"])
+            check_builds_and_computes(opdef, cand, rng)
+            built.add(sketch_id)
+    assert len(built) == 2
 
 
 def test_sketch_of_matmul_expresses_the_default_recipe():

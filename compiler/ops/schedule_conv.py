@@ -258,9 +258,17 @@ def block_input_channels(s, acc, data, block: int, want_parallel_for):
     st = s[s.cache_read(src, "global", [acc], block={1: block})]
     if pad is not None:
         pad.compute_inline()
-    cb, n, h, w, ci = st.op.axis
-    st.unroll(ci)
-    loop = st.fuse(cb, n, h)
+    return schedule_block_copy(st, want_parallel_for)
+
+
+def schedule_block_copy(st, want_parallel_for):
+    """A copy blocked along one axis ([outer block, *rows, columns, inner block]): the inner
+    block unrolled inside the column loop, the outer block and rows fused (parallel when
+    `want_parallel_for(elements)`). Shared with the sketch space's block_input."""
+    ob, *middle, ib = st.op.axis
+    st.unroll(ib)
+    rows = [ob] + middle[:-1]
+    loop = st.fuse(*rows) if len(rows) > 1 else rows[0]
     if loop.extent > 1 and want_parallel_for(int(_prod(st.op.shape))):
         st.parallel(loop)
     return st
@@ -276,13 +284,21 @@ def pack_weight_panels(s, acc, weight, block: int, want_parallel_for):
     a whole filter apart: 0.8 ms of a res5 1x1 conv's 1.7 (znver3). Instead each output channel
     reads PACK_CHANNEL_STEP input channels' taps, consecutive floats, into stores `block` floats
     apart: that conv ran 88 GFLOPS against 53 (oneDNN 89). Shared with the conv template."""
-    st = s[s.cache_read(weight, "global", [acc], block={0: block})]
-    fo, c, kh, kw, fi = st.op.axis
+    return schedule_panel_copy(s[s.cache_read(weight, "global", [acc], block={0: block})], want_parallel_for)
+
+
+def schedule_panel_copy(st, want_parallel_for):
+    """A copy blocked along the source's outermost axis ([outer block, c, *rest, lanes]): each
+    of the block's rows reads PACK_CHANNEL_STEP steps of c and all of `rest`, consecutive
+    floats of the source, into stores a block apart (unrolled when small); the outer block and
+    the c steps fused (parallel when `want_parallel_for(elements)`). Vectorizing the lanes would
+    gather a block of source rows per vector. Shared with the sketch space's packing."""
+    fo, c, *rest, fi = st.op.axis
     step = PACK_CHANNEL_STEP if c.extent % PACK_CHANNEL_STEP == 0 and c.extent > PACK_CHANNEL_STEP else c.extent
     co, ci = st.split(c, factor=step) if step < c.extent else (None, c)
-    st.reorder(*[a for a in (fo, co) if a is not None], fi, ci, kh, kw)
-    if step * kh.extent * kw.extent <= MAX_UNROLLED_PACK:
-        for a in (ci, kh, kw):
+    st.reorder(*[a for a in (fo, co) if a is not None], fi, ci, *rest)
+    if step * int(_prod([a.extent for a in rest])) <= MAX_UNROLLED_PACK:
+        for a in (ci, *rest):
             st.unroll(a)
     loop = st.fuse(fo, co) if co is not None else fo
     if loop.extent > 1 and want_parallel_for(int(_prod(st.op.shape))):
@@ -459,7 +475,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
 
 
 __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "input_channel_block", "block_input_channels",
-           "pack_weight_panels", "channel_vectors_pay", "channel_tile", "taps_unrolled",
+           "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "channel_vectors_pay", "channel_tile", "taps_unrolled",
            "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

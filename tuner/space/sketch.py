@@ -25,7 +25,11 @@ where each stage is computed. It is derived by rules, per stage in reverse topol
 - elementwise: an elementwise output (or a materialized producer): fused outer loops in
               parallel, the last axis split and vectorized.
 Packing the reused operand of a tiled stage into a blocked layout (cache_read with block=,
-the B panels of GEMM) is an option of the tiled stage.
+the B panels of GEMM, a convolution's weight panels) is an option of the tiled stage; so is,
+with a vector axis other than the last (channel vectors), `block_input`: what the tile reads
+with its first reduction axis as an index (a convolution's padded input) copied in blocks of
+that axis's inner tile, a padding stage inlined into the copy (the NCHWc input of the deep
+layers' default schedule).
 
 *Annotation* then samples the sketch's parameters at random: tile sizes (factors of the
 extents, sometimes non-dividing sizes), how many outer spatial loops are fused and run in
@@ -50,6 +54,7 @@ from compiler.dtypes import nbytes
 from compiler.errors import CompilerError
 from compiler.expr import free_vars, substitute, transform, walk
 from compiler.lower import lower
+from compiler.ops.schedule_conv import schedule_block_copy, schedule_panel_copy
 from compiler.schedule import MAX_VECTOR_LANES, Schedule, Stage, create_schedule
 from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
@@ -183,6 +188,29 @@ class _Dag:
                 return self.inputs.index(r.tensor), dims[0]
         return None
 
+    def block_target(self, i, packed_input: int):
+        """("stage", index, axis) or ("input", index, axis) of what tiled stage i reads with its first reduction axis alone
+        as one index (a convolution's input channels), other than the packed input: copied in
+        blocks along that axis, the reduction's inner steps read consecutive elements (the
+        channel-vector default's NCHWc input: schedule_conv.input_channel_block). The stage is
+        a placeholder's or a producer's (a padding stage, inlined into the copy)."""
+        op = self.op(i)
+        if not op.reduce_axis:
+            return None
+        r0 = op.reduce_axis[0].var
+        for r in self.reads(op.body):
+            if r.tensor is self.inputs[packed_input]:
+                continue
+            dims = [d for d, idx in enumerate(r.indices) if idx is r0]
+            if not dims:
+                continue
+            j = self.index.get(id(r.tensor))
+            if j is not None:
+                return ("stage", j, dims[0])
+            if r.tensor in self.inputs:
+                return ("input", self.inputs.index(r.tensor), dims[0])
+        return None
+
     def vector_axes(self, i) -> list:
         """Spatial axes of tiled stage i, besides the last, that may be its vector axis: those a
         reused input reads as one index while it does not read the last axis (a convolution's
@@ -216,6 +244,7 @@ class Sketch:
     consumer: dict = field(default_factory=dict)  # tiled stage -> fused consumer stage
     pack: dict = field(default_factory=dict)      # tiled stage -> (input index, axis)
     vec: dict = field(default_factory=dict)       # tiled stage -> its vector axis, when not the last
+    block_in: dict = field(default_factory=dict)  # tiled stage -> ("stage"/"input", index, axis) it may block
 
 
 TILE_RULES = ("tile", "tile_cache_write", "tile_fused")
@@ -277,6 +306,9 @@ def generate_sketches(opdef, target=None) -> list:
                 pt = dag.pack_target(i, sk.vec.get(i))
                 if pt is not None:
                     sk.pack[i] = pt
+                    bt = dag.block_target(i, pt[0]) if i in sk.vec else None
+                    if bt is not None:
+                        sk.block_in[i] = bt
         sketches.append(sk)
         if len(sketches) >= MAX_SKETCHES:
             break
@@ -465,6 +497,8 @@ class SketchSpace(SearchSpace):
             p["red_perm"] = perm
         if i in sketch.pack:
             p["pack"] = bool(rng.random() < 0.5)
+        if i in sketch.block_in:
+            p["block_input"] = bool(rng.random() < 0.5)
         return p
 
     def _sample_loop_params(self, i, rule, rng) -> dict:
@@ -723,6 +757,7 @@ class _Applier:
         if len(self.orig) != space.dag.n or [st.name for st in self.orig] != space.dag.names:
             raise SpaceError("the definition's stages differ from the space's")
         self.lanes = {i: space._lanes(i) for i in range(space.dag.n)}
+        self.inlined_into_copy: set = set()   # producers that block_input copied through
 
     def p(self, i) -> dict:
         return self.params.get(self.space.dag.names[i], {})
@@ -748,7 +783,7 @@ class _Applier:
                 self.reduce(i)
             elif r == "rfactor":
                 self.rfactor(i)
-            elif r in ("elementwise", "root"):
+            elif r in ("elementwise", "root") and i not in self.inlined_into_copy:
                 self.elementwise(i)
         return self.s
 
@@ -807,10 +842,31 @@ class _Applier:
             return
         tensor = self.s.placeholders[inp]
         packed = self.s[self.s.cache_read(tensor, "global", [reader], block={axis: width})]
+        if axis == 0 and tensor.ndim > 2:   # blocks of rows (a conv's OIHW weights): see schedule_panel_copy
+            schedule_panel_copy(packed, lambda work: bool(p.get("parallel")))
+            return
         rows = packed.op.axis[:-1]
         if p.get("parallel") and rows and rows[0].extent > 1:
             packed.parallel(rows[0])
         packed.vectorize(packed.op.axis[-1])
+
+    def block_input(self, i, reader):
+        """`block_input`: what the tile reads along its first reduction axis (a conv's padded
+        input) copied in blocks of that axis's inner tile (r0), a producer inlined into the copy."""
+        p = self.p(i)
+        if not p.get("block_input") or i not in self.sk.block_in:
+            return
+        kind, j, axis = self.sk.block_in[i]
+        width = self.tile_of(i, "r0", 1)[0]
+        if width <= 1:
+            return
+        src = self.orig[j] if kind == "stage" else None
+        tensor = src.tensor if src is not None else self.s.placeholders[j]
+        copy_stage = self.s[self.s.cache_read(tensor, "global", [reader], block={axis: width})]
+        if src is not None and not src.is_inline:
+            src.compute_inline()
+            self.inlined_into_copy.add(j)
+        schedule_block_copy(copy_stage, lambda work: bool(p.get("parallel")))
 
     # -- rules
     def outer_first(self, i, sp: list, p: dict) -> list:
@@ -867,6 +923,7 @@ class _Applier:
                                 for d, ax in enumerate(red.op.reduce_axis)])
         red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
         self.micro_kernel(i, red, [x[1] for x in inner], [r[1] for r in rd], p)
+        self.block_input(i, red)
         self.pack(i, red)
 
     @staticmethod

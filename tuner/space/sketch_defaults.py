@@ -14,7 +14,8 @@ samples. Two recipes are rules of the sketch space:
   vector, `tile_cache_write@1`) x YB rows x XB columns, the weights packed along the channels,
   the spatial tiles outside the channel blocks unless the weights dominate (`vec_last`), and the
   reduction either with the taps unrolled inside the channel loop or with the channel loop
-  innermost in steps of 4 (`red_perm`), as `taps_unrolled` decides.
+  innermost in steps of 4 (`red_perm`), as `taps_unrolled` decides; where the weights dominate,
+  the input copied in blocks of 8 channels (`block_input`) and those 8 innermost.
 
 Other defaults (grouped convolutions, column-vector convolutions, epilogues) use loop orders the
 sketch rules do not have; `default_sketch_candidate` gives None for them and the search starts
@@ -24,7 +25,8 @@ from its samples alone.
 from __future__ import annotations
 
 from compiler.ops.schedule_common import want_parallel
-from compiler.ops.schedule_conv import RED_UNROLL, channel_tile, channel_vectors_pay, taps_unrolled, weights_dominate
+from compiler.ops.schedule_conv import (RED_UNROLL, channel_tile, channel_vectors_pay, input_channel_block, taps_unrolled,
+                                        weights_dominate)
 from compiler.ops.schedule_gemm import gemm_tile
 
 from ..candidate import Candidate
@@ -102,7 +104,14 @@ def _conv_channels(space):
     conv = {"tile": tile, "last_outer": False, "vec_last": not weights_dominate(opdef),
             "parallel": 4 if want_parallel(target, opdef.flops) else 0,
             "unroll_inner": True, "auto_unroll": 0, "pack": True}
-    if taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities):
+    shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities)
+    RB = input_channel_block(opdef, target, shared)
+    if RB:
+        # the input copied in channel blocks: the taps outside, the block's channels innermost
+        tile.update(r0=[RB], r1=[1], r2=[1])
+        conv["red_perm"] = [1, 2, 0]
+        conv["block_input"] = True
+    elif shared:
         # channels outside the taps, a row of taps unrolled (a 1x1 kernel: the channels by 4)
         tile.update(r0=[rc_step if KW == 1 else 1], r1=[1], r2=[KW])
         conv["red_perm"] = [0, 1, 2]
