@@ -251,7 +251,8 @@ def test_constant_conv_weights_are_prepacked_for_the_channel_vector_schedule():
     if channel_vectors_pay(view, host):
         fb = channel_tile(view, host)[0]
         assert task.opdef.inputs[1].shape == (F // fb, C, 3, 3, fb)
-        assert "cache_read" not in [s["op"] for s in default_schedule(task.opdef).steps]
+        steps = default_schedule(task.opdef).steps   # the input may be copied, never the weights
+        assert not [s for s in steps if s["op"] == "cache_read" and s["tensor"] == "input1"]
     else:
         assert task.opdef.inputs[1].shape == (F, C, 3, 3)
     x = rand(RNG, (1, C, 6, 6))

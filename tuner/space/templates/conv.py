@@ -254,9 +254,10 @@ def _conv_nchw(cfg, opdef, target):
     cpg = None if depthwise else opdef.inputs[1].shape[1]
     pad = _pad_stage(s)
     # channel vectors (schedule_conv_nchw_channels) are a choice where a group's channels fill
-    # whole registers of the narrowest grid and its input channels make a reduction as long: a
-    # condition on the workload alone, so the knob set does not depend on the target
-    channels_possible = cpg is not None and fpg % base == 0 and cpg >= base
+    # whole registers of the narrowest grid and its input channels (with the window: the RGB
+    # stem) make a reduction as long: a condition on the workload alone, so the knob set does
+    # not depend on the target
+    channels_possible = cpg is not None and fpg % base == 0 and cpg * KH * KW >= base
     sc = _defaults()
     channels_first = bool(channels_possible and sc is not None and sc.channel_vectors_pay(opdef, target))
     natural = ([] if depthwise else [("rc", cpg)]) + [("ry", KH), ("rx", KW)]
