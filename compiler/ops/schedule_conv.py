@@ -205,11 +205,11 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     turns into shuffles). Storing channel vectors instead is a 16-lane scatter per vector: 0.89x
     oneDNN against 1.09x on res2's 64->256 1x1, where 64 channels give a short reduction.
 
-    Reduction order (taps_unrolled): when the input values a row of taps shares (x·stride +
-    rx·dilation) fit in the registers beside the accumulators, the taps are unrolled inside the
-    channel loop and each broadcast serves up to KW taps (res5's 7x7 maps: 1.10x oneDNN against
-    1.01x); otherwise LLVM would still share them and spill the accumulators (res4 3x3: 0.47x),
-    so the channel loop goes innermost (ry, rx, rc: 1.02x)."""
+    Reduction order (taps_unrolled): when a row of taps' inputs fits in the registers beside the
+    accumulators, the taps are unrolled inside the channel loop and a broadcast serves up to KW
+    taps (res5's 7x7 maps: 1.10x oneDNN against 1.01x on rocketlake); otherwise LLVM would still
+    share them and spill the accumulators (res4 3x3 on rocketlake: 0.47x), so the channel loop
+    goes innermost (ry, rx, rc: 1.02x)."""
     target = resolve_target(target)
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)
@@ -328,14 +328,19 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
 
 
 def taps_unrolled(opdef, fregs: int, XB: int, YB: int, caps) -> bool:
-    """Whether a channel-vector tile's accumulators, the input values its row of taps shares
-    and its weight vectors all fit in the vector registers (see schedule_conv_nchw_channels)."""
+    """Whether a channel-vector tile reduces with the taps unrolled inside the channel loop (see
+    schedule_conv_nchw_channels): when the registers left beside the accumulators, the weight
+    vectors and a broadcast hold a row of taps' inputs for one output. LLVM keeps what else the
+    unrolled row shares when it fits and reloads the rest (a broadcast is one load). A tile that
+    leaves fewer spills its accumulators instead (res4 3x3 on AVX-512's 28-accumulator tile:
+    0.47x). Measured on znver3 (2 threads, against oneDNN): res3 3x3/2 1.08x with the taps
+    unrolled against 0.83x, res5 3x3/2 0.92x against 0.66-0.76x, res4 3x3 1.04x against 0.97x,
+    where the inputs the row shares (9-12) did not all fit."""
     KW = opdef.params["KW"]
     if KW > MAX_UNROLLED_TAPS:
         return False
-    sw, dw = opdef.params["stride"][1], opdef.params["dilation"][1]
-    shared = YB * ((XB - 1) * sw + (KW - 1) * dw + 1)
-    return fregs * XB * YB + shared + fregs <= caps.vector_registers
+    free = caps.vector_registers - fregs * XB * YB - fregs - 1
+    return KW <= free
 
 
 def prepare_conv_input(s, acc, opdef, target):
