@@ -98,3 +98,40 @@ def test_channel_vectors_are_chosen_for_deep_layers_and_short_registers_rgb_stem
     assert channel_vectors_pay(stem, HOST) == (VL <= 8)
     assert not channel_vectors_pay(odd, HOST)         # the channels fill no whole register
     assert not channel_vectors_pay(depthwise, HOST)
+
+
+DEPTHWISE_CASES = [
+    ("depthwise_conv2d_nchw", dict(N=1, C=2 * VL, H=9, W=7, KH=3, KW=3, padding=1)),
+    ("depthwise_conv2d_nchw", dict(N=2, C=VL, H=12, W=11, KH=3, KW=3, stride=2, padding=(1, 0, 1, 1))),
+    ("depthwise_conv2d_nchw", dict(N=1, C=VL, H=10, W=10, KH=5, KW=3, dilation=2, padding=2)),
+    ("conv2d_nchw", dict(N=1, C=3 * VL, H=7, W=7, F=3 * VL, KH=3, KW=3, padding=1, groups=3 * VL)),
+    ("conv2d_nchw", dict(N=1, C=VL, H=15, W=13, F=VL, KH=3, KW=3, stride=2, padding=1, groups=VL)),
+    ("depthwise_conv2d_nchw", dict(N=1, C=VL, H=6, W=6, KH=3, KW=3, padding=1, dtype="int8")),
+]
+
+
+@pytest.mark.parametrize("name, params", DEPTHWISE_CASES, ids=[f"dw{i}" for i in range(len(DEPTHWISE_CASES))])
+def test_depthwise_channel_vectors_match_the_reference(name, params):
+    """Depthwise convolutions vectorized over channels (input and weights copied in channel
+    blocks, the tile stored along its rows), as the default picks them for short rows and strides."""
+    from compiler.ops.schedule_conv import depthwise_channel_vectors, schedule_depthwise_channels
+    op = get_op(name, **params)
+    assert depthwise_channel_vectors(op, HOST)
+    arrays = random_inputs(op, np.random.default_rng(5))
+    out = _poisoned(op)
+    build(schedule_depthwise_channels(op, HOST), op.tensors, HOST)(*arrays, out)
+    want = op.reference(*arrays)
+    if out.dtype.kind in "iu":
+        np.testing.assert_array_equal(out, want)
+    else:
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_depthwise_keeps_column_vectors_on_long_unit_stride_rows():
+    from compiler.ops.schedule_conv import depthwise_channel_vectors
+    long_rows = get_op("depthwise_conv2d_nchw", N=1, C=VL, H=8, W=8 * VL, KH=3, KW=3, padding=1)
+    strided = get_op("depthwise_conv2d_nchw", N=1, C=VL, H=8, W=16 * VL, KH=3, KW=3, padding=1, stride=2)
+    two_each = get_op("depthwise_conv2d_nchw", N=1, C=VL, H=8, W=8, KH=3, KW=3, padding=1, multiplier=2)
+    assert not depthwise_channel_vectors(long_rows, HOST)
+    assert depthwise_channel_vectors(strided, HOST)
+    assert not depthwise_channel_vectors(two_each, HOST)
