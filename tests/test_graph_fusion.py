@@ -262,3 +262,27 @@ def test_constant_conv_weights_are_prepacked_for_the_channel_vector_schedule():
     avx2 = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
     (t2,) = extract_tasks(from_onnx(m), target=avx2)
     assert t2.opdef.inputs[1].ndim == 5 and t2.opdef.inputs[1].shape[-1] % 8 == 0
+
+
+@pytest.mark.parametrize("K, vectors, act", [(37, 5, "Relu"), (64, 13, None), (5, 16, "Relu"), (300, 125, None)])
+def test_batch1_dense_layers_stream_their_rows(K, vectors, act):
+    """A batch-1 dense layer (MatMul + bias, B [K, N] in whole vectors of columns) is scheduled
+    as a streamed row (schedule_gemv: chunks of columns per thread, no packing), whatever the
+    chunking of N's vectors, and computes the layer."""
+    from compiler.ops.schedule_common import lanes
+    from compiler.target import Target
+    N = vectors * lanes(Target.host(), "float32")
+    w, b = rand(RNG, (K, N)), rand(RNG, (N,))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a" if act else "y"])]
+    if act:
+        nodes.append(helper.make_node(act, ["a"], ["y"]))
+    m = model(nodes, {"x": ((1, K), "float32")}, {"y": (None, "float32")}, {"w": w, "b": b})
+    (task,) = extract_tasks(from_onnx(m))
+    from compiler.ops.schedule_gemm import schedule_gemv
+    steps = default_schedule(task.opdef).steps
+    assert steps == schedule_gemv(anchor_view(task.opdef)).steps
+    assert not [s for s in steps if s["op"] == "cache_read"]            # B read in place
+    x = rand(RNG, (1, K))
+    (y,) = build_model(from_onnx(m)).run(x=x)
+    want = x.astype(np.float64) @ w + b
+    assert_close(y, np.maximum(want, 0) if act else want)

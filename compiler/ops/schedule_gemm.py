@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..schedule import MAX_VECTOR_LANES, Schedule, create_schedule
 from ..target import resolve_target
+from .schedule_common import PARALLEL_MIN_WORK
 
 MAX_MR = 8  # rows of a register tile (the gemm template's tile_i knob goes this far)
 ROW_VECTORS = (4, 2, 1)  # vectors per tile row: a power of two (see schedule_common.accumulator_factor)
@@ -88,3 +89,66 @@ def _pack_b(s: Schedule, opdef, acc_stage, nr: int):
     st = s[packed]
     st.parallel(st.op.axis[0])
     st.vectorize(st.op.axis[-1])
+
+
+GEMV_UNROLL = 4  # vectors of a GEMV chunk updated per unrolled step
+MIN_GEMV_CHUNK = 8  # vectors of a GEMV chunk at least (256 contiguous bytes of B per row with AVX2)
+
+
+def schedule_gemv(opdef, target=None) -> Schedule:
+    """One output row (a batch-1 layer of a model, B [K, N]): the row streamed, not tiled.
+
+    The GEMM tile (schedule_gemm) walks B by column panels: each k step reads nr floats of a
+    row N floats long, one or two cache lines a page apart, which no prefetcher follows; batch-1
+    classifiers (1280 x 1000, 512 x 1000) ran at 15 GB/s from L3 against OpenBLAS's 84 (5-7x
+    slower). Here each thread owns a chunk of the columns (N split by the cores, whole vectors)
+    and, for every k, updates the chunk's accumulators (a local buffer in L1) with one
+    contiguous stretch of B's row: B streams once, sequentially, whatever its size. Needs
+    gemv_fits (whole vectors of columns).
+    """
+    target = resolve_target(target)
+    out = opdef.output
+    s = create_schedule(out)
+    red_stage = next(st for st in s.stages if st.op.reduce_axis)
+    out_stage = s[out]
+    lanes = target.vector_lanes(red_stage.op.dtype if red_stage.op.dtype != "int8" else "int32")
+    if red_stage is out_stage:
+        acc_stage = s[s.cache_write(out, "local")]
+    else:
+        acc_stage = red_stage   # an epilogue stage is the output; the reduction becomes its local chunk
+    *b_axes, i, j = out_stage.op.axis
+    chunk, unroll = gemv_chunk(j.extent, lanes, target.num_cores if opdef.flops >= PARALLEL_MIN_WORK else 1)
+    jo, ji = out_stage.split(j, factor=chunk)
+    outer = out_stage.fuse(*b_axes, i, jo)
+    _, jv = out_stage.split(ji, factor=lanes)
+    out_stage.vectorize(jv)
+    acc_stage.compute_at(out_stage, outer)
+    *_, ci, cj = acc_stage.op.axis
+    (k,) = acc_stage.op.reduce_axis
+    cjo, cjv = acc_stage.split(cj, factor=lanes)
+    cjoo, cjoi = acc_stage.split(cjo, factor=unroll)
+    acc_stage.reorder(ci, k, cjoo, cjoi, cjv)
+    acc_stage.unroll(cjoi)
+    acc_stage.vectorize(cjv)
+    if outer.extent > 1:
+        out_stage.parallel(outer)
+    return s
+
+
+def gemv_fits(N: int, lanes: int) -> bool:
+    """schedule_gemv needs whole vectors of columns: a chunk that overhangs the row would read B
+    through clamped (gathered) indices."""
+    return N % lanes == 0
+
+
+def gemv_chunk(N: int, lanes: int, cores: int) -> tuple:
+    """(columns per chunk, vectors per unrolled step) of schedule_gemv: the row cut into equal
+    chunks of whole vectors, as few as give every core one (the smallest divisor of the
+    vector count that is at least `cores`, while a chunk keeps MIN_GEMV_CHUNK vectors for a
+    long contiguous stretch per row), else one chunk."""
+    vectors = N // lanes
+    parts = next((p for p in range(max(cores, 1), vectors + 1)
+                  if vectors % p == 0 and vectors // p >= MIN_GEMV_CHUNK), 1)
+    per = vectors // parts
+    unroll = next(u for u in (GEMV_UNROLL, 2, 1) if per % u == 0)
+    return per * lanes, unroll
