@@ -135,3 +135,17 @@ def test_depthwise_keeps_column_vectors_on_long_unit_stride_rows():
     assert not depthwise_channel_vectors(long_rows, HOST)
     assert depthwise_channel_vectors(strided, HOST)
     assert not depthwise_channel_vectors(two_each, HOST)
+
+
+def test_long_unit_stride_rows_with_short_reductions_keep_column_vectors():
+    """Channel tiles transpose their stores; where rows are long whole registers and the
+    reduction short (MobileNetV2's 1x1 expansions), column vectors store whole lines instead."""
+    rows = 8 * VL
+    expand = get_op("conv2d_nchw", N=1, C=VL, H=4, W=rows, F=6 * VL, KH=1, KW=1)
+    long_reduction = get_op("conv2d_nchw", N=1, C=256, H=4, W=rows, F=2 * VL, KH=1, KW=1)
+    window = get_op("conv2d_nchw", N=1, C=4 * VL, H=4, W=rows, F=2 * VL, KH=3, KW=3, padding=1)
+    strided = get_op("conv2d_nchw", N=1, C=VL, H=4, W=2 * rows, F=2 * VL, KH=1, KW=1, stride=2)
+    short_rows = get_op("conv2d_nchw", N=1, C=VL, H=4, W=VL + VL // 2, F=2 * VL, KH=1, KW=1)
+    assert not channel_vectors_pay(expand, HOST)
+    assert channel_vectors_pay(long_reduction, HOST) and channel_vectors_pay(window, HOST)
+    assert channel_vectors_pay(strided, HOST) and channel_vectors_pay(short_rows, HOST)

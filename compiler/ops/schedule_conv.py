@@ -38,7 +38,8 @@ FMA_LATENCY = 4  # cycles
 LOADS_PER_CYCLE = 2  # load ports of the x86 and Neoverse cores the cpu table lists
 MAX_UNROLLED_TAPS = 8  # a reduction loop this short is unrolled whole
 SHORT_VECTOR_LANES = 8  # registers this short take channel vectors for a few input channels (channel_vectors_pay)
-LONG_ROW_REGISTERS = 6  # a depthwise output row this many registers long keeps column vectors
+LONG_ROW_REGISTERS = 6  # an output row this many registers long keeps column vectors (depthwise, short reductions)
+SHORT_REDUCTION = 256  # multiply-adds per output below which long rows keep column vectors (channel_vectors_pay)
 INPUT_BLOCK = 8  # channels per block of a channel-vector conv's NCHWc input copy (input_channel_block)
 MAX_UNROLLED_PACK = 72  # statements of a weight-panel copy's unrolled inner loops (8 channels x 3x3)
 
@@ -187,7 +188,14 @@ def channel_vectors_pay(opdef, target) -> bool:
     of 8 lanes or fewer, a few input channels suffice when the window makes the reduction a
     register long: column vectors then need two loads per 16 columns for every broadcast weight,
     and the RGB stem (7x7/2) ran 115 GFLOPS with column vectors against 178 with channel vectors
-    (oneDNN 165; znver3, 2 threads)."""
+    (oneDNN 165; znver3, 2 threads). But where output rows are unit-stride whole registers, at
+    least LONG_ROW_REGISTERS of them, and the reduction is short (under SHORT_REDUCTION
+    multiply-adds per output), a channel tile's stores (each channel's few columns, transposed
+    out of the registers) cost more than its FMAs hide, and column vectors store whole lines:
+    MobileNetV2's 1x1 layers at 112x112 and 56x56 ran 110-160 GFLOPS with columns against 86-126
+    (16->96, 24->144, 96->24, 144->24), ResNet's 64->256 at 56x56 128 against 118; with 256
+    input channels or a 3x3 window the channel tile keeps up (121 against 115, 156 against 149;
+    znver3, 2 threads)."""
     if opdef.name != "conv2d_nchw":
         return False
     vl = lanes(target, opdef.output.dtype)
@@ -196,6 +204,10 @@ def channel_vectors_pay(opdef, target) -> bool:
     if (F // groups) % vl:
         return False
     window = opdef.params["KH"] * opdef.params["KW"]
+    OW = opdef.output.shape[3]
+    if (opdef.params["stride"][1] == 1 and OW % vl == 0 and OW >= LONG_ROW_REGISTERS * vl
+            and (C // groups) * window < SHORT_REDUCTION):
+        return False   # long unit-stride rows, a short reduction: the transposed stores dominate
     return C // groups >= vl or (vl <= SHORT_VECTOR_LANES and (C // groups) * window >= vl)
 
 
