@@ -548,8 +548,9 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors", "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
-           "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "channel_vectors_pay", "channel_tile", "taps_unrolled",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors",
+           "schedule_depthwise_channels", "input_channel_block", "block_input_channels", "pack_weight_panels",
+           "schedule_block_copy", "schedule_panel_copy", "channel_vectors_pay", "channel_tile", "taps_unrolled",
            "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

@@ -25,8 +25,7 @@ from its samples alone.
 from __future__ import annotations
 
 from compiler.ops.schedule_common import want_parallel
-from compiler.ops.schedule_conv import (RED_UNROLL, channel_tile, channel_vectors_pay, input_channel_block, taps_unrolled,
-                                        weights_dominate)
+from compiler.ops.schedule_conv import RED_UNROLL, channel_tile, channel_vectors_pay, input_channel_block, taps_unrolled, weights_dominate
 from compiler.ops.schedule_gemm import gemm_tile
 
 from ..candidate import Candidate

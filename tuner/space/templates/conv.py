@@ -39,8 +39,7 @@ import math
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.ops.schedule_common import lanes as vector_lanes
-from compiler.ops.schedule_conv import (INPUT_BLOCK, block_input_channels, deinterleave_columns, pack_weight_panels,
-                                        split_output_tile)
+from compiler.ops.schedule_conv import INPUT_BLOCK, block_input_channels, deinterleave_columns, pack_weight_panels, split_output_tile
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -304,7 +303,7 @@ def _conv_nchw(cfg, opdef, target):
     cfg.define_knob("pad", modes)
     if channels_possible:  # OIHW weights as [F/FB][C][KH][KW][FB] panels
         cfg.define_knob("pack_w", [channels_first, not channels_first])
-    if channels_possible and groups == 1 and cpg % INPUT_BLOCK == 0 and cpg > INPUT_BLOCK:
+    if channels_possible and cpg is not None and groups == 1 and cpg % INPUT_BLOCK == 0 and cpg > INPUT_BLOCK:
         # the (padded) input copied into channel blocks, the padding inside the copy (the pad
         # knob is then moot): schedule_conv.input_channel_block
         cfg.define_knob("block_input", [RB, INPUT_BLOCK - RB])
