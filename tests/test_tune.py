@@ -63,7 +63,12 @@ def test_finish_remeasures_the_top_candidates_and_the_baseline(tmp_path, machine
     assert {r.candidate.fingerprint for r in retimed} == set(res.retimed)
     assert any(r.candidate.kind == "default" for r in retimed)
     best = store.best(task.workload.key, task.target, k=1)[0]
-    assert best.retimed_cost == min(res.retimed.values()) == res.best_cost
+    # the best is the fastest re-timed candidate that beats the default beyond the noise, else the
+    # default itself, even where a candidate's median came out a little lower (a loaded machine)
+    assert best.retimed_cost == res.best_cost
+    assert best.candidate.fingerprint == res.best_candidate.fingerprint
+    if res.best_candidate.kind == "default":
+        assert res.best_cost == res.baseline_cost
     assert res.speedup_over_default == pytest.approx(res.baseline_cost / res.best_cost)
     assert res.best_cost <= res.baseline_cost  # the default is a candidate too: never worse
 
