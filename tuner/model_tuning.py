@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from compiler.ops import OpDef
+
 from .engine import Callbacks, SchedulerResult
 from .workload import Task, Workload
 
@@ -34,7 +36,7 @@ class ModelTuningTask:
     """One unique fused workload of a model as a tuning task."""
 
     task: Task
-    opdef: object        # the fused compute (compiler.ops.OpDef)
+    opdef: OpDef         # the fused compute
     weight: int          # occurrences in the model
 
     @property
