@@ -5,6 +5,8 @@ curve; refusals (not ONNX, unsupported op, unpinned dynamic shape, over the size
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from api_env import make_env
@@ -132,3 +134,31 @@ def test_the_openapi_document_describes_the_upload(sqlite_env):
     assert {"413", "422"} <= set(op["responses"])
     assert {p["name"] for p in op["parameters"]} >= {"trials", "input_shape", "target", "device_key"}
     assert "model" in doc["components"]["schemas"]["JobOut"]["properties"]
+
+
+def test_tunefarm_submit_model_sends_the_file_and_shows_the_reason_of_a_refusal(sqlite_env, tmp_path, monkeypatch, capsys):
+    """`tunefarm submit --model FILE.onnx` through the Python client (on the app in process)."""
+    from tuner.cli import main, remote
+    from tuner.service.client import ServiceClient
+    env = sqlite_env
+    monkeypatch.setattr(remote, "_client", lambda args: ServiceClient("http://testserver", token=env.tokens["submit"],
+                                                                      transport=env.client._transport))
+    m, _ = two_layer_repeat()
+    good = tmp_path / "two.onnx"
+    good.write_bytes(m.SerializeToString())
+    assert main(["submit", "--model", str(good), "--trials", "6", "--name", "cli model"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"job \d+ queued: 2 task\(s\), 6 trials", out)
+    (job,) = env.store.list_jobs()
+    assert job.name == "cli model" and job.spec["model"]["file_name"] == "two.onnx" and job.trials == 6
+    dyn = tmp_path / "dyn.onnx"
+    dyn.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], {"x": ((1, 4), "float32")},
+                          {"y": (None, "float32")}, dynamic={"x": 0}).SerializeToString())
+    assert main(["submit", "--model", str(dyn)]) == 1
+    assert "422" in (err := capsys.readouterr().err) and "--input-shape" in err
+    assert main(["submit", "--model", str(dyn), "--input-shape", "x=2,4"]) == 0
+    assert main(["jobs", "show", str(job.id + 1)]) == 0
+    assert "model test: 1 kernels per run" in capsys.readouterr().out
+    assert main(["submit", "--model", str(tmp_path / "missing.onnx")]) == 2
+    assert main(["submit", "relu", "--model", str(good)]) == 2
+    assert len(env.store.list_jobs()) == 2
