@@ -8,9 +8,11 @@
     tunefarm tracker / agent / farm status         the measurement farm
     tunefarm serve / worker / db upgrade / token   the tuning service (REST API, job workers)
     tunefarm submit / jobs [show|watch|cancel ID]  jobs on a tunefarm server, over REST
-    tunefarm model tasks|run MODEL.onnx            a whole ONNX model: its fused workloads, compile and run it
+    tunefarm model tasks|tune|run MODEL.onnx       a whole ONNX model: its fused workloads, tune them, compile and run it
+    tunefarm model conformance                     ONNX's backend node tests, pass counts per supported op type
 
-One module per family of subcommands (ops.py, tune.py, farm.py, service.py, remote.py, model.py), the helpers they share in
+One module per family of subcommands (ops.py, tune.py, farm.py, service.py, remote.py, model.py,
+model_tune.py, model_conformance.py), the helpers they share in
 common.py. User errors (an unknown operator, a bad parameter or target) print one line and exit
 with status 2, never a traceback.
 """

@@ -2,12 +2,14 @@
 
     tunefarm submit matmul --param M=512 --trials 64 [--watch]
     tunefarm submit --workloads resnet.yaml --scheduler gradient --trials 800
+    tunefarm submit --model resnet18.onnx --trials 2000 [--input-shape input=1,3,224,224]
     tunefarm jobs [--state running]          newest first
     tunefarm jobs show ID | watch ID | cancel ID | resume ID
 
 The server is --server (default $TUNEFARM_SERVER, else http://127.0.0.1:8080), the token
 --token (default $TUNEFARM_TOKEN). Workloads are read and checked here as for `tunefarm tune`;
-a --compute FILE.py is run here, on the user's machine, and only its DAG (JSON) is sent.
+a --compute FILE.py is run here, on the user's machine, and only its DAG (JSON) is sent. A --model
+FILE.onnx is sent as it is: the server reads it and answers with its tasks, or why it cannot.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def _spec_from_args(args) -> dict:
     from ..workload_file import read_workloads
 
     if not args.ops and not args.workloads and not args.compute:
-        raise UsageError("give one or more operators (e.g. `tunefarm submit matmul`), --workloads FILE "
-                         "or --compute FILE.py")
+        raise UsageError("give one or more operators (e.g. `tunefarm submit matmul`), --workloads FILE, "
+                         "--compute FILE.py or --model FILE.onnx")
     check_op_names(args.ops)
     workloads: list[dict] = []
     for op in args.ops:
@@ -56,12 +58,30 @@ def _spec_from_args(args) -> dict:
     return spec
 
 
+def _model_bytes(args) -> bytes:
+    if args.ops or args.workloads or args.compute:
+        raise UsageError("--model is a job of its own: give it without operators, --workloads or --compute")
+    try:
+        with open(args.model, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"--model {args.model}: {e.strerror or e}") from None
+
+
+def _submit_model(c, args, data: bytes) -> dict:
+    params = {"trials": args.trials, "space": args.space, "scheduler": args.scheduler, "batch_size": args.batch,
+              "top_k": args.top_k, "priority": args.priority, "device_key": args.key, "target": args.target,
+              "name": args.name, "file_name": os.path.basename(args.model)}
+    return c.submit_model(data, input_shape=args.input_shape, **params)
+
+
 def cmd_submit(args) -> int:
     from ..service.client import APIError
-    spec = _spec_from_args(args)
+    data = _model_bytes(args) if args.model else None
+    spec = _spec_from_args(args) if data is None else None
     with _client(args) as c:
         try:
-            job = c.submit(spec)
+            job = c.submit(spec) if data is None else _submit_model(c, args, data)
         except APIError as e:
             return _failed("submit", e)
         print(f"job {job['id']} {job['state']}: {len(job['tasks'])} task(s), {job['trials']} trials on {_short_target(job['target'])}")
@@ -149,6 +169,12 @@ def _print_job(job: dict) -> None:
         print(f"  [{t['position']}] {t['workload']['name']} (weight {t['weight']:g}): {t['trials']} trials, best "
               f"{_fmt(t['best_gflops'])} GFLOPS, default {_fmt(base)} GFLOPS, {_fmt(t['speedup'], '.2f')}x over "
               "the default")
+    model = job.get("model")
+    if model:
+        est, base = model.get("estimated_seconds"), model.get("default_seconds")
+        print(f"  model {model['name']}: {model['kernels']} kernels per run; estimated latency "
+              f"{_fmt(est * 1e3 if est else None, '.4g')} ms (default schedules {_fmt(base * 1e3 if base else None, '.4g')} ms, "
+              f"{_fmt(model.get('speedup'), '.2f')}x)")
     busy = busy_machine_note(job["tasks"])
     if busy:
         print(f"  {busy}")
@@ -190,6 +216,10 @@ def register(sub) -> None:
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="operator parameter (repeatable)")
     p.add_argument("--workloads", default=None, metavar="FILE", help="JSON/YAML file of workloads with weights")
     p.add_argument("--compute", action="append", default=[], metavar="FILE.py", help="a file defining a compute")
+    p.add_argument("--model", default=None, metavar="FILE.onnx",
+                   help="a whole ONNX model: its fused workloads under one budget (a model job)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="with --model: pin an input the model leaves dynamic")
     p.add_argument("--trials", type=int, default=64, help="new measurements for the whole job")
     p.add_argument("--space", choices=("sketch", "template"), default="sketch")
     p.add_argument("--strategy", default=None, help="random, grid, genetic, model or evolutionary")

@@ -85,7 +85,8 @@ def cmd_serve(args) -> int:
         session = (secret, info.id)
     store.close()
     workers = [_spawn_worker(url, args, n) for n in range(args.workers)]
-    app = create_app(url, public_read=args.public_read, tracker=args.tracker, tracker_token=args.tracker_token)
+    app = create_app(url, public_read=args.public_read, tracker=args.tracker, tracker_token=args.tracker_token,
+                     max_model_bytes=args.max_model_bytes)
     host = "127.0.0.1" if args.host is None else args.host
     shown_host = f"[{host}]" if ":" in host else host
     print(f"tunefarm serve: http://{shown_host}:{args.port}/ (API under /api/v1, OpenAPI at /docs), "
@@ -212,6 +213,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--workers", type=int, default=1, help="local job worker processes (0: API only)")
     p.add_argument("--public-read", action="store_true", help="reads need no token")
+    p.add_argument("--max-model-bytes", type=int, default=256 << 20, metavar="N",
+                   help="largest ONNX file a model job may upload (default 256 MiB)")
     p.add_argument("--no-session-token", action="store_true",
                    help="do not create (and print) an admin token for this server's lifetime")
     p.add_argument("--tracker", default=None, metavar="HOST:PORT", help="the farm's tracker (farm page, device keys)")

@@ -144,11 +144,13 @@ class JobQueue:
     def record_progress(self, job_id: int, worker: str, position: int, *, trials: int, batches: int,
                         best_cost: float | None, best_record_id: int | None, baseline_cost: float | None,
                         trials_done: int, lease_seconds: float, errors: int = 0, timings: int = 0,
-                        disturbed_timings: int = 0, event: tuple[str, str, dict | None] | None = None) -> JobState:
+                        disturbed_timings: int = 0, event: tuple[str, str, dict | None] | None = None,
+                        more_events: tuple = ()) -> JobState:
         """A task's progress after a batch, and the job's trial count, written with a lease
         renewal in one transaction. Returns what renew_lease returns. `event` (kind, message,
-        data) is added in the same transaction, only while the job is still running: a batch
-        that ends after the job was cancelled leaves no event after the "cancelled" one."""
+        data), and `more_events` after it, are added in the same transaction, only while the job
+        is still running: a batch that ends after the job was cancelled leaves no event after the
+        "cancelled" one."""
         now = utcnow()
         with self._session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
@@ -162,8 +164,7 @@ class JobQueue:
                                   best_record_id=best_record_id, baseline_cost=baseline_cost, timings=int(timings),
                                   disturbed_timings=int(disturbed_timings), updated_at=now)
                           .execution_options(synchronize_session=False))
-                if event is not None:
-                    kind, message, data = event
+                for kind, message, data in ([event] if event is not None else []) + list(more_events):
                     _event(s, job_id, kind, message, now=now, data=data)
                 return JobState.RUNNING
             row = self._job_row(s, job_id)
@@ -308,12 +309,16 @@ class JobQueue:
         with self._session(write=True) as s:
             _event(s, job_id, kind, message, data=data)
 
-    def job_events(self, job_id: int, after_id: int | None = None, limit: int = 200) -> list[JobEvent]:
-        """A job's events oldest first, those after event `after_id` (incremental polling)."""
+    def job_events(self, job_id: int, after_id: int | None = None, limit: int = 200,
+                   kind: str | None = None) -> list[JobEvent]:
+        """A job's events oldest first, those after event `after_id` (incremental polling), of
+        one `kind` when given (a model job's "estimate" events are its latency curve)."""
         stmt = (select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
                 .limit(page_size(limit)))
         if after_id is not None:
             stmt = stmt.where(JobEventRow.id > after_id)
+        if kind is not None:
+            stmt = stmt.where(JobEventRow.kind == kind)
         with self._session() as s:
             self._job_row(s, job_id)
             return [JobEvent(e.id, e.job_id, e.at, e.kind, e.message, e.data) for e in s.execute(stmt).scalars()]

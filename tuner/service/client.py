@@ -54,6 +54,14 @@ class ServiceClient:
     def submit(self, spec: dict) -> dict:
         return self._call("POST", "/jobs", json=spec)
 
+    def submit_model(self, data: bytes, input_shape: list[str] | None = None, **params) -> dict:
+        """Queue a model job: `data` is the ONNX file as it is on disk, `input_shape` pins dynamic
+        inputs ("input=1,3,224,224"), `params` are POST /jobs/model's other query parameters
+        (trials, file_name, target, device_key, scheduler, space, batch_size, top_k, priority, seed, name)."""
+        query = list(_params(**params).items()) + [("input_shape", s) for s in input_shape or []]
+        return self._call("POST", "/jobs/model", content=data, params=query,
+                          headers={"Content-Type": "application/octet-stream"})
+
     def jobs(self, state: str | None = None, workload: str | None = None, target: str | None = None,
              limit: int = 50, before: int | None = None) -> dict:
         """One page: {"items": [...], "next_before": id or None}."""

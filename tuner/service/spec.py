@@ -70,6 +70,22 @@ class MeasureOptions(BaseModel):
     build_timeout: float = Field(20.0, gt=0, le=600, description="seconds before a build is a timeout")
 
 
+class ModelSource(BaseModel):
+    """Where a model job's workloads came from: the uploaded ONNX file as it was read. Its
+    workloads (the model's unique fused workloads, weights = occurrences) are in `workloads`, so
+    a worker needs only the spec; this section says which model they are and makes the worker
+    follow the estimated end-to-end latency (Σ weight × best) as job events."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=255, description="the ONNX graph's name")
+    file_name: str | None = Field(None, max_length=255, description="the uploaded file's name, if the client gave one")
+    bytes: int = Field(ge=0, description="size of the uploaded file")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the uploaded file")
+    nodes: int = Field(ge=0, description="nodes after constant and BatchNormalization folding")
+    kernels: int = Field(ge=0, description="kernels one run of the model calls (the weights' sum)")
+    input_shapes: dict[str, list[int]] = Field(default_factory=dict, description="the inputs' static shapes")
+
+
 class JobSpec(BaseModel):
     """A tuning job: workloads under one trial budget on one target and device key."""
 
@@ -89,6 +105,8 @@ class JobSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     seed: int = Field(0, ge=0, le=2**31 - 1)
     measure: MeasureOptions = Field(default_factory=lambda: MeasureOptions())
+    model: ModelSource | None = Field(None, description="set for a model job (POST /jobs/model): the ONNX model "
+                                                        "its workloads came from")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ work never runs in the API process. A worker
   does not let the lease expire,
 - ends the job as done or failed (with the error), unless it was cancelled or reclaimed meanwhile.
 
+A model job (its spec has a `model` section, POST /jobs/model) is tuned the same way, and the
+worker follows its estimated end-to-end latency (tuner.model_tuning.LatencyEstimate: Σ weight ×
+best) as "estimate" events written with the batch's progress: the job's latency curve.
+
 A worker that dies leaves its lease to expire; the next claim resumes the job from its records:
 nothing is measured twice (records are unique per task and fingerprint, and the engine skips what
 is stored) and the job's earlier search trials count against its budget.
@@ -33,6 +37,7 @@ from .spec import JobSpec
 log = logging.getLogger("tunefarm.worker")
 
 DEFAULT_LEASE_S = 60.0
+ESTIMATE_STEP = 0.01   # a model job's latency curve gets a point when the estimate moves by 1 % (and the final one)
 
 
 def default_worker_name() -> str:
@@ -147,6 +152,12 @@ class _JobRun:
         self.disturbed = {t: jt.disturbed_timings for t, jt in zip(self.tasks, job.tasks)}
         self.best_ids: dict = {t: jt.best_record_id for t, jt in zip(self.tasks, job.tasks)}
         self.best_costs: dict = {t: jt.best_cost for t, jt in zip(self.tasks, job.tasks)}
+        self.estimate = None          # a model job's LatencyEstimate
+        self.estimate_written: float | None = None
+        self.estimate_pending = False
+        if self.spec.model is not None:
+            from ..model_tuning import LatencyEstimate
+            self.estimate = LatencyEstimate.of(list(zip(self.tasks, self.weights)))
 
     def execute(self) -> JobState | None:
         """Run the engine; the state to end the job in (None: it is not ours to end)."""
@@ -167,9 +178,12 @@ class _JobRun:
                              callbacks=Callbacks(on_batch=self._on_batch, on_heartbeat=self._on_heartbeat))
             if self.lost is not None:
                 raise self.lost
+            if self.estimate is not None and not out.stopped:
+                self.estimate_pending = self.estimate.finish(out.results)   # the re-measured bests
             for task, result in zip(self.tasks, out.results):
                 self._note_final_best(task, result)
-                self._write_progress(task, result, kind=None)
+                last = task is self.tasks[-1]
+                self._write_progress(task, result, kind=None, estimate="final" if last and self.estimate_pending else "none")
         if self.stopped_because is not None:
             return None  # cancelled by a user: the job already says so
         if self.outer_stop is not None and self.outer_stop.is_set() and out.stopped:
@@ -208,6 +222,8 @@ class _JobRun:
     # ------------------------------------------------------------------ callbacks
     def _on_batch(self, report) -> None:
         task = report.task
+        if self.estimate is not None:
+            self.estimate_pending |= self.estimate.observe(report)
         if report.kind == "search":
             self.trials[task] += len(report.candidates)
             self.batches[task] += 1
@@ -226,6 +242,8 @@ class _JobRun:
     def _on_heartbeat(self, engine) -> None:
         """Called by the scheduler after every batch (and by a task tuner between re-measurement
         rounds) with itself: the place to stop the engine from outside its own thread's flow."""
+        if self.estimate is not None:
+            self.estimate_pending |= self.estimate.observe_engine(engine)   # tasks resumed from records
         if self.outer_stop is not None and self.outer_stop.is_set():
             self._stop.set()
         if self._stop.is_set():
@@ -240,10 +258,29 @@ class _JobRun:
         if top and top[0].candidate.fingerprint == result.best_candidate.fingerprint:
             self.best_ids[task] = top[0].id
 
-    def _write_progress(self, task, result, kind: str | None) -> None:
+    def _estimate_event(self, when: str):
+        """A model job's "estimate" event: `when` "moved" (if the estimate moved by ESTIMATE_STEP
+        since the last one written), "final" (the re-measured one, always) or "none"."""
+        final = when == "final"
+        if self.estimate is None or when == "none" or not (self.estimate_pending or final):
+            return None
+        seconds = self.estimate.seconds
+        if not math.isfinite(seconds):
+            return None
+        last = self.estimate_written
+        if not final and last is not None and abs(seconds - last) < ESTIMATE_STEP * last:
+            return None
+        trials = sum(self.trials.values())
+        what = "final estimate (re-measured)" if final else "estimated latency"
+        shown = f"{seconds * 1e6:.4g} µs" if seconds < 1e-3 else f"{seconds * 1e3:.4g} ms"
+        return ("estimate", f"{what}: {shown} after {trials} trials",
+                {"trials": trials, "seconds": seconds, "final": final})
+
+    def _write_progress(self, task, result, kind: str | None, estimate: str = "moved") -> None:
         """Write the task's progress (renewing the lease); `kind` is the batch's (BatchReport.kind,
         None for the final write): the default schedule's batch is a "baseline" event, a search
-        batch that improved the best by 1 % a "best" event, a re-measurement no event at all."""
+        batch that improved the best by 1 % a "best" event, a re-measurement no event at all; a
+        model job's estimate goes with it (`estimate`: see _estimate_event)."""
         best = result.best_cost if math.isfinite(result.best_cost) else None
         base = result.baseline_cost if math.isfinite(result.baseline_cost) else None
         previous = self.best_costs.get(task)
@@ -255,6 +292,7 @@ class _JobRun:
         elif kind == "search" and best is not None and (previous is None or best < previous * 0.99):
             event = ("best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS after {self.trials[task]} trials",
                      {"position": self.position[task], "cost": best, "trials": self.trials[task]})
+        estimate_event = self._estimate_event(estimate)
         try:
             with self._lock:
                 state = self.store.record_progress(
@@ -263,7 +301,8 @@ class _JobRun:
                     disturbed_timings=self.disturbed[task], best_cost=best,
                     best_record_id=self.best_ids.get(task),
                     baseline_cost=base, trials_done=sum(self.trials.values()),
-                    lease_seconds=self.worker.lease_seconds, event=event)
+                    lease_seconds=self.worker.lease_seconds, event=event,
+                    more_events=(estimate_event,) if estimate_event is not None else ())
         except LeaseLost as e:
             self.lost = e
             self._stop_engine()
@@ -274,6 +313,8 @@ class _JobRun:
             return
         if best is not None:
             self.best_costs[task] = best if previous is None else min(previous, best)
+        if estimate_event is not None:
+            self.estimate_written, self.estimate_pending = estimate_event[2]["seconds"], False
 
     def _heartbeat_loop(self) -> None:
         """Renew the lease every third of its length while the engine runs."""

@@ -379,6 +379,8 @@ def _reduce_infer(node, ins, opset):
         tuple(s for d, s in enumerate(shape) if d not in axes)
     if node.op_type == "ReduceMean" and ins[0].dtype not in FLOATS:
         raise ShapeError(f"ReduceMean node {node.name!r}: float input only")
+    if ins[0].dtype == "bool":     # the reduction operators take numbers only
+        raise ShapeError(f"{node.op_type} node {node.name!r}: bool input is not supported")
     return [(out, ins[0].dtype)]
 
 

@@ -97,6 +97,11 @@ def _alias(op_type):
     target = ALIAS_TARGETS[op_type]
 
     def infer(node, ins, opset):
+        if op_type == "Dropout" and len(ins) > 2 and ins[2] is not None:
+            training = const_input(node, ins, 2, "training_mode")
+            if bool(np.asarray(training).reshape(-1)[0]):
+                raise ShapeError(f"Dropout node {node.name!r}: training_mode=True is not supported (tunefarm "
+                                 "compiles inference, where Dropout passes its input through)")
         outs = [(target(node, ins, opset), ins[0].dtype)]
         if op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
             outs.append((ins[0].shape, "bool"))

@@ -23,17 +23,20 @@ from .errors import responses
 from .limits import BodyLimit
 from .lowering import Lowering
 from .metrics import ApiMetrics, RequestTiming
-from .routers import best, farm, health, jobs, records, targets, workloads
+from .routers import best, farm, health, jobs, model_jobs, records, targets, workloads
 
 API_PREFIX = "/api/v1"
+DEFAULT_MAX_MODEL_BYTES = 256 << 20   # ResNet-50 in float32 is ~100 MB, BERT-base ~440 MB: raise it for those
 VERSION = "1.0.0"
 
 
 def create_app(store_url: str | None = None, *, public_read: bool = False, tracker: str | None = None,
-               tracker_token: str | None = None, max_body_bytes: int = 8 << 20) -> FastAPI:
+               tracker_token: str | None = None, max_body_bytes: int = 8 << 20,
+               max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES) -> FastAPI:
     """The REST API on the records database at `store_url` (default: $TUNEFARM_DB_URL, else the
     embedded SQLite file). `public_read`: reads need no token. `tracker`/`tracker_token`: where
-    /api/v1/farm gets its live summary. Bodies over `max_body_bytes` are refused with 413."""
+    /api/v1/farm gets its live summary. Bodies over `max_body_bytes` are refused with 413, an
+    uploaded ONNX model (POST /api/v1/jobs/model) over `max_model_bytes`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -47,7 +50,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
                   description="Tuning jobs, measured records and the best schedules of the tunefarm service. "
                               "Reads need a `read` token unless the server is public; writes need `submit`.")
     app.state.settings = ApiSettings(public_read=public_read, tracker=tracker, tracker_token=tracker_token,
-                                     max_body_bytes=max_body_bytes)
+                                     max_body_bytes=max_body_bytes, max_model_bytes=max_model_bytes)
     app.state.token_touches = TokenTouches()
     app.state.token_cache = TokenCache()
     app.state.lowering = Lowering()
@@ -55,7 +58,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     errors.install(app)
 
     shared = responses(401, 403, 503)       # every /api/v1 route: token checks and the database
-    for module in (jobs, records, best, workloads, targets, farm):
+    for module in (model_jobs, jobs, records, best, workloads, targets, farm):
         app.include_router(module.router, prefix=API_PREFIX, responses=shared)
         app.state.metrics.add_routes(module.router.routes, API_PREFIX)
     app.include_router(health.router)
@@ -63,6 +66,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     install_dashboard(app)                  # the web dashboard at / (static files, reads the API above)
     app.state.metrics.add_static(app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    model_limit = (max_model_bytes, "ONNX model", "the server's limit for model uploads (tunefarm serve --max-model-bytes)")
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, paths={API_PREFIX + model_jobs.MODEL_PATH: model_limit})
     app.add_middleware(RequestTiming, metrics=app.state.metrics)     # outermost: times everything, 413s too
     return app

@@ -24,6 +24,7 @@ class ApiSettings:
     tracker: str | None = None
     tracker_token: str | None = None
     max_body_bytes: int = 8 << 20
+    max_model_bytes: int = 256 << 20
 
 
 # async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a hop that cost more

@@ -2,7 +2,9 @@
 
 A declared Content-Length over the limit is refused before a byte of the body is read; a body
 without one (chunked) is counted as it streams and refused when it crosses the limit, so a
-client cannot make the server buffer more than `max_bytes` either way.
+client cannot make the server buffer more than `max_bytes` either way. A route that takes files
+(an ONNX model upload) has its own limit and its own reason (`paths`: {path: (max_bytes, what,
+hint)}: "ONNX model larger than N bytes; <hint>").
 """
 
 from __future__ import annotations
@@ -16,27 +18,33 @@ class BodyTooLarge(HTTPException):
     """Raised from `receive` while the app reads the body: FastAPI lets HTTPExceptions through
     its body parsing, so the app's handler answers 413."""
 
-    def __init__(self, max_bytes: int):
-        super().__init__(413, f"request body larger than {max_bytes} bytes")
+    def __init__(self, max_bytes: int, what: str = "request body", hint: str = ""):
+        super().__init__(413, too_large_message(max_bytes, what, hint))
+
+
+def too_large_message(max_bytes: int, what: str, hint: str = "") -> str:
+    return f"{what} larger than {max_bytes} bytes" + (f"; {hint}" if hint else "")
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: dict | None = None):
         self.app, self.max_bytes = app, int(max_bytes)
+        self.paths = {p: (int(n), what, hint) for p, (n, what, hint) in (paths or {}).items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, what, hint = self.paths.get(scope.get("path", ""), (self.max_bytes, "request body", ""))
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             try:
-                too_large = int(declared) > self.max_bytes
+                too_large = int(declared) > max_bytes
             except ValueError:
                 await _reply(scope, receive, send, 400, "Content-Length is not a number")
                 return
             if too_large:
-                await _reply(scope, receive, send, 413, f"request body larger than {self.max_bytes} bytes", {"Connection": "close"})
+                await _reply(scope, receive, send, 413, too_large_message(max_bytes, what, hint), {"Connection": "close"})
                 return
         seen = 0
         started = False
@@ -46,8 +54,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                if seen > max_bytes:
+                    raise BodyTooLarge(max_bytes, what, hint)
             return message
 
         async def tracking_send(message: Message) -> None:

@@ -98,6 +98,68 @@ class JobTaskOut(BaseModel):
                    disturbed_fraction=t.disturbed_fraction)
 
 
+class CurvePoint(BaseModel):
+    """One point of a model job's estimated end-to-end latency (Σ weight × best of its tasks)."""
+
+    trials: int = Field(description="the job's search trials when the estimate was written")
+    seconds: float
+    final: bool = Field(False, description="the estimate from the bests re-measured at the end of the run")
+
+
+class AllocationOut(BaseModel):
+    """What the task scheduler gave one task of a model job."""
+
+    position: int
+    workload: str
+    weight: float
+    trials: int
+    batches: int
+    share: Num = Field(default=None, description="this task's share of the job's search trials so far")
+
+
+class ModelJobOut(BaseModel):
+    """A model job's model, the scheduler's allocation and the estimated latency (seconds).
+
+    The estimate is the sum over the tasks of weight × best kernel latency: kernel timings added
+    up, not a timing of the whole model (`tunefarm model run` times that)."""
+
+    name: str
+    file_name: str | None = None
+    bytes: int
+    sha256: str
+    nodes: int
+    kernels: int
+    input_shapes: dict[str, list[int]]
+    estimated_seconds: Num = Field(default=None, description="Σ weight × best cost, once every task has one")
+    default_seconds: Num = Field(default=None, description="Σ weight × default schedule's cost")
+    speedup: Num = Field(default=None, description="default_seconds / estimated_seconds")
+    allocation: list[AllocationOut]
+    curve: list[CurvePoint] = Field(default_factory=list, description="the estimate as it fell, oldest first (a "
+                                    "point each time it moved by 1 %, and the final one); only in a job's own view")
+
+    @classmethod
+    def of(cls, job: Job, curve: list[JobEvent] | None = None) -> ModelJobOut | None:
+        source = (job.spec or {}).get("model")
+        if not source:
+            return None
+
+        def weighted(attr):
+            costs = [getattr(t, attr) for t in job.tasks]
+            if any(c is None for c in costs):
+                return None
+            return sum(t.weight * c for t, c in zip(job.tasks, costs))
+
+        est, base = weighted("best_cost"), weighted("baseline_cost")
+        total = sum(t.trials for t in job.tasks)
+        allocation = [AllocationOut(position=t.position, workload=t.task.workload.name, weight=t.weight, trials=t.trials,
+                                    batches=t.batches, share=t.trials / total if total else None) for t in job.tasks]
+        points = [CurvePoint(trials=int(e.data["trials"]), seconds=float(e.data["seconds"]),
+                             final=bool(e.data.get("final", False)))
+                  for e in curve or [] if e.data and "seconds" in e.data]
+        return cls(**source, estimated_seconds=est, default_seconds=base,
+                   speedup=base / est if est and base else None, allocation=allocation, curve=points)
+
+
 class JobOut(BaseModel):
     """A job: state, progress, per-task best and baseline, lease, timings and error."""
 
@@ -125,9 +187,11 @@ class JobOut(BaseModel):
     tasks: list[JobTaskOut]
     spec: dict[str, Any] | None = Field(default=None, description="the submitted spec (in a job's own view, not in lists)")
     errors: int = Field(description="how many of its stored measurements failed")
+    model: ModelJobOut | None = Field(default=None, description="a model job's model, allocation and estimated "
+                                                                "latency (null for other jobs)")
 
     @classmethod
-    def of(cls, job: Job, with_spec: bool = True) -> JobOut:
+    def of(cls, job: Job, with_spec: bool = True, curve: list[JobEvent] | None = None) -> JobOut:
         progress = min(1.0, job.trials_done / job.trials) if job.trials > 0 else 0.0
         return cls(id=job.id, name=job.name, state=JobState(job.state).value, target=job.target, device_key=job.device_key,
                    space=job.space, strategy=job.strategy, scheduler=job.scheduler, priority=job.priority,
@@ -135,7 +199,8 @@ class JobOut(BaseModel):
                    error=job.error, lease_owner=job.lease_owner, lease_expires_at=job.lease_expires_at,
                    created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
                    finished_at=job.finished_at, heartbeat_at=job.heartbeat_at,
-                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None, errors=job.errors)
+                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None, errors=job.errors,
+                   model=ModelJobOut.of(job, curve))
 
 
 class JobPage(BaseModel):

@@ -63,7 +63,11 @@ def list_jobs(store: Store,
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
             summary="A job: state, progress, best so far per task, baseline, errors, timings")
 def get_job(job_id: JobId, store: Store) -> Response:
-    return json_response(JobOut.of(store.get_job(job_id)))
+    """A model job (POST /jobs/model) also has `model`: its tasks' allocation and the estimated
+    end-to-end latency curve (the job's "estimate" events)."""
+    job = store.get_job(job_id)
+    curve = store.job_events(job_id, kind="estimate", limit=MAX_PAGE) if (job.spec or {}).get("model") else None
+    return json_response(JobOut.of(job, curve=curve))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],

@@ -3,7 +3,7 @@
 // coloured by error code. Data arrive incrementally; a chart is rebuilt only when its series
 // change (a new task or error code appears), otherwise uPlot just gets the longer arrays.
 
-import { errorName, fmtGflops, h } from "./dom.js";
+import { errorName, fmt, fmtGflops, h } from "./dom.js";
 
 export const COLORS = ["#1d4ed8", "#c2410c", "#047857", "#7c3aed", "#b91c1c", "#0e7490", "#a16207", "#be185d"];
 const ERROR_COLORS = { 1: "#6b7280", 2: "#dc2626", 3: "#d97706", 4: "#9333ea", 5: "#db2777", 6: "#ea580c", 7: "#0891b2" };
@@ -41,7 +41,8 @@ export class Chart {
     return w < 480 ? Math.round(this.height * 0.85) : this.height;
   }
 
-  /** spec: {xLabel, series: [uPlot series options], data: [xs, ...ys], summary} */
+  /** spec: {xLabel, series: [uPlot series options], data: [xs, ...ys], summary}; optional yLabel,
+   * yFormat(v) and yRange(u, min, max) for a y axis other than GFLOPS (with its error band) */
   set(spec) {
     this.summary.textContent = spec.summary || "";
     if (typeof window.uPlot !== "function") {
@@ -60,10 +61,11 @@ export class Chart {
       width: w,
       height: this.heightFor(w),
       // x from 0 (time: the wait in the queue shows) or from trial 1, to the last point
-      scales: { x: { time: false, range: (u, min, max) => [spec.xMin, Math.max(max ?? spec.xMin + 1, spec.xMin + 1)] }, y: { range: yRange } },
+      scales: { x: { time: false, range: (u, min, max) => [spec.xMin, Math.max(max ?? spec.xMin + 1, spec.xMin + 1)] }, y: { range: spec.yRange || yRange } },
       axes: [
         { ...AXIS, label: spec.xLabel, labelSize: 22, ...(spec.xIncrs ? { incrs: spec.xIncrs } : {}) },
-        { ...AXIS, label: "GFLOPS", labelSize: 22, values: (u, splits) => splits.map((v) => (v < 0 ? "" : fmtGflops(v))) },
+        { ...AXIS, label: spec.yLabel || "GFLOPS", labelSize: 22, size: spec.yLabel ? 70 : 50,
+          values: (u, splits) => splits.map((v) => (v < 0 ? "" : (spec.yFormat || fmtGflops)(v))) },
       ],
       series: [{ label: spec.xLabel, value: (u, v) => (v === null || v === undefined ? "—" : spec.xFormat ? spec.xFormat(v) : String(v)) },
         ...spec.series],
@@ -230,4 +232,41 @@ export function overlay(curves, x) {
     series.push(bestLine(c.label, COLORS[k % COLORS.length]));
   });
   return { ...xAxis(x), series, data };
+}
+
+/**
+ * A model job's estimated end-to-end latency (Σ weight × best of its tasks) against the job's
+ * trials: `curve` as GET /jobs/{id} gives it (model.curve), `defaultSeconds` the same sum over the
+ * default schedules (a dashed line). The y axis from zero, in ms (µs below a millisecond).
+ */
+export function latencyCurve(curve, defaultSeconds) {
+  const top = Math.max(0, ...curve.map((p) => p.seconds), defaultSeconds || 0);
+  const [scale, unit] = top > 0 && top < 1e-3 ? [1e6, "µs"] : [1e3, "ms"];
+  const xs = [];
+  const ys = [];
+  const finals = [];
+  let lastX = -1;
+  for (const p of curve) {
+    lastX = Math.max(lastX + 1e-6, p.trials);      // strictly increasing, as uPlot's search needs
+    xs.push(lastX);
+    ys.push(p.seconds * scale);
+    finals.push(p.final ? p.seconds * scale : null);
+  }
+  const fmtY = (v) => (v === null || v === undefined ? "—" : `${v >= 10 ? fmt(v, 1) : v >= 1 ? fmt(v, 2) : fmt(v, 3)} ${unit}`);
+  const color = COLORS[0];
+  const series = [
+    { label: "estimated latency", stroke: color, width: 2, spanGaps: true,
+      paths: window.uPlot ? window.uPlot.paths.stepped({ align: 1 }) : undefined,
+      points: { show: true, size: 5, stroke: color, fill: `${color}66` }, value: (u, v) => fmtY(v) },
+    { label: "final (re-measured)", stroke: COLORS[2], width: 0, paths: noPath,
+      points: { show: true, size: 9, width: 2, stroke: COLORS[2], fill: "#ffffff" }, value: (u, v) => fmtY(v) },
+  ];
+  const data = [xs, ys, finals];
+  if (defaultSeconds) {
+    series.push({ label: "default schedules", stroke: COLORS[1], width: 1.5, dash: [6, 5], points: { show: false },
+      value: (u, v) => fmtY(v) });
+    data.push(xs.map(() => defaultSeconds * scale));
+  }
+  return { xLabel: "trials", xMin: 0, xIncrs: TRIAL_STEPS, xFormat: (v) => `trial ${Math.round(v)}`,
+    yLabel: `${unit} (estimated)`, yFormat: fmtY, yRange: () => [0, top > 0 ? top * scale * 1.1 : 1], series, data };
 }

@@ -1,4 +1,4 @@
-// #/jobs/12: one job, live. Every 2 s: the job (state, per-task progress), its new events
+// #/jobs/12: one job, live (a model job also shows its model, latency curve and allocation). Every 2 s: the job (state, per-task progress), its new events
 // (`after=`) and its new measurements (`after=`), so a poll costs the same at the end of a long
 // job as at its start; the charts get the appended points without a reload.
 
@@ -6,6 +6,7 @@ import { api } from "../api.js";
 import { Chart, jobConvergence } from "../chart.js";
 import { badge, errorName, fmt, fmtDuration, fmtGflops, fmtSpeedup, fmtTime, h, jobTiming, replace, targetDetails, workloadText } from "../dom.js";
 import { dataTable } from "../table.js";
+import { modelSection } from "./model_section.js";
 import { jobActions } from "./submit.js";
 
 export const title = "Job";
@@ -30,8 +31,10 @@ export async function render(main, { match }, ctx) {
   });
   const events = dataTable(eventColumns(), [], { label: "Events of the job", key: (e) => e.id, empty: "No events yet." });
   const errorsLine = h("p", { class: "muted" });
+  const modelPart = h("div");       // a model job's model, latency curve and allocation (model_section.js)
+  let model = null;
 
-  main.append(heading, status, actions, facts,
+  main.append(heading, status, actions, facts, modelPart,
     h("section", { "aria-labelledby": "conv-h" }, h("h2", { id: "conv-h" }, "Convergence"), h("div", { class: "charts" }, byTrials.el, byTime.el), errorsLine),
     h("section", { "aria-labelledby": "tasks-h" }, h("h2", { id: "tasks-h" }, "Tasks"), tasks.el),
     h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), events.el));
@@ -103,6 +106,13 @@ export async function render(main, { match }, ctx) {
     const summary = chartSummary(job, measurements);
     byTrials.summary.textContent = summary;
     byTime.summary.textContent = summary;
+    if (job.model) {
+      if (!model) {
+        model = modelSection(ctx);
+        modelPart.append(model.el);
+      }
+      model.update(job);
+    }
     const total = job.tasks.reduce((a, x) => a + x.trials, 0);
     tasks.update(job.tasks.map((x) => ({ ...x, share: total ? x.trials / total : null })));
   }
