@@ -34,7 +34,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import state as st
-from .protocol import AUTH_METADATA_KEY, MAX_PACKED_RESULTS, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, llvmlite_problem, pb, pb_grpc
+from .protocol import (
+    ACK_INTERVAL_SECONDS,
+    AUTH_METADATA_KEY,
+    MAX_PACKED_RESULTS,
+    MIN_AGENT_PROTOCOL,
+    PROTOCOL_VERSION,
+    llvmlite_problem,
+    pb,
+    pb_grpc,
+)
 from .targets import DeviceSpec
 
 log = logging.getLogger("rpc_tracker")
@@ -166,7 +175,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         ready = asyncio.Event()
         try:
             agent_id = self.state.register_agent(request.name, request.device_key, device,
-                                                 min(max(1, request.slots), 1024), wake=self._waker(ready))
+                                                 min(max(1, request.slots), 1024), wake=self._waker(ready),
+                                                 prefetch=request.prefetch)
         except st.TrackerError as e:
             await self._fail(context, e)
         try:
@@ -227,16 +237,32 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         return pb.ResultAck(duplicate=duplicate)
 
     async def Report(self, requests, context):
-        """ReportResult's work for every message of the stream, each answered by an ack naming it."""
+        """ReportResult's work for every message of the stream, each answered by an ack naming it;
+        a quiet report only when it is refused or a duplicate, the others by the count in
+        ResultAck.received: at least every ACK_INTERVAL_SECONDS while reports arrive, and when the
+        agent half-closes the stream (one ack message per report was a third of what the tracker
+        sent per request)."""
         await self._auth(context, AGENT)
+        loop = asyncio.get_running_loop()
+        received = confirmed = 0      # reports handled; the count the agent was last told
+        last_count = loop.time()
         async for raw in requests:
             try:
                 request = pb.ResultReport.FromString(raw)
             except DecodeError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
+            received += 1
             code, why, duplicate = self._take_report(request)
-            await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
-                                             status=_CODE_NUMBER[code], detail=why))
+            if not request.quiet or duplicate or code != grpc.StatusCode.OK:
+                await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
+                                                 status=_CODE_NUMBER[code], detail=why, received=received))
+            elif loop.time() - last_count >= ACK_INTERVAL_SECONDS:
+                await context.write(pb.ResultAck(received=received))
+            else:
+                continue
+            confirmed, last_count = received, loop.time()
+        if confirmed < received:  # the agent half-closed: confirm the last quiet reports
+            await context.write(pb.ResultAck(received=received))
 
     async def Drain(self, request: pb.DrainRequest, context):
         await self._auth(context, AGENT)

@@ -90,6 +90,42 @@ def test_report_stream_acks_each_report_and_survives_refusals(tracker):
         connect.cancel()
 
 
+def test_quiet_reports_are_confirmed_by_count_and_work_comes_ahead(tracker):
+    """Protocol 4 on the wire: an agent of one slot that takes one request ahead is pushed two at once
+    when more are queued, and a third as it reports the first; quiet reports are acked by name only
+    when refused or duplicate, and the rest by ResultAck.received, last when the agent half-closes."""
+    with make_channel(tracker.address) as ch:
+        stub = pb_grpc.TrackerStub(ch)
+        amd, tmd = auth_metadata(AGENT_TOKEN), auth_metadata(TUNER_TOKEN)
+        connect = stub.Connect(pb.Hello(protocol_version=PROTOCOL_VERSION, device_key="k", device=device(), slots=1,
+                                        prefetch=1, name="ahead"), metadata=amd, timeout=30)
+        agent_id = next(connect).welcome.agent_id
+        reqs = requests(3)
+        answers = stub.Measure(pb.MeasureBatch(device_key="k", requests=reqs), metadata=tmd, timeout=30)
+        first, second = (next(connect).work for _ in range(2))       # one for its slot, one ahead
+        assert [first.request.request_id, second.request.request_id] == [r.request_id for r in reqs[:2]]
+        assert second.lease_seconds > first.lease_seconds            # it waits behind the first: a longer lease
+        a, b = first.request.request_id, second.request.request_id
+        reports = iter([pb.ResultReport(agent_id=agent_id, result=result(a), quiet=True),         # taken
+                        pb.ResultReport(agent_id=agent_id, result=result(a), quiet=True),         # a duplicate
+                        pb.ResultReport(agent_id=agent_id, result=result("nobody's"), quiet=True)])  # not held
+        acks = stub.Report(reports, metadata=amd, timeout=30)
+        third = next(connect).work                                    # a reported, so a third comes ahead of b
+        assert third.request.request_id == reqs[2].request_id
+        acks = list(acks)
+        named = [(x.request_id, x.status, x.duplicate, x.received) for x in acks if x.request_id]
+        assert named == [(a, 0, True, 2), ("nobody's", grpc.StatusCode.FAILED_PRECONDITION.value[0], False, 3)]
+        counts = [x.received for x in acks]                           # count-only acks may come between
+        assert counts[-1] == 3 and counts == sorted(counts)            # the refusal's count confirms all three
+        quiet = [pb.ResultReport(agent_id=agent_id, result=result(rid), quiet=True) for rid in (b, third.request.request_id)]
+        acks = list(stub.Report(iter(quiet), metadata=amd, timeout=30))
+        assert [(x.request_id, x.received) for x in acks][-1] == ("", 2) and not any(x.request_id for x in acks)
+        got = [r for m in answers for r in unpack_results(m)]
+        assert sorted(r.request_id for r in got) == sorted(r.request_id for r in reqs)
+        assert all(r.attempts == 1 and r.error_code == 0 for r in got)
+        connect.cancel()
+
+
 def test_report_stream_needs_the_agent_token(tracker):
     with make_channel(tracker.address) as ch:
         stub = pb_grpc.TrackerStub(ch)
