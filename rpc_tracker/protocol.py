@@ -35,8 +35,9 @@ MIN_AGENT_PROTOCOL = 3
 # would only keep requests from agents that free up meanwhile.
 MAX_PREFETCH = 1
 
-# A quiet Report stream hears a count-only ResultAck at least this often while reports arrive:
-# what an agent re-sends after a broken stream is at most this long's worth of reports.
+# A quiet report is confirmed (a count-only ResultAck) within this of the tracker taking it, one
+# count for all taken meanwhile: what an agent re-sends after a broken stream is at most this
+# long's worth of reports, and a busy stream hears one ack per interval instead of one per report.
 ACK_INTERVAL_SECONDS = 0.25
 
 # The llvmlite releases an agent may load kernels with: [AGENT_LLVMLITE_MIN, AGENT_LLVMLITE_BELOW).

@@ -239,30 +239,55 @@ class TrackerServicer(pb_grpc.TrackerServicer):
     async def Report(self, requests, context):
         """ReportResult's work for every message of the stream, each answered by an ack naming it;
         a quiet report only when it is refused or a duplicate, the others by the count in
-        ResultAck.received: at least every ACK_INTERVAL_SECONDS while reports arrive, and when the
-        agent half-closes the stream (one ack message per report was a third of what the tracker
-        sent per request)."""
+        ResultAck.received, sent within ACK_INTERVAL_SECONDS of taking them and when the agent
+        half-closes (one ack message per report was a third of what the tracker wrote per request).
+        Writes are serialized by a lock: the count may be sent by a timer while the loop reads."""
         await self._auth(context, AGENT)
         loop = asyncio.get_running_loop()
+        writing = asyncio.Lock()
         received = confirmed = 0      # reports handled; the count the agent was last told
-        last_count = loop.time()
-        async for raw in requests:
-            try:
-                request = pb.ResultReport.FromString(raw)
-            except DecodeError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
-            received += 1
-            code, why, duplicate = self._take_report(request)
-            if not request.quiet or duplicate or code != grpc.StatusCode.OK:
-                await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
-                                                 status=_CODE_NUMBER[code], detail=why, received=received))
-            elif loop.time() - last_count >= ACK_INTERVAL_SECONDS:
-                await context.write(pb.ResultAck(received=received))
-            else:
-                continue
-            confirmed, last_count = received, loop.time()
-        if confirmed < received:  # the agent half-closed: confirm the last quiet reports
-            await context.write(pb.ResultAck(received=received))
+        timer: asyncio.TimerHandle | None = None
+        ended = False
+
+        async def confirm() -> None:
+            nonlocal confirmed
+            async with writing:
+                if confirmed < received and not ended:
+                    n = received
+                    try:
+                        await context.write(pb.ResultAck(received=n))
+                    except Exception:  # noqa: BLE001 - the stream ended meanwhile: the agent re-sends
+                        return
+                    confirmed = max(confirmed, n)
+
+        def on_timer() -> None:
+            nonlocal timer
+            timer = None
+            asyncio.ensure_future(confirm())
+
+        try:
+            async for raw in requests:
+                try:
+                    request = pb.ResultReport.FromString(raw)
+                except DecodeError as e:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
+                received += 1
+                code, why, duplicate = self._take_report(request)
+                if not request.quiet or duplicate or code != grpc.StatusCode.OK:
+                    n = received
+                    async with writing:
+                        await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
+                                                         status=_CODE_NUMBER[code], detail=why, received=n))
+                        confirmed = max(confirmed, n)
+                elif timer is None:
+                    timer = loop.call_later(ACK_INTERVAL_SECONDS, on_timer)
+            if timer is not None:
+                timer.cancel()
+            await confirm()  # the agent half-closed: confirm the last quiet reports
+        finally:
+            ended = True
+            if timer is not None:
+                timer.cancel()
 
     async def Drain(self, request: pb.DrainRequest, context):
         await self._auth(context, AGENT)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from processes import kill_group, wait_for
 from compiler.target import Target
 from rpc_tracker import servicer as servicer_module
 from rpc_tracker.client import farm_summary, make_channel
-from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc, unpack_results
+from rpc_tracker.protocol import ACK_INTERVAL_SECONDS, PROTOCOL_VERSION, auth_metadata, pb, pb_grpc, unpack_results
 from rpc_tracker.server import TrackerConfig, start_tracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,9 +118,16 @@ def test_quiet_reports_are_confirmed_by_count_and_work_comes_ahead(tracker):
         assert named == [(a, 0, True, 2), ("nobody's", grpc.StatusCode.FAILED_PRECONDITION.value[0], False, 3)]
         counts = [x.received for x in acks]                           # count-only acks may come between
         assert counts[-1] == 3 and counts == sorted(counts)            # the refusal's count confirms all three
-        quiet = [pb.ResultReport(agent_id=agent_id, result=result(rid), quiet=True) for rid in (b, third.request.request_id)]
-        acks = list(stub.Report(iter(quiet), metadata=amd, timeout=30))
-        assert [(x.request_id, x.received) for x in acks][-1] == ("", 2) and not any(x.request_id for x in acks)
+        # taken quiet reports on a stream that stays open are confirmed by the timer, within ACK_INTERVAL_SECONDS
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        for rid in (b, third.request.request_id):
+            outbox.put(pb.ResultReport(agent_id=agent_id, result=result(rid), quiet=True))
+        acks = stub.Report(iter(outbox.get, None), metadata=amd, timeout=30)
+        t0 = time.monotonic()
+        ack = next(acks)
+        assert (ack.request_id, ack.received) == ("", 2) and time.monotonic() - t0 < 5 * ACK_INTERVAL_SECONDS + 2
+        outbox.put(None)
+        assert list(acks) == []                                       # nothing left to confirm at the half-close
         got = [r for m in answers for r in unpack_results(m)]
         assert sorted(r.request_id for r in got) == sorted(r.request_id for r in reqs)
         assert all(r.attempts == 1 and r.error_code == 0 for r in got)
