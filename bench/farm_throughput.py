@@ -75,6 +75,9 @@ cycle. This process submits one Measure batch of 100 requests per agent (6400), 
 submits a tuning round, after a warm-up batch.
 
 - `agents_64_requests_per_second`: requests / (last answer read − the Measure call).
+  `agents_64_timeline_ms` splits that wall: the first request started (the batch's transfer,
+  parse, checks and queueing: a fixed cost of the batch, about 8 % of the wall here), every agent
+  busy, the last report, the last answer.
 - `agents_64_overhead_ms_p50` (p90 beside it): for each request r, handed to light agent a,
 
       overhead(r) = t_answer(r) − t_free(r) − service(r)
@@ -834,11 +837,15 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
             free = max(t0, t_report)
     wall = max(t for t, _ in results.values()) - t0
     n = len(ids)
+    starts = sorted(r[3] for r in records if r[0] in wanted)
+    # how the wall splits: the batch reaching the agents, the agents busy, the last answers coming in
+    phases = {"first_start": starts[0] - t0, "all_started": max(seq[0][3] for seq in by_agent.values()) - t0,
+              "last_report": max(r[4] for r in records if r[0] in wanted) - t0, "last_answer": wall}
     cpu = {"tracker": (c1[0] - c0[0]) * 1000.0 / n, "light_agents": (c1[1] - c0[1]) * 1000.0 / n,
            "tuner": (c1[2] - c0[2]) * 1000.0 / n}
     return {"agents": n_agents, "procs": procs, "service_ms": service_ms, "requests": n, "wall": wall,
             "stream_seconds": t_end - t0, "rps": n / wall, "result_messages": messages, "packed": pack,
-            "ahead": ahead,
+            "ahead": ahead, "phases": phases,
             "ideal_rps": n_agents / (service_ms / 1000.0),
             "overhead": over, "gap": gap, "deliver": deliver, "service": service, "check": check,
             "cpu_ms": cpu, "tracker_cores": (c1[0] - c0[0]) / wall, "profile": parts,
@@ -860,6 +867,10 @@ def report_light(lp: dict) -> dict:
           f"{lp['rps']:.0f} req/s ({lp['rps'] / lp['ideal_rps']:.1%} of the service-time bound)")
     print(f"  results came in {lp['result_messages']} Measure stream messages "
           f"({'packed: MeasureBatch.pack_results' if lp['packed'] else 'one result each: --light-single-results'})")
+    ph = lp["phases"]
+    print(f"  the first request started {_ms(ph['first_start']):.0f} ms after the Measure call (every agent busy after "
+          f"{_ms(ph['all_started']):.0f} ms: the batch's transfer, checks and queueing); the last report "
+          f"{_ms(ph['last_report']):.0f} ms, the last answer {_ms(ph['last_answer']):.0f} ms after it")
     print(f"  {lp['ahead']} requests ({lp['ahead'] / lp['requests']:.1%}) were at their agent before it was free "
           f"(leased ahead: Hello.prefetch)")
     rows = [("overhead per request (the figure)", lp["overhead"]),
@@ -896,6 +907,7 @@ def report_light(lp: dict) -> dict:
         f"agents_{n}_requests_per_second": round(lp["rps"], 1),
         f"agents_{n}_result_messages": lp["result_messages"],
         f"agents_{n}_leased_ahead": lp["ahead"],
+        f"agents_{n}_timeline_ms": {k: round(_ms(v), 1) for k, v in lp["phases"].items()},
         f"agents_{n}_overhead_ms_p50": _pct_ms(lp["overhead"], .5),
         f"agents_{n}_overhead_ms_p90": _pct_ms(lp["overhead"], .9),
         f"agents_{n}_dispatch_ms_p50": _pct_ms(lp["gap"], .5),
