@@ -66,30 +66,36 @@ so a slow drift of the machine's speed cancels, and pools both rounds for each N
 What 64 devices cost one tracker, measured without 64 devices. `bench/light_agents.py` is a LOAD
 GENERATOR, not a device agent: 2 processes × 32 asyncio agents, each with its own gRPC channel (its
 own TCP connection) speaking the real protocol through the generated stubs (Connect(Hello) with the
-agent token, Welcome, Heartbeat with the ids held, one ResultReport per request on its Report
-stream, acknowledged by request id, Drain). It does not load kernels: each light agent holds a
-request for a FIXED SERVICE TIME of 30 ms (`--light-service-ms`) and answers it, so 64 agents can
+agent token, one slot and one request ahead (Hello.prefetch, as the device agent), Welcome,
+Heartbeat with the ids held, one quiet ResultReport per request on its Report stream, confirmed by
+the tracker's count, Drain). It does not load kernels: each light agent serves its requests one
+at a time for a FIXED SERVICE TIME of 30 ms (`--light-service-ms`) each and answers, so 64 agents can
 do at most 64 / 30 ms = 2133 req/s, and 2000 req/s needs the farm to add under 2 ms per request
 cycle. This process submits one Measure batch of 100 requests per agent (6400), as RPCRunner
 submits a tuning round, after a warm-up batch.
 
 - `agents_64_requests_per_second`: requests / (last answer read − the Measure call).
+  `agents_64_timeline_ms` splits that wall: the first request started (the batch's transfer,
+  parse, checks and queueing: a fixed cost of the batch, about 8 % of the wall here), every agent
+  busy, the last report, the last answer.
 - `agents_64_overhead_ms_p50` (p90 beside it): for each request r, handed to light agent a,
 
       overhead(r) = t_answer(r) − t_free(r) − service(r)
 
   t_free(r): when r could have started, the later of the Measure call and the moment a sent its
-  previous report (from then on a was idle while r was queued); service(r): a's own time on r,
-  Work received → report sent, as a measured it (what run_seconds says); t_answer(r): when this
-  process read r's answer from its Measure stream. Timestamps are CLOCK_MONOTONIC, one clock for
-  the three processes. So the overhead is all of the time between "an agent is free and r waits"
-  and "the tuner holds r's answer" that is not the agent's: the report's way to the tracker, the
-  dispatch, the Work's way to the agent (the dispatch leg), and the answer's way to the tuner (the
-  answer leg), both legs printed. It counts the loopback gRPC hops and the time the light agents'
-  and this process's own event loops take to read them, so it is an upper bound on the tracker's
-  own time: measured from outside, on the requests of a full queue, nothing estimated.
+  previous report (from then on a was idle while r was queued or waiting at a); service(r): a's
+  own time on r, from starting it (the later of its Work arriving and t_free(r)) to sending its
+  report, as a measured it (what run_seconds says); t_answer(r): when this process read r's answer
+  from its Measure stream. Timestamps are CLOCK_MONOTONIC, one clock for the three processes. So
+  the overhead is all of the time between "an agent is free and r waits" and "the tuner holds r's
+  answer" that is not the agent's: the dispatch leg (t_free → a starts r: the report's way to the
+  tracker, the dispatch, the Work's way to the agent; near 0 when r was leased ahead and was at a
+  already, the count of those is printed) and the answer leg (report sent → this process has the
+  answer), both printed. It counts the loopback gRPC hops and the time the light agents' and this
+  process's own event loops take to read them, so it is an upper bound on the tracker's own
+  time: measured from outside, on the requests of a full queue, nothing estimated.
 - No request lost or doubled: every submitted id must be answered exactly once on the Measure
-  stream, handed to exactly one light agent (its records), its report acknowledged as taken, and
+  stream, handed to exactly one light agent (its records), its report confirmed as taken, and
   the answer must name that agent; no answer for an id not submitted. Any miss fails the bench.
 - CPU: utime + stime from /proc/<pid>/stat of the tracker, the light-agent processes and this
   process over the timed batch, per request; `agents_64_tracker_cores` is the tracker's CPU
@@ -105,6 +111,7 @@ Prints a table, then as the last line one JSON object.
 
     .venv/bin/python bench/farm_throughput.py [--sleep-us 12500] [--per-agent 40] [--agents 1,2,4] [--rounds 2]
         [--light-agents 64] [--light-service-ms 30] [--light-per-agent 100] [--light-procs 2] [--no-profile]
+    .venv/bin/python bench/farm_throughput.py --light-only     # the 64-light-agent phase alone
 """
 
 from __future__ import annotations
@@ -811,27 +818,34 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
 
     # ---- overhead per request: from the moment it could start to the tuner holding its answer, minus the agent's time
     over, gap, deliver, service = [], [], [], []
+    ahead = 0
     by_agent: dict = {}
     for rid in ids:
         (r,) = worked[rid]
         by_agent.setdefault(r[1], []).append(r)
     for seq in by_agent.values():
-        seq.sort(key=lambda r: r[2])
+        seq.sort(key=lambda r: r[3])
         free = t0
-        for rid, _, t_work, t_report, _, _ in seq:
+        for rid, _, t_work, t_start, t_report, _ in seq:
             t_answer = results[rid][0]
-            svc = t_report - t_work
-            gap.append(t_work - free)
+            svc = t_report - t_start
+            ahead += t_work < free          # the Work was at the agent before it was free
+            gap.append(t_start - free)
             deliver.append(t_answer - t_report)
             service.append(svc)
             over.append(t_answer - free - svc)
             free = max(t0, t_report)
     wall = max(t for t, _ in results.values()) - t0
     n = len(ids)
+    starts = sorted(r[3] for r in records if r[0] in wanted)
+    # how the wall splits: the batch reaching the agents, the agents busy, the last answers coming in
+    phases = {"first_start": starts[0] - t0, "all_started": max(seq[0][3] for seq in by_agent.values()) - t0,
+              "last_report": max(r[4] for r in records if r[0] in wanted) - t0, "last_answer": wall}
     cpu = {"tracker": (c1[0] - c0[0]) * 1000.0 / n, "light_agents": (c1[1] - c0[1]) * 1000.0 / n,
            "tuner": (c1[2] - c0[2]) * 1000.0 / n}
     return {"agents": n_agents, "procs": procs, "service_ms": service_ms, "requests": n, "wall": wall,
             "stream_seconds": t_end - t0, "rps": n / wall, "result_messages": messages, "packed": pack,
+            "ahead": ahead, "phases": phases,
             "ideal_rps": n_agents / (service_ms / 1000.0),
             "overhead": over, "gap": gap, "deliver": deliver, "service": service, "check": check,
             "cpu_ms": cpu, "tracker_cores": (c1[0] - c0[0]) / wall, "profile": parts,
@@ -853,8 +867,14 @@ def report_light(lp: dict) -> dict:
           f"{lp['rps']:.0f} req/s ({lp['rps'] / lp['ideal_rps']:.1%} of the service-time bound)")
     print(f"  results came in {lp['result_messages']} Measure stream messages "
           f"({'packed: MeasureBatch.pack_results' if lp['packed'] else 'one result each: --light-single-results'})")
+    ph = lp["phases"]
+    print(f"  the first request started {_ms(ph['first_start']):.0f} ms after the Measure call (every agent busy after "
+          f"{_ms(ph['all_started']):.0f} ms: the batch's transfer, checks and queueing); the last report "
+          f"{_ms(ph['last_report']):.0f} ms, the last answer {_ms(ph['last_answer']):.0f} ms after it")
+    print(f"  {lp['ahead']} requests ({lp['ahead'] / lp['requests']:.1%}) were at their agent before it was free "
+          f"(leased ahead: Hello.prefetch)")
     rows = [("overhead per request (the figure)", lp["overhead"]),
-            ("  dispatch leg: agent free -> its next Work", lp["gap"]),
+            ("  dispatch leg: agent free -> starts its next", lp["gap"]),
             ("  answer leg: report sent -> tuner has the answer", lp["deliver"]),
             ("agent service time (excluded)", lp["service"])]
     w = max(len(r[0]) for r in rows)
@@ -886,6 +906,8 @@ def report_light(lp: dict) -> dict:
     return {
         f"agents_{n}_requests_per_second": round(lp["rps"], 1),
         f"agents_{n}_result_messages": lp["result_messages"],
+        f"agents_{n}_leased_ahead": lp["ahead"],
+        f"agents_{n}_timeline_ms": {k: round(_ms(v), 1) for k, v in lp["phases"].items()},
         f"agents_{n}_overhead_ms_p50": _pct_ms(lp["overhead"], .5),
         f"agents_{n}_overhead_ms_p90": _pct_ms(lp["overhead"], .9),
         f"agents_{n}_dispatch_ms_p50": _pct_ms(lp["gap"], .5),
@@ -903,6 +925,39 @@ def report_light(lp: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
+
+def light_only(args) -> int:
+    """--light-only: the scale phase on its own tracker, its table and JSON line."""
+    if args.light_agents < 1 or args.light_procs < 1 or args.light_service_ms <= 0 or args.light_per_agent < 2:
+        raise SystemExit("bad --light-agents / --light-procs / --light-service-ms / --light-per-agent")
+    t_begin = time.monotonic()
+    target = Target.host()
+    kbytes = sleep_copy_kernel(args.sleep_us, target).to_bytes()  # the light agents never load it
+    print(f"host: {os.cpu_count()} cores, {target.cpu}, load average {os.getloadavg()[0]:.2f} at start; tracker "
+          f"and light agents are subprocesses on 127.0.0.1", flush=True)
+    with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
+        farm = Farm(Path(tmp))
+        client = None
+        try:
+            farm.start_tracker()
+            client = Client(farm, kbytes, str(target), timeout_seconds=10.0)
+            light = light_phase(farm, client, args.light_agents, min(args.light_procs, args.light_agents),
+                                args.light_service_ms, args.light_per_agent, not args.no_profile,
+                                pack=not args.light_single_results)
+        except Exception:
+            for name in ["tracker.log"] + sorted(f.name for f in Path(tmp).glob("light-*.log")):
+                print(f"--- {name}\n{farm.log_tail(name)}", file=sys.stderr)
+            raise
+        finally:
+            if client is not None:
+                client.close()
+            farm.close()
+    summary = report_light(light)
+    summary["cpu_cores"] = os.cpu_count()
+    summary["seconds"] = round(time.monotonic() - t_begin, 1)
+    print(json.dumps(summary))
+    return 0
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -933,11 +988,16 @@ def main(argv=None) -> int:
                    help="the tuner of the light phase reads one result per message (does not set "
                         "MeasureBatch.pack_results), as a tuner from before packed results")
     p.add_argument("--no-profile", action="store_true", help="do not sample the tracker with py-spy")
+    p.add_argument("--light-only", action="store_true",
+                   help="run the light-agent phase alone (no real agents; its figures only): the quick loop "
+                        "while working on the tracker")
     p.add_argument("--fake-agent", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--key-for-fake", default="bench-noop", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.fake_agent:
         return fake_agent(args.fake_agent, args.key_for_fake)
+    if args.light_only:
+        return light_only(args)
     counts = [int(x) for x in args.agents.split(",") if x.strip()]
     if not counts or any(c < 1 for c in counts) or args.sleep_us < 1 or args.per_agent < 2 or args.rounds < 1:
         p.error("bad --agents / --sleep-us / --per-agent / --rounds")

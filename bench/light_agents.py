@@ -3,14 +3,17 @@
 It puts many agents on one tracker from one process, to measure the tracker alone: each light
 agent is an asyncio task with its own gRPC channel (its own TCP connection, like a separate
 host) that speaks the real farm protocol through the generated stubs, as device_agent.agent
-does: Connect(Hello) with the agent token and protocol version, read Welcome, Heartbeat every
-`heartbeat_seconds` with the request ids it holds, one ResultReport per Work on its Report stream
-(each acknowledged by a ResultAck naming the request), Drain before it leaves.
+does: Connect(Hello) with the agent token, protocol version, one slot and one request ahead
+(Hello.prefetch), read Welcome, Heartbeat every `heartbeat_seconds` with the request ids it holds,
+one quiet ResultReport per Work on its Report stream (refusals and duplicates are acknowledged by
+request id, the rest by the count in ResultAck.received), Drain before it leaves.
 
-What it does NOT do is measure: it never loads the kernel it is sent. It holds each request for
-a fixed SERVICE TIME (asyncio.sleep, stated by the bench) and answers costs=[service time] with
-run_seconds = its own time from receiving the Work to sending the report, so everything else a
-request spends between the tuner and the answer is the farm's.
+What it does NOT do is measure: it never loads the kernel it is sent. It serves its requests one
+at a time, in the order they came: each for a fixed SERVICE TIME (asyncio.sleep, stated by the
+bench) from the moment it starts it (when the Work arrives, or when the request before it is
+reported if the Work came ahead), and answers costs=[service time] with run_seconds = its own
+time from that start to sending the report, so everything else a request spends between the
+tuner and the answer is the farm's.
 
 Timestamps are time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine),
 so the bench can line them up with the tuner's and the tracker's.
@@ -21,8 +24,9 @@ Run by the bench as a subprocess:
 
 It prints `ready N` once all N agents are welcomed; on a `stop` line (or end of input) every agent
 drains and closes, the records go to FILE as JSON and it prints `done`. Records, per Work received:
-[request_id, agent_index, t_work, t_report, t_ack, outcome] where outcome is "ok", "duplicate",
-the gRPC status name of a refused report, or "no ack". The agent token comes from $TUNEFARM_AGENT_TOKEN.
+[request_id, agent_index, t_work, t_start, t_report, outcome] where outcome is "ok" (confirmed by
+the tracker's count, not refused), "duplicate", the gRPC status name of a refused report, or
+"no ack" (never confirmed). The agent token comes from $TUNEFARM_AGENT_TOKEN.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, channel_options, client_keepalive_options, pb, pb_grpc  # noqa: E402
+from rpc_tracker.protocol import MAX_PREFETCH, PROTOCOL_VERSION, auth_metadata, channel_options, client_keepalive_options, pb, pb_grpc  # noqa: E402
+
+_STATUS_NAME = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
 class LightAgent:
@@ -62,15 +68,20 @@ class LightAgent:
         self.heartbeat_seconds = 2.0
         self.holding: set = set()
         self.welcomed = asyncio.Event()
-        self.serving: set = set()
+        self.inbox: asyncio.Queue = asyncio.Queue()   # (request, t_work) in arrival order
         self.call = None
         self.report_call = None
-        self.acks: dict = {}     # request id -> (t_ack, outcome)
+        self.serve_task = None
+        self.writing = None      # the report being written on the Report stream
+        self.sent = 0            # reports written on the Report stream
+        self.seq: dict = {}      # request id -> its report's position on the stream (1-based)
+        self.refused: dict = {}  # request id -> outcome of an ack that named it ("duplicate", a status name)
+        self.confirmed = 0       # the tracker's count: reports of the stream it has handled
         self.acks_task = None
 
     async def run(self) -> None:
         hello = pb.Hello(protocol_version=PROTOCOL_VERSION, device_key=self.key, slots=1, name=self.name,
-                         device=self.device)
+                         device=self.device, prefetch=MAX_PREFETCH)
         self.call = self.stub.Connect(hello, metadata=self.md)
         hb = None
         try:
@@ -82,11 +93,12 @@ class LightAgent:
                     hb = asyncio.ensure_future(self._heartbeats())
                     self.report_call = self.stub.Report(metadata=self.md)
                     self.acks_task = asyncio.ensure_future(self._read_acks(self.report_call))
+                    self.serve_task = asyncio.ensure_future(self._serve())
                     self.welcomed.set()
                 elif kind == "work":
-                    t = asyncio.ensure_future(self._serve(msg.work.request, time.monotonic()))
-                    self.serving.add(t)
-                    t.add_done_callback(self.serving.discard)
+                    request = msg.work.request
+                    self.holding.add(request.request_id)
+                    self.inbox.put_nowait((request, time.monotonic()))
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
                 raise
@@ -94,29 +106,40 @@ class LightAgent:
             if hb is not None:
                 hb.cancel()
 
-    async def _serve(self, request, t_work: float) -> None:
-        rid = request.request_id
-        self.holding.add(rid)
-        try:
+    async def _serve(self) -> None:
+        """One request at a time (one slot), in arrival order: a request that came ahead starts the
+        moment the one before it is reported."""
+        while True:
+            request, t_work = await self.inbox.get()
+            if request is None:
+                return
+            rid = request.request_id
+            t_start = time.monotonic()
             await asyncio.sleep(self.service)
             t_report = time.monotonic()
-            result = pb.MeasureResult(request_id=rid, costs=[self.service], run_seconds=t_report - t_work,
+            result = pb.MeasureResult(request_id=rid, costs=[self.service], run_seconds=t_report - t_start,
                                       agent=self.name)
-            await self.report_call.write(pb.ResultReport(agent_id=self.agent_id, result=result))
-            self.records.append([rid, self.index, t_work, t_report])
-        finally:
+            self.sent += 1
+            self.seq[rid] = self.sent
+            # the report goes out while the next request runs, as the device agent's slot hands it to
+            # its Report stream and goes on (one write at a time on a stream: the last one is long done)
+            if self.writing is not None:
+                await self.writing
+            self.writing = asyncio.ensure_future(
+                self.report_call.write(pb.ResultReport(agent_id=self.agent_id, result=result, quiet=True)))
+            self.records.append([rid, self.index, t_work, t_start, t_report])
             self.holding.discard(rid)
 
     async def _read_acks(self, call) -> None:
-        """Every report's ack, by request id: when it came and what it said."""
+        """Acks naming a report (a refusal or a duplicate) and the tracker's count of reports handled."""
         try:
             while True:
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     return
-                outcome = "duplicate" if ack.duplicate else "ok" if ack.status == 0 else \
-                    grpc.StatusCode(next(c for c in grpc.StatusCode if c.value[0] == ack.status)).name
-                self.acks[ack.request_id] = (time.monotonic(), outcome)
+                if ack.request_id and (ack.duplicate or ack.status != 0):
+                    self.refused[ack.request_id] = "duplicate" if ack.duplicate else _STATUS_NAME.get(ack.status, "UNKNOWN")
+                self.confirmed = max(self.confirmed, ack.received)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
                 raise
@@ -137,15 +160,19 @@ class LightAgent:
                 await self.stub.Drain(pb.DrainRequest(agent_id=self.agent_id), metadata=self.md, timeout=10)
             except grpc.aio.AioRpcError:
                 pass
-        if self.serving:
-            await asyncio.wait(list(self.serving), timeout=10)
+        if self.serve_task is not None:
+            self.inbox.put_nowait((None, 0.0))  # after what is held: finish it all, then stop
+            await asyncio.wait_for(self.serve_task, 10)
+        if self.writing is not None:
+            await self.writing
         if self.report_call is not None:
-            await self.report_call.done_writing()  # the tracker acks what it has, then ends the stream
+            await self.report_call.done_writing()  # the tracker confirms what it has, then ends the stream
             await asyncio.wait_for(self.acks_task, 10)
         if self.call is not None:
             self.call.cancel()
         for r in self.records:
-            r.extend(self.acks.get(r[0], (None, "no ack")))
+            rid = r[0]
+            r.append(self.refused.get(rid) or ("ok" if self.seq[rid] <= self.confirmed else "no ack"))
         await self.channel.close()
 
 
@@ -194,7 +221,11 @@ def main(argv=None) -> int:
     p.add_argument("--service-ms", type=float, default=20.0, help="fixed service time per request")
     p.add_argument("--out", required=True, help="file the records are written to (JSON)")
     args = p.parse_args(argv)
-    return asyncio.run(main_async(args))
+    try:  # the tracker's loop too (rpc_tracker.server): the load costs this machine less CPU
+        import uvloop
+    except ImportError:
+        return asyncio.run(main_async(args))
+    return uvloop.run(main_async(args))
 
 
 if __name__ == "__main__":

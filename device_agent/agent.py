@@ -15,10 +15,18 @@ Lifecycle:
   tracker says it no longer knows the agent (NOT_FOUND) or heartbeats keep failing for three
   periods, the connection is abandoned and registered again;
 - each Work is queued to the slots; a slot checks that this host can run the request's target,
-  measures it and reports it: as a message on the session's Report stream (`_ReportStream`; a
-  message costs the tracker a fraction of what a call does), or with a ReportResult call when the
-  tracker predates that stream (UNIMPLEMENTED), the stream broke, or its ack is late (a report
-  that got through twice is acknowledged as a duplicate: nothing is counted twice).
+  measures it and reports it: as a quiet message on the session's Report stream (`_ReportStream`;
+  a message costs the tracker a fraction of what a call does), and goes on to its next request
+  without waiting for the tracker. The tracker names a report only when it refuses it or it is a
+  duplicate, and confirms the others by count; reports not confirmed when the stream ends (broken,
+  a tracker from before the stream: UNIMPLEMENTED) are sent again with ReportResult, which
+  retries (a report that got through twice is acknowledged as a duplicate: nothing is counted twice);
+- the agent takes `prefetch` requests ahead of its slots (Hello.prefetch, default 1): when the
+  farm's queue is longer than its free agents, the tracker leases it the next request while it is
+  measuring, and a slot starts that the moment it finishes, without a dispatch round trip between
+  two measurements. The next Work arrives while a kernel is being timed; that costs the agent
+  process a message's parse, on a core the worker's timing does not use when the host has more
+  than one (--prefetch 0 turns it off for a single-core board).
   FAILED_PRECONDITION (the lease had moved to another agent) and
   NOT_FOUND (the tracker restarted or dropped this connection) replies are logged, not fatal:
   the request is answered elsewhere or submitted again by its tuner;
@@ -32,7 +40,8 @@ Lifecycle:
   against a plaintext tracker): retrying cannot help, so the agent exits with EXIT_REFUSED and
   says why;
 - SIGTERM / SIGINT (`request_stop`): Drain (the tracker sends no more work), finish and report
-  what is held, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
+  what is held (a request received ahead too: it is leased to this agent), wait for the tracker to
+  confirm the reports, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import random
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import grpc
@@ -80,6 +90,7 @@ class AgentConfig:
     device_key: str
     token: str | None = None
     slots: int = 1
+    prefetch: int = 1                 # requests taken ahead of the slots (Hello.prefetch; 0: none)
     name: str | None = None           # default hostname-pid
     tls_ca: str | None = None         # PEM file of the CA that signed the tracker's certificate
     drain_grace_seconds: float = 60.0
@@ -95,6 +106,8 @@ class AgentConfig:
             raise ValueError(f"tracker address must be HOST:PORT, got {self.tracker!r}")
         if self.slots < 1:
             raise ValueError(f"slots must be at least 1, got {self.slots}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must not be negative, got {self.prefetch}")
         if self.drain_grace_seconds < 0:
             raise ValueError("drain grace period must not be negative")
 
@@ -116,57 +129,75 @@ def make_tracker_channel(address: str, tls_ca: str | None = None) -> grpc.Channe
 
 
 class _ReportStream:
-    """A session's Report stream: each result one message, its ResultAck matched by request id.
+    """A session's Report stream: results as quiet messages, confirmed by the tracker's count.
 
-    `send` returns the ack, or None when the stream cannot say (the tracker predates it, the stream
-    broke, the ack is late): the caller then reports with ReportResult, which retries.
+    `send` queues a report and returns at once, so a slot goes on to its next request. The tracker
+    answers a quiet report by request id only when it refuses it or it is a duplicate (logged here)
+    and confirms the others with ResultAck.received, the number of this stream's reports it has
+    handled; a tracker of protocol 3 acks every report by request id, which confirms it as well.
+    Reports not confirmed when the stream ends (it broke, the tracker predates it, the session
+    closed) go to `resend`, which reports them with ReportResult: one that got through is answered
+    as a duplicate, so nothing is counted twice and nothing confirmed is sent again.
     """
 
-    def __init__(self, stub, metadata):
+    def __init__(self, stub, metadata, resend, on_ack):
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._waiting: dict = {}          # request id -> [Event, ack]
+        self._unconfirmed: OrderedDict = OrderedDict()   # request id -> (position on the stream, report)
+        self._sent = 0
+        self._resend, self._on_ack = resend, on_ack
         self.broken = ""                  # why the stream cannot be used ("" while it can)
         self._call = stub.Report(iter(self._out.get, None), metadata=metadata)
-        threading.Thread(target=self._read_acks, daemon=True, name="report-acks").start()
+        self._reader = threading.Thread(target=self._read_acks, daemon=True, name="report-acks")
+        self._reader.start()
 
     def _read_acks(self) -> None:
         why = "the tracker ended the report stream"
         try:
             for ack in self._call:
                 with self._lock:
-                    slot = self._waiting.pop(ack.request_id, None)
-                if slot is not None:
-                    slot[1] = ack
-                    slot[0].set()
+                    if ack.request_id:       # refused, a duplicate, or (protocol 3) taken: handled
+                        self._unconfirmed.pop(ack.request_id, None)
+                    while self._unconfirmed and next(iter(self._unconfirmed.values()))[0] <= ack.received:
+                        self._unconfirmed.popitem(last=False)
+                if ack.request_id:
+                    self._on_ack(ack)
         except grpc.RpcError as e:
             why = (f"the tracker has no Report stream ({e.details()})" if e.code() == grpc.StatusCode.UNIMPLEMENTED
                    else f"the report stream broke: {e.code().name}: {e.details()}")
         with self._lock:
-            self.broken = why
-            for slot in self._waiting.values():
-                slot[0].set()
-            self._waiting.clear()
+            self.broken = self.broken or why
+            left = [report for _, report in self._unconfirmed.values()]
+            self._unconfirmed.clear()
+        if left:
+            log.info("%d report(s) not confirmed on the report stream (%s): reporting them again", len(left),
+                     self.broken)
+            self._resend(left)
 
-    def send(self, report, timeout: float):
-        """The tracker's ResultAck for `report`, or None (then use ReportResult)."""
-        slot: list = [threading.Event(), None]
+    def send(self, report) -> bool:
+        """Queue `report` on the stream; False when the stream cannot take it (use ReportResult)."""
+        report.quiet = True
         with self._lock:
             if self.broken:
-                return None
-            self._waiting[report.result.request_id] = slot
+                return False
+            self._sent += 1
+            self._unconfirmed[report.result.request_id] = (self._sent, report)
         self._out.put(report)
-        if not slot[0].wait(timeout):
-            with self._lock:
-                self._waiting.pop(report.result.request_id, None)
-        return slot[1]
+        return True
+
+    def finish(self, timeout: float) -> None:
+        """Half-close and wait (up to `timeout`) for the tracker to confirm every report sent."""
+        with self._lock:
+            self.broken = self.broken or "the session is ending"
+        self._out.put(None)
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            self._call.cancel()
+            self._reader.join(timeout)
 
     def close(self) -> None:
         with self._lock:
             self.broken = self.broken or "the session ended"
-            for slot in self._waiting.values():
-                slot[0].set()
-            self._waiting.clear()
         self._out.put(None)
         self._call.cancel()
 
@@ -262,7 +293,8 @@ class Agent:
     # ------------------------------------------------------------------ registration
     def _hello(self):
         return pb.Hello(protocol_version=PROTOCOL_VERSION, device_key=self.config.device_key,
-                        device=pb.DeviceInfo(**self.device), slots=self.config.slots, name=self.name)
+                        device=pb.DeviceInfo(**self.device), slots=self.config.slots, name=self.name,
+                        prefetch=self.config.prefetch)
 
     def _connect_loop(self):
         """Register, serve the stream, and register again whenever it breaks, until stopped."""
@@ -317,7 +349,8 @@ class Agent:
             call.cancel()
             raise _StreamEnded(f"the tracker's first message was {first.WhichOneof('kind')!r}, "
                                      f"not a welcome")
-        session = _Session(call, first.welcome, _ReportStream(self._stub, self._metadata))
+        session = _Session(call, first.welcome, _ReportStream(self._stub, self._metadata, self._resend,
+                                                              self._log_ack))
         self._session = session
         log.info("registered with the tracker as %s (key %r, heartbeat every %.1f s, tracker protocol %d)",
                  session.agent_id, self.config.device_key, session.heartbeat_seconds,
@@ -329,6 +362,7 @@ class Agent:
                 if msg.WhichOneof("kind") == "work":
                     log.debug("request %s received (lease %.1f s)", msg.work.request.request_id,
                               msg.work.lease_seconds)
+                    session.hold(msg.work.request.request_id)  # held from now on, started or not
                     self._enqueue(_Item(session, msg.work, time.monotonic()))
                 else:
                     log.warning("ignoring an unexpected %r message from the tracker", msg.WhichOneof("kind"))
@@ -400,8 +434,8 @@ class Agent:
         if session.closed.is_set():
             log.info("dropping request %s: its connection is gone (the tracker hands it out again)",
                      req.request_id)
+            session.release(req.request_id)
             return
-        session.hold(req.request_id)
         try:
             answer = self._measure(req, worker)
             result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
@@ -439,28 +473,41 @@ class Agent:
         return worker.run(mreq, timeout)
 
     def _report(self, session: _Session, result, deadline: float):
-        """On the session's Report stream; else ReportResult, retrying a tracker that is briefly
-        unreachable until the lease runs out."""
+        """On the session's Report stream (confirmed later, or reported again if it breaks); else
+        ReportResult, retrying a tracker that is briefly unreachable until the lease runs out."""
         report = pb.ResultReport(agent_id=session.agent_id, result=result)
-        ack = session.reports.send(report, self.config.call_timeout_seconds) if session.reports else None
-        if ack is not None:
-            code = _STATUS_BY_NUMBER.get(ack.status, grpc.StatusCode.UNKNOWN)
-            if code == grpc.StatusCode.OK:
-                if ack.duplicate:
-                    log.info("request %s was already answered by another agent; result dropped", result.request_id)
-            elif code == grpc.StatusCode.NOT_FOUND:
-                log.warning("result of request %s not taken: the tracker no longer knows this connection (%s); "
-                            "it is measured again", result.request_id, ack.detail)
-            else:
-                log.warning("result of request %s not taken: %s: %s", result.request_id, code.name, ack.detail)
+        if session.reports is not None and session.reports.send(report):
             return
+        self._report_call(report, deadline)
+
+    def _resend(self, reports: list) -> None:
+        """Reports a Report stream could not confirm, again with ReportResult (a few tries each)."""
+        for report in reports:
+            self._report_call(report, time.monotonic() + self.config.call_timeout_seconds)
+
+    @staticmethod
+    def _log_ack(ack) -> None:
+        """What an ack naming a report says: a refusal or a duplicate (an OK ack says nothing)."""
+        code = _STATUS_BY_NUMBER.get(ack.status, grpc.StatusCode.UNKNOWN)
+        if code == grpc.StatusCode.OK:
+            if ack.duplicate:
+                log.info("request %s was already answered (an earlier report of it, or another agent); result dropped",
+                         ack.request_id)
+        elif code == grpc.StatusCode.NOT_FOUND:
+            log.warning("result of request %s not taken: the tracker no longer knows this connection (%s); "
+                        "it is measured again", ack.request_id, ack.detail)
+        else:
+            log.warning("result of request %s not taken: %s: %s", ack.request_id, code.name, ack.detail)
+
+    def _report_call(self, report, deadline: float) -> None:
+        result = report.result
         pause = 0.1
         while True:
             try:
                 ack = self._stub.ReportResult(report, metadata=self._metadata, timeout=self.config.call_timeout_seconds)
                 if ack.duplicate:
-                    log.info("request %s was already answered by another agent; result dropped",
-                             result.request_id)
+                    log.info("request %s was already answered (an earlier report of it, or another agent); "
+                             "result dropped", result.request_id)
                 return
             except ValueError:  # the channel was closed: shutting down past the grace period
                 return
@@ -503,6 +550,9 @@ class Agent:
         if left:
             log.warning("drain grace of %.0f s is over with %d request(s) unfinished; leaving them to "
                         "the tracker's leases", grace, left)
+        elif session is not None and session.reports is not None and not session.closed.is_set():
+            # every result is on the stream: wait for the tracker to confirm them (or re-send them)
+            session.reports.finish(max(1.0, min(self.config.call_timeout_seconds, deadline - time.monotonic())))
         self._shutdown(wait_for_workers=not left)
         log.info("agent %s stopped", self.name)
 

@@ -1,6 +1,6 @@
 """The agent's command line, shared by `python -m device_agent` and `tunefarm agent`.
 
-    python -m device_agent --tracker HOST:PORT --key KEY [--token T] [--slots N] [--name NAME] [--tls-ca FILE]
+    python -m device_agent --tracker HOST:PORT --key KEY [--token T] [--slots N] [--prefetch N] [--name NAME] [--tls-ca FILE]
 
 The token may come from $TUNEFARM_AGENT_TOKEN instead of the command line (where other users of
 the machine could read it). Exit status: 0 after a drain (SIGTERM/SIGINT), 2 on a usage error,
@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help=f"agent token (default: ${TOKEN_ENV})")
     p.add_argument("--slots", type=int, default=1,
                    help="requests measured at once (default 1, so timings do not disturb each other)")
+    p.add_argument("--prefetch", type=int, default=1, metavar="N",
+                   help="requests taken ahead of the slots, started the moment a slot frees (default 1; "
+                        "0 on a single-core board, where receiving one while a kernel is timed takes its core)")
     p.add_argument("--name", default=None, help="agent name in results and summaries (default hostname-pid)")
     p.add_argument("--tls-ca", default=None, metavar="FILE",
                    help="PEM certificate of the CA that signed the tracker's certificate (enables TLS)")
@@ -45,6 +48,7 @@ def run_from_args(args) -> int:
     try:
         config = AgentConfig(tracker=args.tracker, device_key=args.key,
                              token=args.token or os.environ.get(TOKEN_ENV) or None, slots=args.slots,
+                             prefetch=args.prefetch,
                              name=args.name, tls_ca=args.tls_ca, drain_grace_seconds=args.drain_grace)
     except ValueError as e:
         print(f"tunefarm agent: error: {e}", file=sys.stderr)

@@ -24,8 +24,21 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 # 3: DeviceInfo.emulated and llvmlite_version, MeasureResult.emulated, error code 8
 #    (UNSUPPORTED_TARGET). Agents of protocol 2 are refused: they cannot say whether they run
 #    emulated, and their timings must not be mixed with a real device's.
-PROTOCOL_VERSION = 3
+# 4: requests leased ahead (Hello.prefetch) and quiet reports acknowledged by count
+#    (ResultReport.quiet, ResultAck.received). Compatible both ways: an agent of protocol 3 is
+#    never leased ahead and gets an ack per report; a tracker of protocol 3 ignores both fields.
+PROTOCOL_VERSION = 4
 MIN_AGENT_PROTOCOL = 3
+
+# Requests a tracker leases ahead of an agent's slots at most, whatever its Hello.prefetch says:
+# one keeps the agent busy across the dispatch (the next request is there when it reports), more
+# would only keep requests from agents that free up meanwhile.
+MAX_PREFETCH = 1
+
+# A quiet report is confirmed (a count-only ResultAck) within this of the tracker taking it, one
+# count for all taken meanwhile: what an agent re-sends after a broken stream is at most this
+# long's worth of reports, and a busy stream hears one ack per interval instead of one per report.
+ACK_INTERVAL_SECONDS = 0.25
 
 # The llvmlite releases an agent may load kernels with: [AGENT_LLVMLITE_MIN, AGENT_LLVMLITE_BELOW).
 # Kernels reach an agent as object code compiled by the tuner's LLVM, and the agent's own LLVM
@@ -100,7 +113,8 @@ def server_keepalive_options() -> list:
             ("grpc.http2.max_ping_strikes", 0)]
 
 
-__all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "AUTH_METADATA_KEY",
+__all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "MAX_PREFETCH", "ACK_INTERVAL_SECONDS",
+           "AUTH_METADATA_KEY",
            "AGENT_LLVMLITE_MIN", "AGENT_LLVMLITE_BELOW", "llvmlite_problem",
            "MAX_MESSAGE_BYTES", "auth_metadata", "channel_options", "client_keepalive_options",
            "server_keepalive_options"]

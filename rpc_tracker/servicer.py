@@ -34,7 +34,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import state as st
-from .protocol import AUTH_METADATA_KEY, MAX_PACKED_RESULTS, MIN_AGENT_PROTOCOL, PROTOCOL_VERSION, llvmlite_problem, pb, pb_grpc
+from .protocol import (
+    ACK_INTERVAL_SECONDS,
+    AUTH_METADATA_KEY,
+    MAX_PACKED_RESULTS,
+    MIN_AGENT_PROTOCOL,
+    PROTOCOL_VERSION,
+    llvmlite_problem,
+    pb,
+    pb_grpc,
+)
 from .targets import DeviceSpec
 
 log = logging.getLogger("rpc_tracker")
@@ -166,7 +175,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         ready = asyncio.Event()
         try:
             agent_id = self.state.register_agent(request.name, request.device_key, device,
-                                                 min(max(1, request.slots), 1024), wake=self._waker(ready))
+                                                 min(max(1, request.slots), 1024), wake=self._waker(ready),
+                                                 prefetch=request.prefetch)
         except st.TrackerError as e:
             await self._fail(context, e)
         try:
@@ -227,16 +237,57 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         return pb.ResultAck(duplicate=duplicate)
 
     async def Report(self, requests, context):
-        """ReportResult's work for every message of the stream, each answered by an ack naming it."""
+        """ReportResult's work for every message of the stream, each answered by an ack naming it;
+        a quiet report only when it is refused or a duplicate, the others by the count in
+        ResultAck.received, sent within ACK_INTERVAL_SECONDS of taking them and when the agent
+        half-closes (one ack message per report was a third of what the tracker wrote per request).
+        Writes are serialized by a lock: the count may be sent by a timer while the loop reads."""
         await self._auth(context, AGENT)
-        async for raw in requests:
-            try:
-                request = pb.ResultReport.FromString(raw)
-            except DecodeError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
-            code, why, duplicate = self._take_report(request)
-            await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
-                                             status=_CODE_NUMBER[code], detail=why))
+        loop = asyncio.get_running_loop()
+        writing = asyncio.Lock()
+        received = confirmed = 0      # reports handled; the count the agent was last told
+        timer: asyncio.TimerHandle | None = None
+        ended = False
+
+        async def confirm() -> None:
+            nonlocal confirmed
+            async with writing:
+                if confirmed < received and not ended:
+                    n = received
+                    try:
+                        await context.write(pb.ResultAck(received=n))
+                    except Exception:  # noqa: BLE001 - the stream ended meanwhile: the agent re-sends
+                        return
+                    confirmed = max(confirmed, n)
+
+        def on_timer() -> None:
+            nonlocal timer
+            timer = None
+            asyncio.ensure_future(confirm())
+
+        try:
+            async for raw in requests:
+                try:
+                    request = pb.ResultReport.FromString(raw)
+                except DecodeError as e:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a ResultReport message does not parse: {e}")
+                received += 1
+                code, why, duplicate = self._take_report(request)
+                if not request.quiet or duplicate or code != grpc.StatusCode.OK:
+                    n = received
+                    async with writing:
+                        await context.write(pb.ResultAck(duplicate=duplicate, request_id=request.result.request_id,
+                                                         status=_CODE_NUMBER[code], detail=why, received=n))
+                        confirmed = max(confirmed, n)
+                elif timer is None:
+                    timer = loop.call_later(ACK_INTERVAL_SECONDS, on_timer)
+            if timer is not None:
+                timer.cancel()
+            await confirm()  # the agent half-closed: confirm the last quiet reports
+        finally:
+            ended = True
+            if timer is not None:
+                timer.cancel()
 
     async def Drain(self, request: pb.DrainRequest, context):
         await self._auth(context, AGENT)

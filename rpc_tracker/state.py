@@ -17,6 +17,13 @@ Rules, in one place:
   ahead of everything that arrived after it.
 - Dispatch: a queued request goes only to an agent registered under exactly its key, that is not
   draining, has fewer requests in flight than its slots, and can run the request's target.
+- Ahead: an agent that accepts requests ahead of its slots (`prefetch`, at most one here) is
+  leased one more when every agent of its key is busy and requests are still queued (so the key's
+  queue holds more requests than there are free agents): it starts that request the moment it
+  reports the one before, instead of waiting a dispatch round trip. A request leased ahead is held
+  like any other: only its holder may answer, and it is requeued when the agent leaves or the lease
+  expires; its lease runs from the latest lease it waits behind, so waiting does not eat into it.
+  A free agent always comes first, so work is only ever ahead when no agent could start it now.
 - Leases: handing a request to an agent starts a lease of options.timeout_seconds + slack. A lease
   is lost when it expires or its agent leaves (stream closed, silent past agent_timeout); the
   request is queued again, unless it has already been handed out max_attempts times, in which
@@ -59,6 +66,7 @@ from .targets import DeviceSpec, TargetSpec, why_cannot_run
 log = logging.getLogger("rpc_tracker")
 
 NO_ERROR = 0
+MAX_PREFETCH = 1  # protocol.MAX_PREFETCH (state.py imports nothing of gRPC; a test checks they agree)
 RUNNER_ERROR = 7  # tuner.candidate.ErrorCode.RUNNER_ERROR (the tracker cannot import the tuner)
 
 
@@ -175,9 +183,10 @@ class Snapshot:
 # ----------------------------------------------------------------------------- internal records
 
 class _Agent:
-    def __init__(self, agent_id, name, device_key, device, slots, now, cond, wake):
+    def __init__(self, agent_id, name, device_key, device, slots, now, cond, wake, ahead=0):
         self.agent_id, self.name, self.device_key, self.device = agent_id, name, device_key, device
         self.slots = slots
+        self.ahead = ahead                          # requests it may hold beyond its slots
         self.connected_at = self.last_seen = now
         self.last_assigned = 0.0
         self.completed = self.failed = self.leases_lost = 0
@@ -259,6 +268,9 @@ class TrackerState:
         self._agent_numbers = itertools.count(1)
         self._agents: dict[str, _Agent] = {}
         self._key_agents: dict[str, dict[str, _Agent]] = {}  # key -> its agents: dispatch looks at one key's only
+        # key -> its agents that could take a request now (in flight < slots + ahead, not draining):
+        # dispatch runs on every report and looks at these few instead of all of the key's agents
+        self._room: dict[str, dict[str, _Agent]] = {}
         self._queues: dict[str, list] = {}              # key -> heap of [-priority, seq, request id]
         self._queued: dict[str, int] = {}               # key -> live entries in its heap
         self._requests: dict[str, _Request] = {}        # queued or leased, not yet answered
@@ -273,10 +285,11 @@ class TrackerState:
     # ------------------------------------------------------------------ agents
 
     def register_agent(self, name: str, device_key: str, device: DeviceSpec, slots: int = 1,
-                       wake: Callable[[], None] | None = None) -> str:
+                       wake: Callable[[], None] | None = None, prefetch: int = 0) -> str:
         """A new agent connection; returns its agent id. Queued work of its key is dispatched to it.
 
         `wake`, if given, is called (lock held) whenever the agent's stream has work or must end.
+        `prefetch`: requests the agent accepts ahead of its slots (capped at MAX_PREFETCH).
         """
         with self._lock:
             if self.closed:
@@ -288,12 +301,13 @@ class TrackerState:
             now = self._clock()
             agent_id = f"a{next(self._agent_numbers)}-{uuid.uuid4().hex[:8]}"
             agent = _Agent(agent_id, name or agent_id, device_key, device, max(1, int(slots)), now,
-                           threading.Condition(self._lock), wake)
+                           threading.Condition(self._lock), wake, min(max(0, int(prefetch)), MAX_PREFETCH))
             self._agents[agent_id] = agent
             self._key_agents.setdefault(device_key, {})[agent_id] = agent
+            self._refresh(agent)
             self._keys_seen.add(device_key)
-            log.info("agent joined: %s (%s) key=%s triple=%s cpu=%s cores=%d slots=%d", agent.name, agent_id,
-                     device_key, device.triple, device.cpu or "?", device.cores, agent.slots)
+            log.info("agent joined: %s (%s) key=%s triple=%s cpu=%s cores=%d slots=%d ahead=%d", agent.name,
+                     agent_id, device_key, device.triple, device.cpu or "?", device.cores, agent.slots, agent.ahead)
             self._dispatch(device_key)
             return agent_id
 
@@ -316,6 +330,7 @@ class TrackerState:
             if agent.draining:
                 return
             agent.draining = True
+            self._refresh(agent)
             log.info("agent draining: %s (%s) key=%s, %d in flight", agent.name, agent_id, agent.device_key,
                      len(agent.held))
             while agent.outbox:  # not pushed yet: the agent never saw these, so no attempt is spent
@@ -356,6 +371,7 @@ class TrackerState:
             req = self._requests.get(rid)
             if req is not None and req.holder is agent:
                 agent.held.pop(rid, None)
+                self._refresh(agent)
                 agent.completed += 1
                 if result.error_code != NO_ERROR:
                     agent.failed += 1
@@ -553,6 +569,7 @@ class TrackerState:
         if agent is None:
             return False
         del self._key_agents[agent.device_key][agent_id]
+        self._room.get(agent.device_key, {}).pop(agent_id, None)
         agent.gone_reason = f"agent {agent.name} dropped: {reason}"
         self._gone[agent_id] = agent.gone_reason
         while len(self._gone) > 1000:
@@ -570,6 +587,7 @@ class TrackerState:
         agent = req.holder
         if agent is not None:
             agent.held.pop(req.request_id, None)
+            self._refresh(agent)
             agent.leases_lost += 1
             for item in list(agent.outbox):
                 if item.request_id == req.request_id:
@@ -589,6 +607,17 @@ class TrackerState:
         if agent is not None:
             self._dispatch(agent.device_key)
         self._dispatch(req.device_key)
+
+    def _refresh(self, agent: _Agent) -> None:
+        """Keep `agent` in its key's `_room` exactly while it could take a request (after any change
+        of its held requests, draining or registration)."""
+        if not agent.draining and agent.gone_reason is None and len(agent.held) < agent.slots + agent.ahead \
+                and self._agents.get(agent.agent_id) is agent:
+            self._room.setdefault(agent.device_key, {})[agent.agent_id] = agent
+        else:
+            room = self._room.get(agent.device_key)
+            if room is not None:
+                room.pop(agent.agent_id, None)
 
     def _enqueue(self, req: _Request) -> None:
         req.entry = [-req.priority, req.seq, req.request_id]
@@ -628,10 +657,14 @@ class TrackerState:
         if self._queued.get(key, 0) <= 0:
             return
         while self._queued.get(key, 0) > 0:
-            free = [a for a in self._key_agents.get(key, {}).values()
-                    if not a.draining and a.gone_reason is None and len(a.held) < a.slots]
-            if not free:
+            room = self._room.get(key)
+            if not room:
                 return
+            free = [a for a in room.values() if len(a.held) < a.slots and a.gone_reason is None]
+            if not free:  # every agent busy and requests still queued: lease ahead to those that take it
+                free = [a for a in room.values() if a.gone_reason is None]
+                if not free:
+                    return
             heap = self._queues[key]
             while heap and self._live(heap[0]) is None:
                 heapq.heappop(heap)
@@ -650,10 +683,14 @@ class TrackerState:
     def _lease(self, req: _Request, agent: _Agent) -> None:
         now = self._clock()
         lease = req.timeout + self.lease_slack
+        if len(agent.held) >= agent.slots:  # ahead: it starts when a slot frees, at the latest when the
+            # lease it waits behind runs out; its own lease counts from then
+            lease += max(0.0, max(r.lease_deadline for r in agent.held.values()) - now)
         req.holder, req.lease_deadline = agent, now + lease
         req.attempts += 1
         req.handed_to.add(agent.agent_id)
         agent.held[req.request_id] = req
+        self._refresh(agent)
         agent.last_assigned = now
         agent.outbox.append(WorkItem(req.request_id, req.payload, lease))
         agent.notify()
@@ -663,6 +700,7 @@ class TrackerState:
         self._unqueue(req)
         if req.holder is not None:
             req.holder.held.pop(req.request_id, None)
+            self._refresh(req.holder)
             req.holder = None
         self._answered[req.request_id] = (result, self._clock(), frozenset(req.handed_to))
         self._answered.move_to_end(req.request_id)

@@ -451,6 +451,32 @@ def test_sigterm_drains_an_agent(builds, procs):
 
 
 @pytest.mark.slow
+def test_an_agent_takes_a_request_ahead_and_a_drain_finishes_it(builds, procs):
+    """Prefetch end to end: an agent of one slot is pushed a second request while it measures the
+    first (Hello.prefetch), holds both, and on SIGTERM measures and reports both (it was leased the
+    second) before it leaves: each answered once, by it, at the first attempt, confirmed before exit."""
+    server = start_tracker(TrackerConfig(port=0, agent_token=AGENT_TOKEN, tuner_token=TUNER_TOKEN, **FAST))
+    try:
+        agent = procs.agent(server.address, "ahead", extra=("--verbose",))
+        wait_registered(server.address, ["ahead"])
+        task, (good, _) = builds
+        with runner_for(server.address, number=20000, repeat=3, min_repeat_ms=400) as runner:
+            run = Background(runner, task, [good, good])
+            wait_for(lambda: procs.output(agent).count("received (lease") == 2, 30, "both requests at the agent")
+            assert agents_of(server.address)["ahead"].in_flight == 2 and completed(server.address) == 0
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=60) == 0, procs.output(agent)
+            results = run.join(10)
+        assert [r.ok for r in results] == [True, True], [r.error_msg for r in results]
+        assert {r.measured_by for r in results} == {"ahead"}
+        out = procs.output(agent)
+        assert "draining: finishing 2 request(s)" in out and "not confirmed" not in out, out
+        assert completed(server.address) == 2 and not agents_of(server.address)
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.slow
 def test_sigterm_past_the_grace_period_exits_and_leaves_the_request_to_its_lease(builds, procs):
     server = start_tracker(TrackerConfig(port=0, agent_token=AGENT_TOKEN, tuner_token=TUNER_TOKEN, **FAST))
     try:

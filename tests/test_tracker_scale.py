@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from processes import kill_group, wait_for
 from compiler.target import Target
 from rpc_tracker import servicer as servicer_module
 from rpc_tracker.client import farm_summary, make_channel
-from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc, unpack_results
+from rpc_tracker.protocol import ACK_INTERVAL_SECONDS, PROTOCOL_VERSION, auth_metadata, pb, pb_grpc, unpack_results
 from rpc_tracker.server import TrackerConfig, start_tracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +88,49 @@ def test_report_stream_acks_each_report_and_survives_refusals(tracker):
                        (b, grpc.StatusCode.OK, False)]
         assert "does not hold" in acks[2].detail and "connect again" in acks[3].detail and "no costs" in acks[4].detail
         assert sorted(r.request_id for r in answers) == sorted(held)   # each answered once, then the stream ends
+        connect.cancel()
+
+
+def test_quiet_reports_are_confirmed_by_count_and_work_comes_ahead(tracker):
+    """Protocol 4 on the wire: an agent of one slot that takes one request ahead is pushed two at once
+    when more are queued, and a third as it reports the first; quiet reports are acked by name only
+    when refused or duplicate, and the rest by ResultAck.received, last when the agent half-closes."""
+    with make_channel(tracker.address) as ch:
+        stub = pb_grpc.TrackerStub(ch)
+        amd, tmd = auth_metadata(AGENT_TOKEN), auth_metadata(TUNER_TOKEN)
+        connect = stub.Connect(pb.Hello(protocol_version=PROTOCOL_VERSION, device_key="k", device=device(), slots=1,
+                                        prefetch=1, name="ahead"), metadata=amd, timeout=30)
+        agent_id = next(connect).welcome.agent_id
+        reqs = requests(3)
+        answers = stub.Measure(pb.MeasureBatch(device_key="k", requests=reqs), metadata=tmd, timeout=30)
+        first, second = (next(connect).work for _ in range(2))       # one for its slot, one ahead
+        assert [first.request.request_id, second.request.request_id] == [r.request_id for r in reqs[:2]]
+        assert second.lease_seconds > first.lease_seconds            # it waits behind the first: a longer lease
+        a, b = first.request.request_id, second.request.request_id
+        reports = iter([pb.ResultReport(agent_id=agent_id, result=result(a), quiet=True),         # taken
+                        pb.ResultReport(agent_id=agent_id, result=result(a), quiet=True),         # a duplicate
+                        pb.ResultReport(agent_id=agent_id, result=result("nobody's"), quiet=True)])  # not held
+        acks = stub.Report(reports, metadata=amd, timeout=30)
+        third = next(connect).work                                    # a reported, so a third comes ahead of b
+        assert third.request.request_id == reqs[2].request_id
+        acks = list(acks)
+        named = [(x.request_id, x.status, x.duplicate, x.received) for x in acks if x.request_id]
+        assert named == [(a, 0, True, 2), ("nobody's", grpc.StatusCode.FAILED_PRECONDITION.value[0], False, 3)]
+        counts = [x.received for x in acks]                           # count-only acks may come between
+        assert counts[-1] == 3 and counts == sorted(counts)            # the refusal's count confirms all three
+        # taken quiet reports on a stream that stays open are confirmed by the timer, within ACK_INTERVAL_SECONDS
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        for rid in (b, third.request.request_id):
+            outbox.put(pb.ResultReport(agent_id=agent_id, result=result(rid), quiet=True))
+        acks = stub.Report(iter(outbox.get, None), metadata=amd, timeout=30)
+        t0 = time.monotonic()
+        ack = next(acks)
+        assert (ack.request_id, ack.received) == ("", 2) and time.monotonic() - t0 < 5 * ACK_INTERVAL_SECONDS + 2
+        outbox.put(None)
+        assert list(acks) == []                                       # nothing left to confirm at the half-close
+        got = [r for m in answers for r in unpack_results(m)]
+        assert sorted(r.request_id for r in got) == sorted(r.request_id for r in reqs)
+        assert all(r.attempts == 1 and r.error_code == 0 for r in got)
         connect.cancel()
 
 

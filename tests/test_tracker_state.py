@@ -364,3 +364,100 @@ def test_close_wakes_everyone(state):
         state.wait_results(w, 1.0)
     with pytest.raises(st.TrackerClosed):
         state.submit("k", 0, subs("r3"))
+
+
+# ----------------------------------------------------------------------------- requests leased ahead (Hello.prefetch)
+
+def test_prefetch_cap_agrees_with_the_protocol():
+    from rpc_tracker.protocol import MAX_PREFETCH
+    assert st.MAX_PREFETCH == MAX_PREFETCH
+
+
+def test_ahead_only_when_every_agent_is_busy(state):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    b = state.register_agent("b", "k", X86)                     # an agent of protocol 3: never ahead
+    state.submit("k", 0, subs("r1", "r2"))
+    assert work(state, a) == ["r1"] and work(state, b) == ["r2"]  # two free agents: one each, nothing ahead
+    state.submit("k", 0, subs("r3", "r4", "r5"))
+    assert work(state, a) == ["r3"]                             # all busy, queue longer than free agents: ahead
+    assert work(state, b) == []                                 # b said nothing of prefetch
+    state.report_result(b, ok("r2"))                             # b is free: it comes before anyone's second ahead
+    assert work(state, b) == ["r4"] and work(state, a) == []
+    state.report_result(a, ok("r1"))                             # a starts r3 (held) and is leased r5 ahead
+    assert work(state, a) == ["r5"]
+    assert state.snapshot().agents[0].in_flight == 2
+
+
+def test_ahead_capped_at_max_prefetch(state):
+    a = state.register_agent("a", "k", X86, prefetch=5)
+    state.submit("k", 0, subs("r1", "r2", "r3", "r4"))
+    assert work(state, a) == ["r1", "r2"]                        # slots + MAX_PREFETCH (1)
+    assert state.snapshot().keys[0].queued == 2
+
+
+def test_free_agent_gets_queued_work_not_an_ahead_one(state):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    state.submit("k", 0, subs("r1", "r2"))
+    assert work(state, a) == ["r1", "r2"]
+    state.submit("k", 0, subs("r3"))
+    b = state.register_agent("b", "k", X86, prefetch=1)          # a joins late: r3 is its, not a's
+    assert work(state, b) == ["r3"] and work(state, a) == []
+
+
+def test_ahead_lease_counts_from_the_lease_it_waits_behind(state, clock):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    w = state.submit("k", 0, subs("r1", "r2", timeout=2.0))      # leases of 2 + 5 s slack
+    items = state.next_work(a, 0)
+    assert [i.request_id for i in items] == ["r1", "r2"]
+    assert items[0].lease_seconds == pytest.approx(7.0) and items[1].lease_seconds == pytest.approx(14.0)
+    clock.t += 8.0                                               # r1's lease is over, r2's is not
+    state.heartbeat(a, ["r1", "r2"])
+    state.expire()
+    snap = state.snapshot().agents[0]
+    assert snap.leases_lost == 1                                 # r1's only: r2's lease had 6 s to go
+    assert work(state, a) == ["r1"]                              # queued again, and ahead of r2 to a, its only agent
+    assert state.report_result(a, ok("r2")) is False
+    assert state.report_result(a, ok("r1")) is False
+    got = drain_results(state, w)
+    assert got["r1"].attempts == 2 and got["r2"].attempts == 1
+
+
+def test_agent_loss_requeues_its_ahead_request_exactly_once(state):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    w = state.submit("k", 0, subs("r1", "r2", "r3"))
+    assert work(state, a) == ["r1", "r2"]
+    state.remove_agent(a, "its stream closed")
+    b = state.register_agent("b", "k", X86, prefetch=1)
+    assert work(state, b) == ["r1", "r2"]                        # original order: lost leases go first
+    for rid in ("r1", "r2"):
+        assert state.report_result(b, ok(rid)) is False
+    assert work(state, b) == ["r3"]
+    assert state.report_result(b, ok("r3")) is False
+    got = drain_results(state, w)
+    assert set(got) == {"r1", "r2", "r3"} and got["r1"].attempts == 2 and got["r3"].attempts == 1
+    with pytest.raises(st.UnknownAgent):
+        state.report_result(a, ok("r2"))                         # the old connection cannot answer it again
+    assert state.finished(w)
+
+
+def test_drain_keeps_a_pushed_ahead_request_and_gives_back_the_rest(state):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    w = state.submit("k", 0, subs("r1", "r2", "r3"))
+    assert work(state, a) == ["r1", "r2"]                        # both pushed: a holds them
+    state.drain(a)
+    for rid in ("r1", "r2"):                                    # a finishes what it holds, ahead included
+        assert state.report_result(a, ok(rid)) is False
+    assert work(state, a) == []                                  # draining: nothing more, not even ahead
+    b = state.register_agent("b", "k", X86)
+    assert work(state, b) == ["r3"]
+    state.report_result(b, ok("r3"))
+    assert set(drain_results(state, w)) == {"r1", "r2", "r3"}
+
+
+def test_drain_returns_an_ahead_request_not_yet_pushed(state):
+    a = state.register_agent("a", "k", X86, prefetch=1)
+    state.submit("k", 0, subs("r1", "r2"))                       # leased, not yet pushed down the stream
+    state.drain(a)
+    b = state.register_agent("b", "k", X86, prefetch=1)
+    assert work(state, b) == ["r1", "r2"]
+    assert state.snapshot().agents[0].in_flight == 0
