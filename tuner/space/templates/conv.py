@@ -151,7 +151,7 @@ def _tile_reduction(cfg, cst, rest, tile_axes, red_block: int = 0):
         rax, inner = [rco] + rax[1:], [rci]
     ordered = [rax[p] for p in cfg["order_red"].perm]
     cst.reorder(*rest, *ordered, *inner, *tile_axes)
-    return rax[:0] + inner + rax[1:] if red_block else rax
+    return inner + rax[1:] if red_block else rax
 
 
 def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROLLED_BODY, blocked: bool = False):
