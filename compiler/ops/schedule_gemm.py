@@ -45,18 +45,9 @@ def schedule_gemm(opdef, target=None, pack: bool = True) -> Schedule:
     panels costs as much as the product itself; unpacked, B must be [K, N] (unit stride along
     the vector of columns)."""
     target = resolve_target(target)
-    out = opdef.output
-    s = create_schedule(out)
-    red_stage = next(st for st in s.stages if st.op.reduce_axis)
-    out_stage = s[out]
-    *batch, M, N = out.shape
-    lanes = target.vector_lanes(red_stage.op.dtype if red_stage.op.dtype != "int8" else "int32")
+    s, out_stage, acc_stage, lanes = _product_stages(opdef, target)
+    *batch, M, N = opdef.output.shape
     mr, nr = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
-    if red_stage is out_stage:
-        acc = s.cache_write(out, "local")
-        acc_stage = s[acc]
-    else:
-        acc_stage = red_stage  # the epilogue stage is the output; the reduction becomes its local tile
     *b_axes, i, j = out_stage.op.axis
     io, ii = out_stage.split(i, factor=mr)
     jo, ji = out_stage.split(j, factor=nr)
@@ -78,6 +69,19 @@ def schedule_gemm(opdef, target=None, pack: bool = True) -> Schedule:
     if pack:
         _pack_b(s, opdef, acc_stage, nr)
     return s
+
+
+def _product_stages(opdef, target) -> tuple:
+    """(schedule, output stage, accumulator stage, lanes) of a matrix product: the accumulators
+    are a local cache of the output, or, when an epilogue stage is the output, the reduction
+    stage itself (computed into a local tile or chunk of it)."""
+    out = opdef.output
+    s = create_schedule(out)
+    red_stage = next(st for st in s.stages if st.op.reduce_axis)
+    out_stage = s[out]
+    lanes = target.vector_lanes(red_stage.op.dtype if red_stage.op.dtype != "int8" else "int32")
+    acc_stage = s[s.cache_write(out, "local")] if red_stage is out_stage else red_stage
+    return s, out_stage, acc_stage, lanes
 
 
 def _pack_b(s: Schedule, opdef, acc_stage, nr: int):
@@ -107,15 +111,7 @@ def schedule_gemv(opdef, target=None) -> Schedule:
     gemv_fits (whole vectors of columns).
     """
     target = resolve_target(target)
-    out = opdef.output
-    s = create_schedule(out)
-    red_stage = next(st for st in s.stages if st.op.reduce_axis)
-    out_stage = s[out]
-    lanes = target.vector_lanes(red_stage.op.dtype if red_stage.op.dtype != "int8" else "int32")
-    if red_stage is out_stage:
-        acc_stage = s[s.cache_write(out, "local")]
-    else:
-        acc_stage = red_stage   # an epilogue stage is the output; the reduction becomes its local chunk
+    s, out_stage, acc_stage, lanes = _product_stages(opdef, target)
     *b_axes, i, j = out_stage.op.axis
     chunk, unroll = gemv_chunk(j.extent, lanes, target.num_cores if opdef.flops >= PARALLEL_MIN_WORK else 1)
     jo, ji = out_stage.split(j, factor=chunk)

@@ -140,3 +140,19 @@ def open_store(url):
         return _open(url)
     except StoreError as e:
         raise UsageError(str(e)) from None
+
+
+def start_progress(total: int, info: str, plain: bool):
+    """A started rich progress display with one "tuning" bar of `total` trials (an `info` field
+    beside it), as (progress, bar id); (None, None) with --plain or without rich, where the
+    callers print plain lines instead."""
+    if plain:
+        return None, None
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        return None, None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    bar.__enter__()
+    return bar, bar.add_task("tuning", total=total, info=info)

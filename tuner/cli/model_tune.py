@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 
-from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target
+from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target, start_progress
 
 
 def _ms(seconds: float) -> str:
@@ -102,19 +102,10 @@ class _EstimateProgress:
         return Callbacks(on_batch=self._batch)
 
     def __enter__(self):
-        try:
-            if self.plain:
-                raise ImportError
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn())
-            self._bar.__enter__()
-            self._id = self._bar.add_task("tuning", total=self.total, info="estimated latency: measuring defaults")
-            if len(self.tasks) <= self.MAX_ROWS:
-                self._rows = {t.task: self._bar.add_task(f"  {t.name} (x{t.weight})", total=None, info="")
-                              for t in self.tasks}
-        except ImportError:
-            self._bar = None
+        self._bar, self._id = start_progress(self.total, "estimated latency: measuring defaults", self.plain)
+        if self._bar is not None and len(self.tasks) <= self.MAX_ROWS:
+            self._rows = {t.task: self._bar.add_task(f"  {t.name} (x{t.weight})", total=None, info="")
+                          for t in self.tasks}
         return self
 
     def _batch(self, report):

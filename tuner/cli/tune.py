@@ -24,6 +24,7 @@ from .common import (
     parse_param,
     poisoned_output,
     resolve_target,
+    start_progress,
 )
 from .remote import disturbed_note
 
@@ -253,18 +254,9 @@ class _Progress:
         self._trials: dict = {}  # task -> new trials so far
 
     def __enter__(self):
-        try:
-            if self.plain:
-                raise ImportError
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn())
-            self._bar.__enter__()
-            self._id = self._bar.add_task("tuning", total=self.total, info="")
-            if len(self.labels) > 1:
-                self._rows = {t: self._bar.add_task(f"  {label}", total=None, info="") for t, label in self.labels.items()}
-        except ImportError:
-            self._bar = None
+        self._bar, self._id = start_progress(self.total, "", self.plain)
+        if self._bar is not None and len(self.labels) > 1:
+            self._rows = {t: self._bar.add_task(f"  {label}", total=None, info="") for t, label in self.labels.items()}
         return self
 
     def update(self, report):
