@@ -57,9 +57,14 @@ def _poisoned(op):
 @pytest.mark.parametrize("params", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_channel_vectors_match_the_reference(params):
     op = get_op("conv2d_nchw", **params)
-    arrays = random_inputs(op, np.random.default_rng(3))
+    _check_against_reference(op, schedule_conv_nchw_channels(op, HOST), seed=3)
+
+
+def _check_against_reference(op, schedule, seed: int):
+    """Random inputs, a poisoned output, the kernel of `schedule` against the op's reference."""
+    arrays = random_inputs(op, np.random.default_rng(seed))
     out = _poisoned(op)
-    build(schedule_conv_nchw_channels(op, HOST), op.tensors, HOST)(*arrays, out)
+    build(schedule, op.tensors, HOST)(*arrays, out)
     want = op.reference(*arrays)
     if out.dtype.kind in "iu":
         np.testing.assert_array_equal(out, want)
@@ -117,14 +122,7 @@ def test_depthwise_channel_vectors_match_the_reference(name, params):
     from compiler.ops.schedule_conv import depthwise_channel_vectors, schedule_depthwise_channels
     op = get_op(name, **params)
     assert depthwise_channel_vectors(op, HOST)
-    arrays = random_inputs(op, np.random.default_rng(5))
-    out = _poisoned(op)
-    build(schedule_depthwise_channels(op, HOST), op.tensors, HOST)(*arrays, out)
-    want = op.reference(*arrays)
-    if out.dtype.kind in "iu":
-        np.testing.assert_array_equal(out, want)
-    else:
-        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    _check_against_reference(op, schedule_depthwise_channels(op, HOST), seed=5)
 
 
 def test_depthwise_keeps_column_vectors_on_long_unit_stride_rows():

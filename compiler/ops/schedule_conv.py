@@ -245,10 +245,11 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
                          fuse_epilogue=fuse_epilogue, red_block=RB)
+    parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     if RB:
-        block_input_channels(s, acc, opdef.inputs[0], RB, lambda work: want_parallel(target, work))
+        block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for)
     if not prepacked:
-        pack_weight_panels(s, acc, opdef.inputs[1], FB, lambda work: want_parallel(target, work))
+        pack_weight_panels(s, acc, opdef.inputs[1], FB, parallel_for)
     return s
 
 
