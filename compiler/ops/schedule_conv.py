@@ -42,6 +42,7 @@ LONG_ROW_REGISTERS = 6  # an output row this many registers long keeps column ve
 SHORT_REDUCTION = 256  # multiply-adds per output below which long rows keep column vectors (channel_vectors_pay)
 INPUT_BLOCK = 8  # channels per block of a channel-vector conv's NCHWc input copy (input_channel_block)
 MAX_UNROLLED_PACK = 72  # statements of a weight-panel copy's unrolled inner loops (8 channels x 3x3)
+MAX_UNROLLED_STEP = 128  # vector statements of an unrolled channel block around a tile (block_unrolled)
 
 
 def vector_tiles(extent: int, vl: int) -> list:
@@ -120,6 +121,16 @@ def unroll_inner_reduction(stage, rax):
     elif a.extent % RED_UNROLL == 0:
         _, ai = stage.split(a, factor=RED_UNROLL)
         stage.unroll(ai)
+
+
+def block_unrolled(tile_statements: int, block: int) -> bool:
+    """Whether the inner channel loop of an input copied in channel blocks (red_block, INPUT_BLOCK
+    steps) is unrolled around a register tile of `tile_statements` vector FMAs: only while the
+    unrolled step stays within MAX_UNROLLED_STEP statements, the bound the tuner's spaces keep
+    too. AVX-512's 28-accumulator tile unrolled 8 times came to 22k expression nodes, past what
+    the lowering compiles (res3's 128-channel 3x3 failed to build on znver4); a rolled loop of
+    28 FMAs a step loses nothing to its branch."""
+    return tile_statements * block <= MAX_UNROLLED_STEP
 
 
 def weights_dominate(opdef) -> bool:
@@ -540,7 +551,13 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     for d, _ in unrolled:
         cst.unroll(cax[d])
     cst.vectorize(cax[vec_dim])
-    unroll_inner_reduction(cst, rax)
+    tile_statements = -(-vec_factor // lanes(target, out.dtype))
+    for _, factor in unrolled:
+        tile_statements *= factor
+    if red_block and not block_unrolled(tile_statements, red_block):
+        unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
+    else:
+        unroll_inner_reduction(cst, rax)
     # one loop over all tiles: parallel, and the reduction is computed inside it
     loop = fuse_all(st, outer_loops)
     cst.compute_at(st, loop)
@@ -551,7 +568,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
 
 __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels", "pack_weight_panels",
-           "schedule_block_copy", "schedule_panel_copy", "channel_vectors_pay", "channel_tile", "taps_unrolled",
+           "schedule_block_copy", "schedule_panel_copy", "block_unrolled", "channel_vectors_pay", "channel_tile", "taps_unrolled",
            "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
            "unroll_inner_reduction"]

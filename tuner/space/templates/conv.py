@@ -39,7 +39,8 @@ import math
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.ops.schedule_common import lanes as vector_lanes
-from compiler.ops.schedule_conv import INPUT_BLOCK, block_input_channels, deinterleave_columns, pack_weight_panels, split_output_tile
+from compiler.ops.schedule_conv import (INPUT_BLOCK, block_input_channels, block_unrolled, deinterleave_columns, pack_weight_panels,
+                                         split_output_tile)
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
@@ -159,8 +160,8 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     unrolled micro-kernel stays under `max_body` statements (`tile_body` per reduction
     step): a config asking for more gets the loops that fit, so every config compiles in
     reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time).
-    `blocked`: rax[0] is the inner part of a channel loop split by block_input, always unrolled
-    (INPUT_BLOCK steps of a tile of at most MAX_UNROLLED_TILE statements), as the default does."""
+    `blocked`: rax[0] is the inner part of a channel loop split by block_input, unrolled where
+    the default unrolls it (compiler.ops.schedule_conv.block_unrolled)."""
     anns = cfg["unroll_red"].anns
     names = [ax.name for ax in rax]
     split_rc = 0
@@ -184,7 +185,7 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     for ax, _ in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
         if ax in chosen:
             cst.unroll(ax)
-    if blocked:
+    if blocked and block_unrolled(tile_body, rax[0].extent):
         cst.unroll(rax[0])
     if split_rc:
         _, rci = cst.split(rax[names.index("rc")], factor=split_rc)
