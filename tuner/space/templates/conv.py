@@ -39,8 +39,14 @@ import math
 from compiler.dtypes import nbytes
 from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.ops.schedule_common import lanes as vector_lanes
-from compiler.ops.schedule_conv import (INPUT_BLOCK, block_input_channels, block_unrolled, deinterleave_columns, pack_weight_panels,
-                                         split_output_tile)
+from compiler.ops.schedule_conv import (
+    INPUT_BLOCK,
+    block_input_channels,
+    block_unrolled,
+    deinterleave_columns,
+    pack_weight_panels,
+    split_output_tile,
+)
 from compiler.schedule import create_schedule
 
 from ..base import SpaceError
