@@ -264,14 +264,16 @@ def test_constant_conv_weights_are_prepacked_for_the_channel_vector_schedule():
     assert t2.opdef.inputs[1].ndim == 5 and t2.opdef.inputs[1].shape[-1] % 8 == 0
 
 
-@pytest.mark.parametrize("K, vectors, act", [(37, 5, "Relu"), (64, 13, None), (5, 16, "Relu"), (300, 125, None)])
-def test_batch1_dense_layers_stream_their_rows(K, vectors, act):
+@pytest.mark.parametrize("K, vectors, act, N", [(37, 5, "Relu", None), (64, 13, None, None), (5, 16, "Relu", None),
+                                                (300, 125, None, None), (96, 0, None, 1000), (7, 0, "Relu", 40)])
+def test_batch1_dense_layers_stream_their_rows(K, vectors, act, N):
     """A batch-1 dense layer (MatMul + bias, B [K, N] in whole vectors of columns) is scheduled
     as a streamed row (schedule_gemv: chunks of columns per thread, no packing), whatever the
-    chunking of N's vectors, and computes the layer."""
+    chunking of N's vectors, and computes the layer. N = 1000 (an ImageNet classifier) or 40
+    is no whole number of AVX-512 registers: the row is streamed in narrower vectors."""
     from compiler.ops.schedule_common import lanes
     from compiler.target import Target
-    N = vectors * lanes(Target.host(), "float32")
+    N = N or vectors * lanes(Target.host(), "float32")
     w, b = rand(RNG, (K, N)), rand(RNG, (N,))
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a" if act else "y"])]
     if act:
