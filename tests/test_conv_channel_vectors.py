@@ -48,6 +48,9 @@ CASES = [
     # (block_unrolled: unrolled, it was too much code to build); on AVX2 the taps unrolled
     dict(N=1, C=128, H=28, W=28, F=128, KH=3, KW=3, padding=1),
     dict(N=1, C=16, H=12, W=12, F=4 * VL, KH=3, KW=3, padding=1),
+    # 1x1 weights in whole registers both ways: packed by register transposes (schedule_transposed_panels)
+    dict(N=1, C=3 * VL, H=7, W=7, F=4 * VL, KH=1, KW=1),
+    dict(N=2, C=2 * VL, H=9, W=11, F=2 * VL, KH=1, KW=1, stride=2),
 ]
 
 
@@ -151,3 +154,15 @@ def test_long_unit_stride_rows_with_short_reductions_keep_column_vectors():
     assert not channel_vectors_pay(expand, HOST)
     assert channel_vectors_pay(long_reduction, HOST) and channel_vectors_pay(window, HOST)
     assert channel_vectors_pay(strided, HOST) and channel_vectors_pay(short_rows, HOST)
+
+
+def test_whole_register_1x1_weights_are_packed_by_transposes():
+    """Among the cases, a 1x1 layer whose channels fill whole registers packs its weights through a
+    local register tile (a cache_write of the panel), a 3x3 layer row by row."""
+    def transposed(params):
+        op = get_op("conv2d_nchw", **params)
+        steps = schedule_conv_nchw_channels(op, HOST).steps
+        return any(st["op"] == "cache_write" and st.get("order") == [0, 4, 1, 2, 3] for st in steps)
+    assert transposed(CASES[-2]) and transposed(CASES[-1])
+    assert not transposed(CASES[-4])
+

@@ -28,6 +28,8 @@ operand streams from memory once. The padding stage is materialized at the root.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import divisors, fuse_all, lanes, parallel_loop, want_parallel
@@ -260,7 +262,7 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     if RB:
         block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for)
     if not prepacked:
-        pack_weight_panels(s, acc, opdef.inputs[1], FB, parallel_for)
+        pack_weight_panels(s, acc, opdef.inputs[1], FB, vl, parallel_for)
     return s
 
 
@@ -303,7 +305,7 @@ def schedule_depthwise_channels(opdef, target=None, epilogue=None, fuse_epilogue
                          store_dim=3, epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     block_input_channels(s, acc, opdef.inputs[0], vl, parallel_for)
-    pack_weight_panels(s, acc, opdef.inputs[1], vl, parallel_for)
+    pack_weight_panels(s, acc, opdef.inputs[1], vl, vl, parallel_for)
     return s
 
 
@@ -358,14 +360,55 @@ def schedule_block_copy(st, want_parallel_for):
 PACK_CHANNEL_STEP = 8  # input channels a weight-panel copy reads per output channel
 
 
-def pack_weight_panels(s, acc, weight, block: int, want_parallel_for):
-    """OIHW weights copied into [F/block][C][KH][KW][block] panels for `acc`.
+def pack_weight_panels(s, acc, weight, block: int, lanes: int, want_parallel_for):
+    """OIHW weights copied into [F/block][C][KH][KW][block] panels for `acc`, by
+    schedule_weight_panels (`lanes`: the target's vector length for the weights' dtype). Shared
+    with the conv template."""
+    packed = s.cache_read(weight, "global", [acc], block={0: block})
+    return schedule_weight_panels(s, packed, lanes, want_parallel_for)
 
-    Vectorized along the panel's lanes, every load would be a gather of `block` output channels
-    a whole filter apart: 0.8 ms of a res5 1x1 conv's 1.7 (znver3). Instead each output channel
-    reads PACK_CHANNEL_STEP input channels' taps, consecutive floats, into stores `block` floats
-    apart: that conv ran 88 GFLOPS against 53 (oneDNN 89). Shared with the conv template."""
-    return schedule_panel_copy(s[s.cache_read(weight, "global", [acc], block={0: block})], want_parallel_for)
+
+def schedule_weight_panels(s, packed, lanes: int, want_parallel_for):
+    """The copy of weights into panels (`packed`, a cache_read blocked along the output
+    channels): transposed in register tiles (schedule_transposed_panels) where the filter is
+    1x1 and the tiles are whole registers of 4-byte elements, else row by row
+    (schedule_panel_copy). Shared with the sketch space's packing."""
+    st = s[packed]
+    fo, c, *taps, fi = st.op.axis
+    if (all(a.extent == 1 for a in taps) and lanes > 1 and c.extent % lanes == 0 and fi.extent % lanes == 0
+            and np.dtype(packed.dtype).itemsize == 4):
+        return schedule_transposed_panels(s, packed, lanes, want_parallel_for)
+    return schedule_panel_copy(st, want_parallel_for)
+
+
+def schedule_transposed_panels(s, packed, lanes: int, want_parallel_for):
+    """A 1x1 convolution's [F, C] weights into [F/block][C][block] panels, lanes x lanes at a
+    time: a tile is read as `lanes` vectors of consecutive input channels, one per output
+    channel, into a local tile (cache_write laid out [output channel][input channel], which LLVM
+    keeps in registers), and written as `lanes` vectors of consecutive output channels read
+    across it, which LLVM turns into shuffles. Row by row (schedule_panel_copy) every element
+    was one scalar store, and the copy was half of a deep 1x1 layer's time with its weights
+    packed per call: res5's 2048>512 ran 101 GFLOPS that way and 143 this way, 1024>256 161
+    and 184 (prepacked: 207; oneDNN 157; znver4, 2 threads)."""
+    ndim = len(packed.shape)
+    local = s.cache_write(packed, "local", order=[0, ndim - 1, *range(1, ndim - 1)])
+    st, lst = s[packed], s[local]
+    fo, c, *taps, fi = st.op.axis
+    co, ci = st.split(c, factor=lanes)
+    fio, fii = st.split(fi, factor=lanes)
+    st.reorder(fo, co, fio, *taps, ci, fii)
+    for a in (*taps, ci):
+        st.unroll(a)
+    st.vectorize(fii)
+    loop = st.fuse(fo, co)
+    if loop.extent > 1 and want_parallel_for(int(_prod(packed.shape))):
+        st.parallel(loop)
+    lst.compute_at(st, fio)
+    lfo, lfi, lc, *ltaps = lst.op.axis
+    for a in (lfo, lfi, *ltaps):
+        lst.unroll(a)
+    lst.vectorize(lc)
+    return st
 
 
 def schedule_panel_copy(st, want_parallel_for):
@@ -567,8 +610,9 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
 
 
 __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors",
-           "schedule_depthwise_channels", "input_channel_block", "block_input_channels", "pack_weight_panels",
-           "schedule_block_copy", "schedule_panel_copy", "block_unrolled", "channel_vectors_pay", "channel_tile", "taps_unrolled",
-           "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
-           "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles", "weights_dominate", "materialize_pad",
-           "unroll_inner_reduction"]
+           "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
+           "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
+           "schedule_transposed_panels", "block_unrolled", "channel_vectors_pay", "channel_tile",
+           "taps_unrolled", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
+           "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles",
+           "weights_dominate", "materialize_pad", "unroll_inner_reduction"]

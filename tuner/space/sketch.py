@@ -54,7 +54,7 @@ from compiler.dtypes import nbytes
 from compiler.errors import CompilerError
 from compiler.expr import free_vars, substitute, transform, walk
 from compiler.lower import lower
-from compiler.ops.schedule_conv import schedule_block_copy, schedule_panel_copy
+from compiler.ops.schedule_conv import schedule_block_copy, schedule_weight_panels
 from compiler.schedule import MAX_VECTOR_LANES, Schedule, Stage, create_schedule
 from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
@@ -841,9 +841,10 @@ class _Applier:
         if width <= 1:
             return
         tensor = self.s.placeholders[inp]
-        packed = self.s[self.s.cache_read(tensor, "global", [reader], block={axis: width})]
-        if axis == 0 and tensor.ndim > 2:   # blocks of rows (a conv's OIHW weights): see schedule_panel_copy
-            schedule_panel_copy(packed, lambda work: bool(p.get("parallel")))
+        packed_tensor = self.s.cache_read(tensor, "global", [reader], block={axis: width})
+        packed = self.s[packed_tensor]
+        if axis == 0 and tensor.ndim > 2:   # blocks of rows (a conv's OIHW weights): see schedule_weight_panels
+            schedule_weight_panels(self.s, packed_tensor, self.lanes[i], lambda work: bool(p.get("parallel")))
             return
         rows = packed.op.axis[:-1]
         if p.get("parallel") and rows and rows[0].extent > 1:

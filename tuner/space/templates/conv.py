@@ -345,7 +345,7 @@ def _conv_nchw(cfg, opdef, target):
         elif mode == "inline":
             pad.compute_inline()
     if channels_possible and cfg["pack_w"].val:
-        pack_weight_panels(s, acc, opdef.inputs[1], FB, want_par)
+        pack_weight_panels(s, acc, opdef.inputs[1], FB, lanes, want_par)
     return s, opdef.tensors
 
 
