@@ -506,14 +506,20 @@ class FunctionEmitter:
             t, f = self._broadcast(t), self._broadcast(f)
             return b.select(cond, t, f)
         # scalar condition: real control flow so the untaken branch's loads never happen. Inside
-        # a vector loop either branch may be per-lane: both are made vectors in their own block,
-        # so the phi that joins them comes first in the join block and sees equal types.
+        # a vector loop a branch that reads the vector variable is per-lane: then both are made
+        # vectors in their own block, so the phi that joins them comes first in the join block
+        # and sees equal types. Branches that do not are uniform and stay scalars: the select may
+        # be an address (t[select(i[a] < 0, i[a] + n, i[a]), c] with c the vector), which must
+        # stay one pointer, not become a vector of them.
+        v = self.vec_var
+        per_lane = v is not None and (v in _free_vars(e.t) or v in _free_vars(e.f))
+        lanes_of = self._broadcast if per_lane else (lambda x: x)
         with b.if_else(cond) as (then, otherwise):
             with then:
-                t = self._broadcast(self.emit_expr(e.t))
+                t = lanes_of(self.emit_expr(e.t))
                 tb = b.block
             with otherwise:
-                f = self._broadcast(self.emit_expr(e.f))
+                f = lanes_of(self.emit_expr(e.f))
                 fb = b.block
         phi = b.phi(t.type)
         phi.add_incoming(t, tb)

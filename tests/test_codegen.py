@@ -42,6 +42,31 @@ def test_vector_tail_uses_masks_and_stays_correct():
     np.testing.assert_allclose(out, a + b, rtol=1e-6)
 
 
+@pytest.mark.parametrize("lanes", [4, 16])
+def test_row_chosen_by_a_select_of_a_loaded_index_is_one_contiguous_vector(lanes):
+    """t[select(i[a] < 0, i[a] + n, i[a]), c] with c vectorized: the select's branches are uniform
+    across the lanes, so the row address stays one pointer and the row is one vector load
+    (it was once made a vector of pointers, which LLVM refused)."""
+    n, m = 10, 2 * lanes
+    T = C.placeholder((n, m), name="T")
+    idx = C.placeholder((5, 3), "int64", name="idx")
+
+    def row(a, b, c):
+        v = idx[a, b]
+        return T[C.if_then_else(v < 0, v + n, v), c]
+    out = C.compute((5, 3, m), row, name="out")
+    s = C.create_schedule(out)
+    _, ci = s[out].split(s[out].op.axis[2], factor=lanes)
+    s[out].vectorize(ci)
+    assert f"load <{lanes} x float>" in _ir(s, [T, idx, out])
+    rng = np.random.default_rng(7)
+    t = rng.random((n, m), dtype=np.float32) + 0.5
+    i = rng.integers(-n, n, size=(5, 3))
+    got = np.full((5, 3, m), np.nan, np.float32)
+    C.build(s, [T, idx, out])(t, i, got)
+    np.testing.assert_array_equal(got, t[np.where(i < 0, i + n, i)])
+
+
 def test_unrolled_loop_has_no_loop():
     A = C.placeholder((4,), name="A")
     out = C.compute((4,), lambda i: A[i] * 2.0, name="out")

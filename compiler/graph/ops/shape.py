@@ -223,9 +223,7 @@ def _gather_lower(node, xs, ins, opset):
         i = idx.read(tuple(o[axis:axis + q]))
         if i.dtype != "int64":
             i = i.astype("int64")
-        # ONNX indices may count from the end: floormod maps [-n, n) onto [0, n). (A select on
-        # the loaded index here hit a code generator bug once vectorized: an index computed by
-        # a select of a load became a vector of pointers fed to a plain vector load.)
+        # ONNX indices may count from the end: floormod maps [-n, n) onto [0, n)
         i = i % n
         return data.read(tuple(o[:axis]) + (i,) + tuple(o[axis + q:]))
     return Lazy(shape, data.dtype, read)
