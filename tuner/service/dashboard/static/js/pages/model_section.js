@@ -38,9 +38,11 @@ export function modelSection(ctx) {
     if (key !== drawn) {
       drawn = key;
       const last = m.curve.length ? m.curve[m.curve.length - 1] : null;
+      // the speed-up is against the default schedules' latency as measured beside it (the first
+      // point of the curve comes from other timings, so a ratio to it mixes runs)
       const summary = last
         ? `${last.final ? "Final (re-measured)" : "Now"}: ${fmtCost(last.seconds)} after ${last.trials} trials` +
-          (m.curve[0].seconds > last.seconds ? `, from ${fmtCost(m.curve[0].seconds)} (${fmtSpeedup(m.curve[0].seconds / last.seconds)})` : "") + "."
+          (m.default_seconds ? `; default schedules ${fmtCost(m.default_seconds)} (${fmtSpeedup(m.default_seconds / last.seconds)})` : "") + "."
         : job.state === "queued" ? "Waiting for a worker." : "No estimate yet: every task needs a valid time first.";
       chart.set({ ...latencyCurve(m.curve, m.default_seconds), summary });
     }
