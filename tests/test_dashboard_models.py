@@ -55,7 +55,10 @@ def test_a_model_job_page_shows_tasks_allocation_and_latency_curve(browser, mode
                                ".some(c => c.textContent.includes('Estimated end-to-end latency'))")
         chart = section.locator("figure.chart")
         assert "estimated latency" in chart.locator(".u-legend").inner_text()
-        assert "Final (re-measured)" in chart.locator(".chart-summary").inner_text()
+        summary = chart.locator(".chart-summary").inner_text()
+        assert "Final (re-measured)" in summary
+        # the speed-up quoted is the API's: over the default schedules timed beside the final estimate
+        assert f"({job['model']['speedup']:.2f}×)" in summary and "default schedules" in summary
         ink = page.evaluate("""() => { const fig = [...document.querySelectorAll('figure.chart')]
               .find(f => f.querySelector('figcaption').textContent.includes('latency'));
             const c = fig.querySelector('canvas');
