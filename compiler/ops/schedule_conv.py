@@ -44,7 +44,7 @@ LONG_ROW_REGISTERS = 6  # an output row this many registers long keeps column ve
 SHORT_REDUCTION = 256  # multiply-adds per output below which long rows keep column vectors (channel_vectors_pay)
 INPUT_BLOCK = 8  # channels per block of a channel-vector conv's NCHWc input copy (input_channel_block)
 MAX_UNROLLED_PACK = 72  # statements of a weight-panel copy's unrolled inner loops (8 channels x 3x3)
-MAX_UNROLLED_STEP = 128  # vector statements of an unrolled channel block around a tile (block_unrolled)
+MAX_UNROLLED_STEP = 128  # vector statements of an unrolled reduction step around a tile (unrolled_fits)
 
 
 def vector_tiles(extent: int, vl: int) -> list:
@@ -108,9 +108,12 @@ def _combos(dims):
                 yield (d,) + tail
 
 
-def unroll_inner_reduction(stage, rax):
+def unroll_inner_reduction(stage, rax, tile_statements: int = 1):
     """Unroll the innermost non-trivial reduction loop (a 3-tap row fully, a long channel loop
-    by 4): fewer loop branches between the tile's FMAs, +10-15% on 1x1 convolutions."""
+    by 4): fewer loop branches between the tile's FMAs, +10-15% on 1x1 convolutions. Only while
+    the unrolled step, `tile_statements` vector FMAs per iteration, stays within
+    MAX_UNROLLED_STEP (unrolled_fits): a 7-tap row around a 24-accumulator depthwise tile was
+    too much code to build."""
     inner = [a for a in rax if a.extent > 1]
     for a in rax:
         if a.extent == 1:
@@ -119,20 +122,27 @@ def unroll_inner_reduction(stage, rax):
         return
     a = inner[-1]
     if a.extent <= MAX_UNROLLED_TAPS:
-        stage.unroll(a)
-    elif a.extent % RED_UNROLL == 0:
+        if unrolled_fits(tile_statements, a.extent):
+            stage.unroll(a)
+    elif a.extent % RED_UNROLL == 0 and unrolled_fits(tile_statements, RED_UNROLL):
         _, ai = stage.split(a, factor=RED_UNROLL)
         stage.unroll(ai)
 
 
+def unrolled_fits(tile_statements: int, steps: int) -> bool:
+    """Whether `steps` iterations of a reduction loop unrolled around a register tile of
+    `tile_statements` vector FMAs stay within MAX_UNROLLED_STEP statements, the bound the
+    tuner's spaces keep too."""
+    return tile_statements * steps <= MAX_UNROLLED_STEP
+
+
 def block_unrolled(tile_statements: int, block: int) -> bool:
     """Whether the inner channel loop of an input copied in channel blocks (red_block, INPUT_BLOCK
-    steps) is unrolled around a register tile of `tile_statements` vector FMAs: only while the
-    unrolled step stays within MAX_UNROLLED_STEP statements, the bound the tuner's spaces keep
-    too. AVX-512's 28-accumulator tile unrolled 8 times came to 22k expression nodes, past what
+    steps) is unrolled around a register tile of `tile_statements` vector FMAs (unrolled_fits).
+    AVX-512's 28-accumulator tile unrolled 8 times came to 22k expression nodes, past what
     the lowering compiles (res3's 128-channel 3x3 failed to build on znver4); a rolled loop of
     28 FMAs a step loses nothing to its branch."""
-    return tile_statements * block <= MAX_UNROLLED_STEP
+    return unrolled_fits(tile_statements, block)
 
 
 def weights_dominate(opdef) -> bool:
@@ -600,7 +610,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     if red_block and not block_unrolled(tile_statements, red_block):
         unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
     else:
-        unroll_inner_reduction(cst, rax)
+        unroll_inner_reduction(cst, rax, tile_statements)
     # one loop over all tiles: parallel, and the reduction is computed inside it
     loop = fuse_all(st, outer_loops)
     cst.compute_at(st, loop)
@@ -613,6 +623,6 @@ __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_chann
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "block_unrolled", "channel_vectors_pay", "channel_tile",
-           "taps_unrolled", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
+           "taps_unrolled", "unrolled_fits", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles",
            "weights_dominate", "materialize_pad", "unroll_inner_reduction"]

@@ -59,7 +59,7 @@ def schedule_conv_bias_relu(opdef, target=None) -> Schedule:
     for d, _ in unrolled:
         conv.unroll(cax[d])
     conv.vectorize(cax[3])
-    unroll_inner_reduction(conv, rax)
+    unroll_inner_reduction(conv, rax, -(-XB // vl) * FB * YB)
     loop = fuse_all(st, outer_loops)
     conv.compute_at(st, loop)
     if want_parallel(target, opdef.flops) and loop.extent > 1:
