@@ -45,7 +45,7 @@ CASES = [
     dict(N=1, C=16, H=4, W=4, F=2 * VL, KH=3, KW=3, padding=1, dtype="int8"),
     dict(N=1, C=3, H=19, W=21, F=2 * VL, KH=7, KW=7, stride=2, padding=3),   # an RGB stem
     # ResNet's res3 3x3: on AVX-512 a 28-accumulator tile, the taps outside a rolled channel block
-    # (block_unrolled: unrolled, it was too much code to build); on AVX2 the taps unrolled
+    # (unrolled_fits: unrolled, it was too much code to build); on AVX2 the taps unrolled
     dict(N=1, C=128, H=28, W=28, F=128, KH=3, KW=3, padding=1),
     dict(N=1, C=16, H=12, W=12, F=4 * VL, KH=3, KW=3, padding=1),
     # 1x1 weights in whole registers both ways: packed by register transposes (schedule_transposed_panels)

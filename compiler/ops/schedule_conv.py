@@ -132,17 +132,11 @@ def unroll_inner_reduction(stage, rax, tile_statements: int = 1):
 def unrolled_fits(tile_statements: int, steps: int) -> bool:
     """Whether `steps` iterations of a reduction loop unrolled around a register tile of
     `tile_statements` vector FMAs stay within MAX_UNROLLED_STEP statements, the bound the
-    tuner's spaces keep too."""
+    tuner's spaces keep too. Also the inner channel loop of an input copied in channel blocks
+    (red_block): AVX-512's 28-accumulator tile unrolled 8 times came to 22k expression nodes,
+    past what the lowering compiles (res3's 128-channel 3x3 failed to build on znver4); a
+    rolled loop of 28 FMAs a step loses nothing to its branch."""
     return tile_statements * steps <= MAX_UNROLLED_STEP
-
-
-def block_unrolled(tile_statements: int, block: int) -> bool:
-    """Whether the inner channel loop of an input copied in channel blocks (red_block, INPUT_BLOCK
-    steps) is unrolled around a register tile of `tile_statements` vector FMAs (unrolled_fits).
-    AVX-512's 28-accumulator tile unrolled 8 times came to 22k expression nodes, past what
-    the lowering compiles (res3's 128-channel 3x3 failed to build on znver4); a rolled loop of
-    28 FMAs a step loses nothing to its branch."""
-    return unrolled_fits(tile_statements, block)
 
 
 def weights_dominate(opdef) -> bool:
@@ -607,7 +601,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     tile_statements = -(-vec_factor // lanes(target, out.dtype))
     for _, factor in unrolled:
         tile_statements *= factor
-    if red_block and not block_unrolled(tile_statements, red_block):
+    if red_block and not unrolled_fits(tile_statements, red_block):
         unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
     else:
         unroll_inner_reduction(cst, rax, tile_statements)
@@ -622,7 +616,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
 __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
-           "schedule_transposed_panels", "block_unrolled", "channel_vectors_pay", "channel_tile",
+           "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",
            "taps_unrolled", "unrolled_fits", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles",
            "weights_dominate", "materialize_pad", "unroll_inner_reduction"]

@@ -42,10 +42,10 @@ from compiler.ops.schedule_common import lanes as vector_lanes
 from compiler.ops.schedule_conv import (
     INPUT_BLOCK,
     block_input_channels,
-    block_unrolled,
     deinterleave_columns,
     pack_weight_panels,
     split_output_tile,
+    unrolled_fits,
 )
 from compiler.schedule import create_schedule
 
@@ -167,7 +167,7 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     step): a config asking for more gets the loops that fit, so every config compiles in
     reasonable time (a 3x3x8 window unrolled around a 20-row tile is seconds of LLVM time).
     `blocked`: rax[0] is the inner part of a channel loop split by block_input, unrolled where
-    the default unrolls it (compiler.ops.schedule_conv.block_unrolled)."""
+    the default unrolls it (compiler.ops.schedule_conv.unrolled_fits)."""
     anns = cfg["unroll_red"].anns
     names = [ax.name for ax in rax]
     split_rc = 0
@@ -191,7 +191,7 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
     for ax, _ in sorted(zip(rax, anns), key=lambda p: p[0].extent != 1):
         if ax in chosen:
             cst.unroll(ax)
-    if blocked and block_unrolled(tile_body, rax[0].extent):
+    if blocked and unrolled_fits(tile_body, rax[0].extent):
         cst.unroll(rax[0])
     if split_rc:
         _, rci = cst.split(rax[names.index("rc")], factor=split_rc)
