@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODELS = ("resnet18", "mobilenet_v2", "mlp")
+MODELS = ("resnet18", "mobilenet_v2", "mlp", "bert_layer")
 
 
 # ----------------------------------------------------------------------------- the models (PyTorch)
@@ -104,9 +104,33 @@ def torch_models():
         def forward(self, x):
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
 
+    class BertLayer(nn.Module):
+        """One BERT-base encoder layer as Hugging Face's BertLayer writes it (post-LayerNorm,
+        separate Q/K/V projections, erf GELU), without the attention mask (batch 1, no padding)."""
+
+        def __init__(self, hidden=768, heads=12, ffn=3072):
+            super().__init__()
+            self.heads, self.head_dim = heads, hidden // heads
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+            self.attn_out, self.ln1 = nn.Linear(hidden, hidden), nn.LayerNorm(hidden, eps=1e-12)
+            self.ffn_in, self.ffn_out = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+            self.ln2 = nn.LayerNorm(hidden, eps=1e-12)
+
+        def split_heads(self, t):
+            b, s, _ = t.shape
+            return t.view(b, s, self.heads, self.head_dim).permute(0, 2, 1, 3)
+
+        def forward(self, x):
+            q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
+            scores = torch.matmul(q, k.transpose(-1, -2)) / (self.head_dim ** 0.5)
+            context = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3)
+            context = context.reshape(x.shape[0], x.shape[1], -1)
+            h = self.ln1(x + self.attn_out(context))
+            return self.ln2(h + self.ffn_out(nn.functional.gelu(self.ffn_in(h))))
+
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     return {"resnet18": (ResNet18(), (1, 3, 224, 224)), "mobilenet_v2": (MobileNetV2(), (1, 3, 224, 224)),
-            "mlp": (mlp, (1, 784))}
+            "mlp": (mlp, (1, 784)), "bert_layer": (BertLayer(), (1, 128, 768))}
 
 
 def export(name: str, directory: str) -> str:
@@ -119,7 +143,8 @@ def export(name: str, directory: str) -> str:
 
 
 def export_here(name: str, path: str) -> None:
-    """Random weights; BatchNorm statistics randomized too, so folding them is not a no-op."""
+    """Random weights; BatchNorm statistics and LayerNorm's scale and shift randomized too, so
+    folding them is not a no-op."""
     import torch
     torch.manual_seed(0)
     module, shape = torch_models()[name]
@@ -128,6 +153,9 @@ def export_here(name: str, path: str) -> None:
         if isinstance(m, torch.nn.BatchNorm2d):
             m.running_mean.uniform_(-0.1, 0.1, generator=g)
             m.running_var.uniform_(0.5, 1.5, generator=g)
+            m.weight.data.uniform_(0.5, 1.5, generator=g)
+            m.bias.data.uniform_(-0.1, 0.1, generator=g)
+        if isinstance(m, torch.nn.LayerNorm):   # not ones and zeros (which the exporter also shares)
             m.weight.data.uniform_(0.5, 1.5, generator=g)
             m.bias.data.uniform_(-0.1, 0.1, generator=g)
     with warnings.catch_warnings():
