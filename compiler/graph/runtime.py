@@ -26,7 +26,7 @@ from ..target import resolve_target
 from .errors import InputError
 from .fuse import fuse
 from .ir import Graph
-from .passes import prepack_conv_weights
+from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
 from .workloads import GroupKernel, arg_array, lower_group
 
@@ -56,9 +56,11 @@ class ModelTask:
 
 
 def for_target(graph: Graph, target) -> Graph:
-    """The graph as it is compiled for `target`: constant convolution weights pre-packed in the
-    layout of the target's default schedule (passes.prepack_conv_weights)."""
-    return prepack_conv_weights(graph, resolve_target(target))
+    """The graph as it is compiled for `target`: constant convolution and MatMul weights
+    pre-packed in the layouts of the target's default schedules (passes.prepack_conv_weights,
+    passes.prepack_matmul_weights)."""
+    target = resolve_target(target)
+    return prepack_matmul_weights(prepack_conv_weights(graph, target), target)
 
 
 def extract_tasks(graph: Graph, target=None) -> list:

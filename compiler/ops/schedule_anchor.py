@@ -47,7 +47,8 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
                 return _conv_with_epilogue(view, opdef, target)
             if _one_row(view, target):
                 return schedule_gemv(view, target)
-            return schedule_gemm(view, target, pack=_packing_pays(view, target))
+            prepacked = "weight_block" in view.params   # B came in the panels packing makes
+            return schedule_gemm(view, target, pack=not prepacked and _packing_pays(view, target))
     if not reductions:
         s = create_schedule(out)
         for st in s.stages:
@@ -142,7 +143,10 @@ def anchor_view(opdef) -> OpDef | None:
     transpose_b = anchor.tag == "dense" or _reads_transposed(anchor, b)
     name = "dense" if anchor.tag == "dense" else "matmul"
     flops = 2 * math.prod(anchor.shape) * math.prod(r.extent for r in anchor.reduce_axis)
-    return OpDef(name, [a, b], out, dict(transpose_b=transpose_b), flops, _no_reference)
+    params = dict(transpose_b=transpose_b)
+    if "weight_block" in (anchor.attrs or {}):   # B as column panels [N/NB, K, NB], read in place
+        params["weight_block"] = int(anchor.attrs["weight_block"])
+    return OpDef(name, [a, b], out, params, flops, _no_reference)
 
 
 def _reads_transposed(op, b) -> bool:
