@@ -187,3 +187,30 @@ def test_cli_model_export(tmp_path, capsys):
     assert main(["model", "export", str(bad), "--out", str(tmp_path / "bad_out"), "--no-records"]) == 2
     assert "Hardmax" in capsys.readouterr().err
     assert not (tmp_path / "bad_out").exists()
+
+
+def test_constant_and_pass_through_outputs_through_ctypes(tmp_path):
+    """Outputs that are a constant (Shape, folded: int64 from the weights) and the input itself
+    (Identity: the input's buffer) come out of the C API too."""
+    import ctypes
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Identity", ["x"], ["same"])]
+    m = model(nodes, {"x": ((3, 5), "float32")},
+              {"y": (None, "float32"), "s": (None, "int64"), "same": (None, "float32")})
+    done = export_model(from_onnx(m), tmp_path / "libpass.so")
+    assert "const float* x, float* y, int64_t* s, float* same" in done.header.read_text()
+    lib = ctypes.CDLL(str(done.library))
+    lib.pass_create.restype = ctypes.c_void_p
+    lib.pass_run.argtypes = [ctypes.c_void_p] * 5
+    lib.pass_destroy.argtypes = [ctypes.c_void_p]
+    handle = lib.pass_create()
+    try:
+        x = rand(RNG, (3, 5))
+        y, same = np.full((3, 5), np.nan, np.float32), np.full((3, 5), np.nan, np.float32)
+        s = np.full(2, -1, np.int64)
+        assert lib.pass_run(handle, *(a.ctypes.data for a in (x, y, s, same))) == 0
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+        np.testing.assert_array_equal(s, [3, 5])
+        np.testing.assert_array_equal(same, x)
+    finally:
+        lib.pass_destroy(handle)

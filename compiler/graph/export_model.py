@@ -304,10 +304,13 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
         lines.append(f"    status = {step.kernel.name}({', '.join(args)});")
         lines.append("    if (status != 0) return status;")
     for v, c in zip(module.output_names, outs):
-        view = module._output_views.get(v)
-        src = view if view is not None else module._output(v)
-        buf = layout.of_array(src) if view is not None else layout.constant(src)
-        lines.append(f"    memcpy({c}, {buf.base} + {buf.offset}, {src.nbytes});")
+        out_view = module._output_views.get(v)
+        if out_view is not None:
+            buf, nbytes = layout.of_array(out_view), out_view.nbytes
+        else:   # a constant output: copied out of the weights
+            const = module._output(v)
+            buf, nbytes = layout.constant(const), const.nbytes
+        lines.append(f"    memcpy({c}, {buf.base} + {buf.offset}, {nbytes});")
     lines += ["    return 0;", "}", ""]
     return "\n".join(lines)
 
