@@ -312,3 +312,27 @@ def test_batch1_dense_layers_stream_their_rows(K, vectors, act):
     (y,) = build_model(from_onnx(m)).run(x=x)
     want = x.astype(np.float64) @ w + b
     assert_close(y, np.maximum(want, 0) if act else want)
+
+
+def test_batch1_dense_layers_stream_in_narrower_vectors_when_the_target_s_do_not_divide_n():
+    """A 1000-class classifier on AVX-512 (N = 125 half-vectors): schedule_gemv on half-width
+    vectors instead of the GEMM tile walking B by column panels (19x slower there)."""
+    from compiler.ops.schedule_common import lanes
+    from compiler.ops.schedule_gemm import MIN_GEMV_LANES, schedule_gemv
+    from compiler.target import Target
+    width = lanes(Target.host(), "float32")
+    if width // 2 < MIN_GEMV_LANES:
+        pytest.skip("the target's vectors are already the narrowest schedule_gemv takes")
+    K, N = 40, 125 * (width // 2)
+    w, b = rand(RNG, (K, N)), rand(RNG, (N,))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    m = model(nodes, {"x": ((1, K), "float32")}, {"y": (None, "float32")}, {"w": w, "b": b})
+    (task,) = extract_tasks(from_onnx(m))
+    steps = default_schedule(task.opdef).steps
+    assert steps == schedule_gemv(anchor_view(task.opdef), lanes=width // 2).steps
+    assert not [s for s in steps if s["op"] == "cache_read"]
+    module = build_model(from_onnx(m))
+    for seed in range(2):
+        x = rand(np.random.default_rng(seed), (1, K))
+        (y,) = module.run(x=x)
+        assert_close(y, x.astype(np.float64) @ w + b)
