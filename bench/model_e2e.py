@@ -1,17 +1,25 @@
 """Whole models, tunefarm against onnxruntime in the same process (issue 24).
 
 Models (batch 1, random weights, exported from PyTorch's CPU build with torch.onnx.export, the
-TorchScript exporter, opset 17): ResNet-18 at 224x224, MobileNetV2 at 224x224, and an MLP
-784-512-512-10. Each is imported with `compiler.graph.from_onnx`, built with `build_model`
-(untuned: the default schedules of its fused workloads; `--db URL` builds with the best records
-of a records database instead), checked against onnxruntime on the same inputs (relative error
-of the outputs), and then both are timed alternately for `--rounds` rounds by the measurement
-protocol (tuner.numpy_baselines.time_callable), both on the same number of threads (2).
+TorchScript exporter, opset 17): ResNet-18 at 224x224, MobileNetV2 at 224x224, an MLP
+784-512-512-10, and one BERT-base encoder layer (sequence 128, hidden 768, 12 heads, FFN 3072,
+erf GELU, post-LayerNorm, as Hugging Face's BertLayer; no attention mask). Each is imported with
+`compiler.graph.from_onnx`, built with `build_model` (untuned: the default schedules of its fused
+workloads; `--db URL` builds with the best records of a records database instead), checked
+against onnxruntime on the same inputs (relative error of the outputs), and then both are timed
+alternately for `--rounds` rounds by the measurement protocol
+(tuner.numpy_baselines.time_callable), both on the same number of threads (2).
+
+`--tune TRIALS` first tunes each model's fused workloads under that budget (tuner.model_tuning:
+the gradient task scheduler, measured here, into a fresh SQLite records file in a temp dir), then
+builds the model with those records and times tuned, untuned and onnxruntime interleaved in the
+same rounds.
 
 Prints a table, then one JSON line: latencies, `ratio_vs_onnxruntime` per model (onnxruntime's
 time / ours, same run; > 1 means tunefarm is faster), the output errors, build seconds and the
-number of fused workloads. Needs the `bench` extra (`pip install -e '.[bench]'`: torch 2.13.0 CPU,
-onnxruntime).
+number of fused workloads; with --tune also `tuned: true`, `untuned_ratio_vs_onnxruntime`,
+`tunefarm_untuned_ms`, `tuning_seconds` and `tuning_trials` per model. Needs the `bench` extra
+(`pip install -e '.[bench]'`: torch 2.13.0 CPU, onnxruntime).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODELS = ("resnet18", "mobilenet_v2", "mlp")
+MODELS = ("resnet18", "mobilenet_v2", "mlp", "bert_layer")
 
 
 # ----------------------------------------------------------------------------- the models (PyTorch)
@@ -104,9 +112,33 @@ def torch_models():
         def forward(self, x):
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
 
+    class BertLayer(nn.Module):
+        """One BERT-base encoder layer as Hugging Face's BertLayer writes it (post-LayerNorm,
+        separate Q/K/V projections, erf GELU), without the attention mask (batch 1, no padding)."""
+
+        def __init__(self, hidden=768, heads=12, ffn=3072):
+            super().__init__()
+            self.heads, self.head_dim = heads, hidden // heads
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+            self.attn_out, self.ln1 = nn.Linear(hidden, hidden), nn.LayerNorm(hidden, eps=1e-12)
+            self.ffn_in, self.ffn_out = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+            self.ln2 = nn.LayerNorm(hidden, eps=1e-12)
+
+        def split_heads(self, t):
+            b, s, _ = t.shape
+            return t.view(b, s, self.heads, self.head_dim).permute(0, 2, 1, 3)
+
+        def forward(self, x):
+            q, k, v = self.split_heads(self.q(x)), self.split_heads(self.k(x)), self.split_heads(self.v(x))
+            scores = torch.matmul(q, k.transpose(-1, -2)) / (self.head_dim ** 0.5)
+            context = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3)
+            context = context.reshape(x.shape[0], x.shape[1], -1)
+            h = self.ln1(x + self.attn_out(context))
+            return self.ln2(h + self.ffn_out(nn.functional.gelu(self.ffn_in(h))))
+
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     return {"resnet18": (ResNet18(), (1, 3, 224, 224)), "mobilenet_v2": (MobileNetV2(), (1, 3, 224, 224)),
-            "mlp": (mlp, (1, 784))}
+            "mlp": (mlp, (1, 784)), "bert_layer": (BertLayer(), (1, 128, 768))}
 
 
 def export(name: str, directory: str) -> str:
@@ -119,7 +151,8 @@ def export(name: str, directory: str) -> str:
 
 
 def export_here(name: str, path: str) -> None:
-    """Random weights; BatchNorm statistics randomized too, so folding them is not a no-op."""
+    """Random weights; BatchNorm statistics and LayerNorm's scale and shift randomized too, so
+    folding them is not a no-op."""
     import torch
     torch.manual_seed(0)
     module, shape = torch_models()[name]
@@ -130,25 +163,71 @@ def export_here(name: str, path: str) -> None:
             m.running_var.uniform_(0.5, 1.5, generator=g)
             m.weight.data.uniform_(0.5, 1.5, generator=g)
             m.bias.data.uniform_(-0.1, 0.1, generator=g)
+        if isinstance(m, torch.nn.LayerNorm):   # not ones and zeros (which the exporter also shares)
+            m.weight.data.uniform_(0.5, 1.5, generator=g)
+            m.bias.data.uniform_(-0.1, 0.1, generator=g)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice
         torch.onnx.export(module.eval(), (torch.randn(*shape),), path, dynamo=False, opset_version=17,
                           input_names=["input"], output_names=["output"])
 
 
+# ----------------------------------------------------------------------------- tuning
+
+def tune(graph, trials: int, directory: str):
+    """Tune the model's fused workloads under `trials` new measurements (tuner.model_tuning: the
+    gradient task scheduler, one shared cost model, measured on this machine) into a fresh SQLite
+    records file in `directory`; returns (schedule provider of its best records, tuning seconds,
+    trials spent, number of tasks)."""
+    from compiler import Target
+    from tuner.apply_best import ApplyHistoryBest
+    from tuner.model_tuning import model_tasks, tune_model
+    from tuner.records import open_store
+
+    tasks = model_tasks(graph, Target.host())
+    store = open_store(f"sqlite:///{directory}/records.db")
+    t0 = time.perf_counter()
+    out = tune_model(tasks, store, trials=trials, scheduler="gradient")
+    return ApplyHistoryBest(store), time.perf_counter() - t0, out.scheduled.trials, len(tasks)
+
+
 # ----------------------------------------------------------------------------- measuring
+
+def time_interleaved(runs: dict, rounds: int) -> dict:
+    """{name: (median ms, disturbed, host busy CPUs)} of each callable in `runs`, timed one after
+    the other for `rounds` rounds by the measurement protocol (a speed-up is the ratio of two
+    things timed interleaved in the same run)."""
+    from tuner.numpy_baselines import time_callable
+    samples: dict = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            samples[name].append(time_callable(fn, (), repeat=5))
+            time.sleep(0.1)
+    return {name: (round(statistics.median(t.median for t in ts) * 1e3, 3), any(t.disturbed for t in ts),
+                   round(max(t.host_busy for t in ts), 2)) for name, ts in samples.items()}
+
+
+def max_rel_error(ours, ref) -> float:
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per model")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--db", default=None, help="records database: build with its best records (default: untuned)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--db", default=None, help="records database: build with its best records (default: untuned)")
+    where.add_argument("--tune", type=int, default=None, metavar="TRIALS",
+                       help="tune each model first with this many trials (fresh records in a temp dir), then time "
+                            "tuned and untuned against onnxruntime")
     ap.add_argument("--export", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.export:
         export_here(*args.export)
         return 0
+    if args.tune is not None and args.tune < 1:
+        ap.error(f"--tune needs at least 1 trial, got {args.tune}")
     try:
         import onnxruntime as ort
         torch_version = version("torch")
@@ -158,7 +237,6 @@ def main() -> int:
 
     import compiler
     from compiler.graph import build_model, extract_tasks, from_onnx
-    from tuner.numpy_baselines import time_callable
 
     compiler.set_num_threads(args.threads)
     provider = None
@@ -166,51 +244,77 @@ def main() -> int:
         from tuner.apply_best import ApplyHistoryBest
         from tuner.records import open_store
         provider = ApplyHistoryBest(open_store(args.db))
+    mode = (f"tuned with {args.tune} trials per model" if args.tune else
+            "records " + args.db if args.db else "untuned (default schedules)")
     print(f"host target {compiler.Target.host()}; {args.threads} threads; onnxruntime {ort.__version__}, "
-          f"torch {torch_version} (exports only); {'records ' + args.db if args.db else 'untuned (default schedules)'}\n",
-          flush=True)
+          f"torch {torch_version} (exports only); {mode}\n", flush=True)
 
-    ours_ms, theirs_ms, ratios, errors, build_s, workloads, kernels = {}, {}, {}, {}, {}, {}, {}
-    disturbed, host_busy = {}, {}
+    def build(graph, records):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # "no tuned schedule": the default schedule, as intended
+            return build_model(graph, records=records)
+
+    report: dict = {k: {} for k in ("ratio_vs_onnxruntime", "tunefarm_ms", "onnxruntime_ms", "max_rel_error",
+                                    "build_seconds", "workloads", "disturbed", "host_busy")}
+    if args.tune:
+        for k in ("untuned_ratio_vs_onnxruntime", "tunefarm_untuned_ms", "untuned_max_rel_error",
+                  "tuning_seconds", "tuning_trials", "tuned_workloads"):
+            report[k] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             path = export(name, tmp)
             graph = from_onnx(path)
+            records, tuned_from = provider, None
+            if args.tune:
+                print(f"{name}: tuning {args.tune} trials ...", flush=True)
+                records, tune_s, trials, n_tasks = tune(graph, args.tune, tempfile.mkdtemp(dir=tmp))
+                report["tuning_seconds"][name], report["tuning_trials"][name] = round(tune_s, 1), trials
             t0 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = build_model(graph, records=provider)
-            build_s[name] = round(time.perf_counter() - t0, 1)
-            workloads[name] = len(extract_tasks(graph))
-            kernels[name] = len(module.steps)
+            module = build(graph, records)
+            report["build_seconds"][name] = round(time.perf_counter() - t0, 1)
+            report["workloads"][name] = len(extract_tasks(graph))
+            if args.tune:
+                tuned_from = build(graph, None)   # the untuned module, timed in the same rounds
+                report["tuned_workloads"][name] = sum(1 for src in module.sources.values() if src == "records")
             so = ort.SessionOptions()
             so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
             session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             x = np.random.default_rng(0).standard_normal(graph.values["input"].shape).astype(np.float32)
-            (ours,) = module.run(input=x)
             (ref,) = session.run(None, {"input": x})
-            errors[name] = float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-            t_ours, t_theirs = [], []
-            for _ in range(args.rounds):
-                t_ours.append(time_callable(lambda m=module, x=x: m.run(input=x), (), repeat=5))
-                time.sleep(0.1)
-                t_theirs.append(time_callable(lambda s=session, x=x: s.run(None, {"input": x}), (), repeat=5))
-                time.sleep(0.1)
-            ours_ms[name] = round(statistics.median(t.median for t in t_ours) * 1e3, 3)
-            theirs_ms[name] = round(statistics.median(t.median for t in t_theirs) * 1e3, 3)
-            disturbed[name] = any(t.disturbed for t in t_ours + t_theirs)
-            host_busy[name] = round(max(t.host_busy for t in t_ours + t_theirs), 2)
-            ratios[name] = round(theirs_ms[name] / ours_ms[name], 3)
-            print(f"{name:<14} tunefarm {ours_ms[name]:9.3f} ms   onnxruntime {theirs_ms[name]:9.3f} ms   "
-                  f"ratio {ratios[name]:5.2f}x   max rel. error {errors[name]:.1e}   {kernels[name]} kernels, "
-                  f"{workloads[name]} workloads, built in {build_s[name]} s"
-                  f"{'   DISTURBED (other processes: %.1f CPUs)' % host_busy[name] if disturbed[name] else ''}", flush=True)
-    ok = all(e <= 1e-4 for e in errors.values())
+            report["max_rel_error"][name] = max_rel_error(module.run(input=x)[0], ref)
+            runs = {"ours": lambda m=module, x=x: m.run(input=x),
+                    "onnxruntime": lambda s=session, x=x: s.run(None, {"input": x})}
+            if tuned_from is not None:
+                report["untuned_max_rel_error"][name] = max_rel_error(tuned_from.run(input=x)[0], ref)
+                runs["untuned"] = lambda m=tuned_from, x=x: m.run(input=x)
+            timed = time_interleaved(runs, args.rounds)
+            ours, theirs = timed["ours"][0], timed["onnxruntime"][0]
+            report["tunefarm_ms"][name], report["onnxruntime_ms"][name] = ours, theirs
+            report["ratio_vs_onnxruntime"][name] = round(theirs / ours, 3)
+            report["disturbed"][name] = any(t[1] for t in timed.values())
+            report["host_busy"][name] = max(t[2] for t in timed.values())
+            line = (f"{name:<14} tunefarm {ours:9.3f} ms   onnxruntime {theirs:9.3f} ms   ratio "
+                    f"{theirs / ours:5.2f}x   max rel. error {report['max_rel_error'][name]:.1e}   "
+                    f"{len(module.steps)} kernels, {report['workloads'][name]} workloads, built in "
+                    f"{report['build_seconds'][name]} s")
+            if tuned_from is not None:
+                untuned = timed["untuned"][0]
+                report["tunefarm_untuned_ms"][name] = untuned
+                report["untuned_ratio_vs_onnxruntime"][name] = round(theirs / untuned, 3)
+                line += (f"\n{'':<14} untuned  {untuned:9.3f} ms   ratio {theirs / untuned:5.2f}x   tuned "
+                         f"{trials} trials over {n_tasks} workloads in {report['tuning_seconds'][name]} s "
+                         f"({report['tuned_workloads'][name]} built from records)")
+            if report["disturbed"][name]:
+                line += f"   DISTURBED (other processes: {report['host_busy'][name]:.1f} CPUs)"
+            print(line, flush=True)
+    errors = list(report["max_rel_error"].values()) + list(report.get("untuned_max_rel_error", {}).values())
+    ok = all(e <= 1e-4 for e in errors)
     if not ok:
         print("OUTPUTS DISAGREE with onnxruntime beyond 1e-4 relative", file=sys.stderr)
-    print(json.dumps({"ratio_vs_onnxruntime": ratios, "tunefarm_ms": ours_ms, "onnxruntime_ms": theirs_ms,
-                      "max_rel_error": errors, "build_seconds": build_s, "workloads": workloads,
-                      "disturbed": disturbed, "host_busy": host_busy, "tuned": bool(args.db), "threads": args.threads}))
+    report.update(tuned=bool(args.db or args.tune), threads=args.threads)
+    if args.tune:
+        report["tune_trials_per_model"] = args.tune
+    print(json.dumps(report))
     return 0 if ok else 1
 
 

@@ -61,10 +61,12 @@ class ExportedLibrary:
 
 
 def export_library(kernels, lib_path, header_path=None, cc: str | list = "cc",
-                   extra_flags=(), timeout: float = 120.0) -> ExportedLibrary:
+                   extra_flags=(), timeout: float = 120.0, sources=()) -> ExportedLibrary:
     """Link `kernels` into the shared library `lib_path` and write a C header declaring them.
 
     `header_path` defaults to `lib_path` with the suffix `.h`; pass False to write no header.
+    `sources`: C (or assembly) files compiled into the same library, e.g. the code that calls the
+    kernels (compiler.graph.export_model's model runtime); `extra_flags` apply to them too.
     `cc` is the C compiler (a command name, a path, or an argv list); it must target the
     kernels' architecture, so kernels for another machine need a cross compiler.
     Raises ExportError for duplicate or unusable kernel names, kernels for different targets,
@@ -98,8 +100,9 @@ def export_library(kernels, lib_path, header_path=None, cc: str | list = "cc",
         header_path = lib_path.with_suffix(".h")
     elif header_path is not False:
         header_path = Path(header_path)
-    if not lib_path.parent.is_dir():
-        raise ExportError(f"directory {str(lib_path.parent)!r} of the library does not exist")
+    for path in (lib_path, header_path):
+        if path is not False:
+            check_writable_dir(path.parent, "the library" if path is lib_path else "the header")
 
     with tempfile.TemporaryDirectory(prefix="tf_export_") as tmp:
         objects = []
@@ -109,7 +112,7 @@ def export_library(kernels, lib_path, header_path=None, cc: str | list = "cc",
                 f.write(k.object_code)
             objects.append(obj)
         out = os.path.join(tmp, "lib.so")
-        cmd = cc_argv + ["-shared", "-o", out] + objects + list(extra_flags) + \
+        cmd = cc_argv + ["-shared", "-o", out] + objects + [str(src) for src in sources] + list(extra_flags) + \
             ["-Wl,-z,noexecstack", "-lgomp", "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -128,6 +131,19 @@ def export_library(kernels, lib_path, header_path=None, cc: str | list = "cc",
             f.write(header_text(kernels, guard_name=header_path.name))
         os.replace(tmp_header, header_path)
     return ExportedLibrary(lib_path, header_path or None, tuple(k.name for k in kernels))
+
+
+def check_writable_dir(directory, what: str) -> None:
+    """ExportError unless files can be created in `directory` (tried, not guessed from mode bits:
+    root ignores them, read-only file systems do not)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ExportError(f"directory {str(directory)!r} of {what} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tf_probe_"):
+            pass
+    except OSError as e:
+        raise ExportError(f"cannot write {what} into {str(directory)!r}: {e.strerror or e}") from None
 
 
 def header_text(kernels, guard_name: str = "kernels.h") -> str:
@@ -212,4 +228,4 @@ def _compiler_argv(cc) -> list:
     return argv
 
 
-__all__ = ["export_library", "header_text", "ExportedLibrary", "C_TYPES"]
+__all__ = ["export_library", "header_text", "check_writable_dir", "ExportedLibrary", "C_TYPES"]

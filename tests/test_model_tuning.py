@@ -62,9 +62,9 @@ def test_model_tasks_are_the_extracted_workloads_with_their_weights():
     assert tasks[1].task.workload.definition is None   # an inventory operator stays one (its templates apply)
 
 
-def _lowered(schedule_and_tensors) -> str:
+def _lowered(schedule_and_tensors, name: str) -> str:
     schedule, tensors = schedule_and_tensors
-    return str(compiler.lower(schedule, tensors, "main"))
+    return str(compiler.lower(schedule, tensors, name))
 
 
 @pytest.mark.slow
@@ -96,10 +96,11 @@ def test_tuned_model_records_drive_build_model_and_outputs_stay_right(tmp_path, 
         for step in module.steps:   # each kernel is the lowering of its workload's best record
             opdef = step.group.opdef
             best = provider.best_record(opdef, target)
-            assert step.kernel.source == _lowered(instantiate(opdef, best.candidate, target))
+            name = step.kernel.name
+            assert step.kernel.source == _lowered(instantiate(opdef, best.candidate, target), name)
             if best.candidate.kind != "default":
                 from compiler.ops import default_schedule
-                assert step.kernel.source != str(compiler.lower(default_schedule(opdef, target), opdef.tensors, "main"))
+                assert step.kernel.source != str(compiler.lower(default_schedule(opdef, target), opdef.tensors, name))
         for seed in range(2):
             x = rand(np.random.default_rng(seed), (4, 16))
             (y,) = module.run(x=x)

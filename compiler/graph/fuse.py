@@ -10,7 +10,11 @@ The rules are TVM's FuseOps pattern rules, on chains:
   their own;
 - ALIAS nodes (the reshape family) belong to no group: they are not kernels.
 A node joins its producer's group only when it is that value's only reader and the value is not
-a graph output, so every group has exactly one output and no intermediate escapes it.
+a graph output, so every group has exactly one output and no intermediate escapes it. The one
+exception is a closed diamond: when the group's output has several readers that all fit and
+meet again within a few nodes (an exported erf GELU reads its input twice: x * (erf(x/√2) + 1)
+/ 2), the group takes the whole diamond, since nothing in it is read from outside and it still
+ends in one output (TVM reaches the same with its post-dominator tree).
 """
 
 from __future__ import annotations
@@ -60,25 +64,61 @@ def fuse(graph: Graph) -> list:
     return groups
 
 
+DIAMOND_WINDOW = 12   # nodes after a group's output searched for its readers' meeting point
+
+
 def _grow(graph, nodes, kind, users, taken):
     head_shape = graph.values[nodes[0].outputs[0]].shape
+
+    def fits(u) -> bool:
+        ukind = OPS[u.op_type].kind
+        if id(u) in taken or len([o for o in u.outputs if o]) != 1:
+            return False
+        if kind == Kind.OUT_ELEMWISE_FUSABLE:
+            return ukind <= Kind.BROADCAST and graph.values[u.outputs[0]].shape == head_shape
+        return ukind <= Kind.INJECTIVE
+
     while True:
         out = nodes[-1].outputs[0]
         readers = users.get(out, [])
-        if len(readers) != 1 or out in graph.outputs:
+        if out in graph.outputs or not readers:
             return
-        u = readers[0]
-        ukind = OPS[u.op_type].kind
-        if id(u) in taken or len([o for o in u.outputs if o]) != 1:
-            return
-        if kind == Kind.OUT_ELEMWISE_FUSABLE:
-            fits = ukind <= Kind.BROADCAST and graph.values[u.outputs[0]].shape == head_shape
+        if len(readers) == 1:
+            grown = [readers[0]] if fits(readers[0]) else None
         else:
-            fits = ukind <= Kind.INJECTIVE
-        if not fits:
+            grown = _closed_diamond(graph, nodes, users, fits)
+        if not grown:
             return
-        nodes.append(u)
-        taken.add(id(u))
+        nodes.extend(grown)
+        taken.update(id(u) for u in grown)
+
+
+def _closed_diamond(graph, nodes, users, fits) -> list | None:
+    """The nodes after `nodes` that read its output and meet again in one node, when each fits
+    and none of their values but the meeting node's is read outside them; else None.
+
+    Walks the graph in order from the group's last node: every node reading a value still open
+    (read by some node outside the group so far) must join, and the diamond closes when the only
+    open value is the newest node's output."""
+    start = next(i for i, n in enumerate(graph.nodes) if n is nodes[-1])
+    members = {id(n) for n in nodes}
+    open_values = {nodes[-1].outputs[0]}
+    added: list = []
+    for n in graph.nodes[start + 1:start + 1 + DIAMOND_WINDOW]:
+        if not any(i in open_values for i in n.inputs):
+            continue
+        if not fits(n):
+            return None
+        added.append(n)
+        members.add(id(n))
+        open_values.add(n.outputs[0])
+        open_values = {v for v in open_values
+                       if v in graph.outputs or any(id(r) not in members for r in users.get(v, []))}
+        if open_values == {n.outputs[0]}:
+            return added
+        if any(v in graph.outputs for v in open_values):
+            return None
+    return None
 
 
 def _external_inputs(graph, nodes) -> list:

@@ -11,6 +11,7 @@ as generated code, numpy only allocates and copies.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from ..target import resolve_target
 from .errors import InputError
 from .fuse import fuse
 from .ir import Graph
-from .passes import prepack_conv_weights
+from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
 from .workloads import GroupKernel, arg_array, lower_group
 
@@ -55,9 +56,11 @@ class ModelTask:
 
 
 def for_target(graph: Graph, target) -> Graph:
-    """The graph as it is compiled for `target`: constant convolution weights pre-packed in the
-    layout of the target's default schedule (passes.prepack_conv_weights)."""
-    return prepack_conv_weights(graph, resolve_target(target))
+    """The graph as it is compiled for `target`: constant convolution and MatMul weights
+    pre-packed in the layouts of the target's default schedules (passes.prepack_conv_weights,
+    passes.prepack_matmul_weights)."""
+    target = resolve_target(target)
+    return prepack_matmul_weights(prepack_conv_weights(graph, target), target)
 
 
 def extract_tasks(graph: Graph, target=None) -> list:
@@ -77,6 +80,12 @@ def extract_tasks(graph: Graph, target=None) -> list:
     return list(tasks.values())
 
 
+def kernel_name(opdef) -> str:
+    """The symbol of a workload's kernel: its name and key, unique per workload, so a model's
+    kernels can be linked into one library (compiler.graph.export_model) as they are."""
+    return f"tf_{re.sub(r'[^0-9A-Za-z_]', '_', opdef.name)}_{opdef.workload_key()[:12]}"
+
+
 def _kernel_for(opdef, target, records, built: dict) -> tuple:
     """(kernel, where its schedule came from: 'records' or 'default'). `records` as in build_op:
     the provider given, else the innermost active one (`with provider:`)."""
@@ -86,7 +95,7 @@ def _kernel_for(opdef, target, records, built: dict) -> tuple:
     provider = records if records is not None else dispatch.current()
     schedule = provider.lookup(opdef, target) if provider is not None else None
     if schedule is not None:
-        result = (build(schedule, opdef.tensors, target), "records")
+        result = (build(schedule, opdef.tensors, target, name=kernel_name(opdef)), "records")
     else:
         if provider is not None:
             dispatch.warn_default_once(opdef, target, "no tuned schedule in the records for this target")
@@ -94,7 +103,7 @@ def _kernel_for(opdef, target, records, built: dict) -> tuple:
         with _cache_lock:
             kernel = _default_kernels.get(cache_key)
         if kernel is None:
-            kernel = build(default_schedule(opdef, target), opdef.tensors, target)
+            kernel = build(default_schedule(opdef, target), opdef.tensors, target, name=kernel_name(opdef))
             with _cache_lock:
                 _default_kernels[cache_key] = kernel
         result = (kernel, "default")
@@ -206,4 +215,4 @@ class GraphModule:
         return "\n".join(lines)
 
 
-__all__ = ["build_model", "GraphModule", "extract_tasks", "ModelTask"]
+__all__ = ["build_model", "GraphModule", "extract_tasks", "ModelTask", "kernel_name"]

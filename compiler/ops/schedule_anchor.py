@@ -29,7 +29,7 @@ from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .schedule_conv import schedule_conv_nchw
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
-from .schedule_gemm import gemm_tile, gemv_fits, schedule_gemm, schedule_gemv
+from .schedule_gemm import gemm_tile, gemv_lanes, schedule_gemm, schedule_gemv
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -45,9 +45,11 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
         if view is not None:
             if view.name == "conv2d_nchw":
                 return _conv_with_epilogue(view, opdef, target)
-            if _one_row(view, target):
-                return schedule_gemv(view, target)
-            return schedule_gemm(view, target, pack=_packing_pays(view, target))
+            row_lanes = _one_row(view, target)
+            if row_lanes:
+                return schedule_gemv(view, target, lanes=row_lanes)
+            prepacked = "weight_block" in view.params   # B came in the panels packing makes
+            return schedule_gemm(view, target, pack=not prepacked and _packing_pays(view, target))
     if not reductions:
         s = create_schedule(out)
         for st in s.stages:
@@ -66,12 +68,13 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
     return create_schedule(out)
 
 
-def _one_row(view, target) -> bool:
-    """A product of one output row with B [K, N] (a batch-1 dense layer) in whole vectors of
-    columns: schedule_gemv."""
+def _one_row(view, target) -> int | None:
+    """For a product of one output row with B [K, N] (a batch-1 dense layer) in whole vectors of
+    columns, the vector width schedule_gemv streams it with (gemv_lanes); else None."""
     *batch, M, N = view.output.shape
-    return (math.prod(batch) * M == 1 and not view.params.get("transpose_b")
-            and gemv_fits(N, target.vector_lanes(view.output.dtype)))
+    if math.prod(batch) * M != 1 or view.params.get("transpose_b") or "weight_block" in view.params:
+        return None
+    return gemv_lanes(N, target.vector_lanes(view.output.dtype))
 
 
 def _packing_pays(view, target) -> bool:
@@ -142,7 +145,10 @@ def anchor_view(opdef) -> OpDef | None:
     transpose_b = anchor.tag == "dense" or _reads_transposed(anchor, b)
     name = "dense" if anchor.tag == "dense" else "matmul"
     flops = 2 * math.prod(anchor.shape) * math.prod(r.extent for r in anchor.reduce_axis)
-    return OpDef(name, [a, b], out, dict(transpose_b=transpose_b), flops, _no_reference)
+    params = dict(transpose_b=transpose_b)
+    if "weight_block" in (anchor.attrs or {}):   # B as column panels [N/NB, K, NB], read in place
+        params["weight_block"] = int(anchor.attrs["weight_block"])
+    return OpDef(name, [a, b], out, params, flops, _no_reference)
 
 
 def _reads_transposed(op, b) -> bool:

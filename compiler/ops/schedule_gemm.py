@@ -99,7 +99,7 @@ GEMV_UNROLL = 4  # vectors of a GEMV chunk updated per unrolled step
 MIN_GEMV_CHUNK = 8  # vectors of a GEMV chunk at least (256 contiguous bytes of B per row with AVX2)
 
 
-def schedule_gemv(opdef, target=None) -> Schedule:
+def schedule_gemv(opdef, target=None, lanes: int | None = None) -> Schedule:
     """One output row (a batch-1 layer of a model, B [K, N]): the row streamed, not tiled.
 
     The GEMM tile (schedule_gemm) walks B by column panels: each k step reads nr floats of a
@@ -108,12 +108,13 @@ def schedule_gemv(opdef, target=None) -> Schedule:
     slower). Here each thread owns a chunk of the columns (N split by the cores, whole vectors)
     and, for every k, updates the chunk's accumulators (a local buffer in L1) with one
     contiguous stretch of B's row: B streams once, sequentially, whatever its size. Needs
-    gemv_fits (whole vectors of columns, of gemv_lanes).
+    whole vectors of columns: `lanes` (default the target's) is the vector width, gemv_lanes
+    picks a narrower one when the target's does not divide N.
     """
     target = resolve_target(target)
-    s, out_stage, acc_stage, lanes = _product_stages(opdef, target)
+    s, out_stage, acc_stage, target_lanes = _product_stages(opdef, target)
+    lanes = lanes or target_lanes
     *b_axes, i, j = out_stage.op.axis
-    lanes = gemv_lanes(j.extent, lanes)
     chunk, unroll = gemv_chunk(j.extent, lanes, target.num_cores if opdef.flops >= PARALLEL_MIN_WORK else 1)
     jo, ji = out_stage.split(j, factor=chunk)
     outer = out_stage.fuse(*b_axes, i, jo)
@@ -132,24 +133,26 @@ def schedule_gemv(opdef, target=None) -> Schedule:
     return s
 
 
-MIN_GEMV_LANES = 4  # the narrowest vector schedule_gemv streams a row with
-
-
-def gemv_lanes(N: int, lanes: int) -> int:
-    """The vector schedule_gemv reads rows with: the widest power-of-two divisor of N up to the
-    target's `lanes`. A row streamed from memory is bound by bandwidth, not by the vector width:
-    MobileNetV2's 1280 x 1000 classifier (1000 = 8 x 125) runs as 8-lane vectors on AVX-512
-    instead of falling back to the GEMM tile (4.5 GFLOPS, 3.5x onnxruntime's time there)."""
-    v = lanes
-    while v > 1 and N % v:
-        v //= 2
-    return v
+MIN_GEMV_LANES = 4   # narrower vectors than this: the GEMM tile instead
 
 
 def gemv_fits(N: int, lanes: int) -> bool:
-    """schedule_gemv needs whole vectors of columns, at least MIN_GEMV_LANES wide: a chunk that
-    overhangs the row would read B through clamped (gathered) indices."""
-    return gemv_lanes(N, lanes) >= min(MIN_GEMV_LANES, lanes)
+    """schedule_gemv needs whole vectors of columns: a chunk that overhangs the row would read B
+    through clamped (gathered) indices."""
+    return N % lanes == 0
+
+
+def gemv_lanes(N: int, lanes: int) -> int | None:
+    """The vector width schedule_gemv streams a row of N columns with: the target's `lanes`, else
+    the widest half, quarter, ... of it (at least MIN_GEMV_LANES) that divides N, else None. A
+    1000-class classifier does not fit AVX-512's 16 lanes; on its 8 it streams its 5 MB of
+    weights instead of walking them by column panels a page apart (MobileNetV2's last layer on
+    znver4: 0.96 -> 0.05 ms)."""
+    while lanes >= MIN_GEMV_LANES:
+        if gemv_fits(N, lanes):
+            return lanes
+        lanes //= 2
+    return None
 
 
 def gemv_chunk(N: int, lanes: int, cores: int) -> tuple:

@@ -1,11 +1,12 @@
-"""`tunefarm model tasks|tune|run MODEL.onnx` and `tunefarm model conformance`: whole models.
+"""`tunefarm model tasks|tune|run|export MODEL.onnx` and `tunefarm model conformance`: whole models.
 
 `tasks` lists what tuning a model means: its unique fused workloads (name, shapes, flops, and the
 weight a task scheduler gives each: how many times the model runs it). `run` compiles the model
 with the best records of this target (the default schedules where there are none), runs it on
 random inputs and, when onnxruntime is installed, compares the outputs and the latency with it in
 the same process, the two timed interleaved on the same threads. `tune` (model_tune.py) tunes
-the tasks under one budget and stores the records `run` uses; `conformance`
+the tasks under one budget and stores the records `run` uses; `export` (model_export.py) writes
+the compiled model as a shared library with a C API; `conformance`
 (model_conformance.py) runs ONNX's backend node tests per supported op type.
 """
 
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import model_conformance, model_tune
+from . import model_conformance, model_export, model_tune
 from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target
 
 
@@ -168,6 +169,7 @@ def register(sub):
     q.set_defaults(func=cmd_tasks)
 
     model_tune.register(msub, common)
+    model_export.register(msub, common)
     model_conformance.register(msub)
 
     q = msub.add_parser("run", help="compile the model (best records, else default schedules), run it, "

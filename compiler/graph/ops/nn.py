@@ -173,6 +173,8 @@ def _matmul_infer(node, ins, opset):
 
 def _matmul_lower(node, xs, ins, opset):
     a, b = materialize(xs[0], "a"), materialize(xs[1], "b")
+    if "weight_block" in node.attrs:
+        return Lazy.of(_matmul_packed(node, a, b))
     if a.ndim == 2 and b.ndim == 2:
         return Lazy.of(fn.matmul(a, b))
     shape = _matmul_shape(node, a.shape, b.shape)
@@ -188,6 +190,24 @@ def _matmul_lower(node, xs, ins, opset):
         i, j = idx[-2], idx[-1]
         return te_sum(operand(a, idx, i, k.var) * operand(b, idx, k.var, j), axis=k)
     return Lazy.of(compute(shape, body, name="batch_matmul", tag="batch_matmul"))
+
+
+def _matmul_packed(node, a, panels):
+    """A @ B with the constant B [K, N] handed over in column panels [N/NB, K, NB]
+    (passes.prepack_matmul_weights): B[k, j] is panels[j // NB, k, j % NB], the layout the GEMM
+    schedule would copy B into on every call."""
+    _, K, NB = panels.shape
+    N = int(node.attrs["weight_columns"])
+    if a.shape[-1] != K:
+        raise ShapeError(f"MatMul node {node.name!r}: A {a.shape} and packed B {panels.shape} do not multiply")
+    shape = tuple(a.shape[:-1]) + (N,)
+    k = reduce_axis(K, "k")
+
+    def body(*idx):
+        j = idx[-1]
+        return te_sum(a[tuple(idx[:-1]) + (k.var,)] * panels[j // NB, k.var, j % NB], axis=k)
+    tag = "matmul" if a.ndim == 2 else "batch_matmul"
+    return compute(shape, body, name=tag, tag=tag, attrs={"weight_block": NB})
 
 
 register("MatMul", Kind.OUT_ELEMWISE_FUSABLE, _matmul_infer, _matmul_lower)
