@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from compiler.graph.conformance import node_tests, run_conformance
-from compiler.graph.ops import OPS
+from compiler.graph.ops import ONNX_OP_TYPES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CHECKED = ["Relu", "Softmax", "Transpose", "Where"]   # cheap to compile, several tests each, expanded ones too
@@ -33,8 +33,8 @@ def readme_table() -> dict:
 def test_node_tests_are_those_of_supported_ops_under_their_subject():
     tests = node_tests()
     assert tests["test_relu"] == "Relu" and tests["test_softmax_axis_0_expanded"] == "Softmax"
-    assert {op.removesuffix(" (expanded)") for op in tests.values() if op.endswith(" (expanded)")}.isdisjoint(OPS)
-    assert {op for op in tests.values() if not op.endswith(" (expanded)")} <= set(OPS)
+    assert {op.removesuffix(" (expanded)") for op in tests.values() if op.endswith(" (expanded)")}.isdisjoint(ONNX_OP_TYPES)
+    assert {op for op in tests.values() if not op.endswith(" (expanded)")} <= set(ONNX_OP_TYPES)
     assert tests["test_group_normalization_example_expanded"] == "GroupNormalization (expanded)"
     assert not any(name.startswith("test_lstm") for name in tests)       # an op tunefarm lacks: not run
     assert set(node_tests(["Relu"]).values()) == {"Relu"}
@@ -81,4 +81,4 @@ def test_the_readme_operator_table_lists_exactly_the_supported_op_types():
         if not line.startswith("|"):
             break
         names |= {n.strip() for n in line.strip("|").split("|")[0].split(",")}
-    assert names == set(OPS)
+    assert names == set(ONNX_OP_TYPES)

@@ -3,7 +3,7 @@
 The installed `onnx` generates its node tests in memory (`onnx.backend.test.loader`): a one-node
 model per case (or the node's function expanded into several, `*_expanded`), its inputs and the
 reference outputs. `run_conformance` takes every case whose nodes are all op types tunefarm
-supports (`compiler.graph.ops.OPS`), runs it through `onnx.backend.test.BackendTest` with the
+supports (`compiler.graph.ops.ONNX_OP_TYPES`), runs it through `onnx.backend.test.BackendTest` with the
 tunefarm backend (onnx_backend.py: from_onnx + build_model, default schedules) and ONNX's own
 comparison (each case's rtol/atol), and sorts every outcome under the case's subject op type (a
 one-node case's op; an expanded case counts for the op whose function it spells out, labelled
@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .errors import GraphError
-from .ops import OPS
+from .ops import ONNX_OP_TYPES
 
 EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
 
@@ -73,12 +73,12 @@ def node_tests(op_types=None) -> dict:
     out = {}
     for name, node_ops in cases:
         ops = set(node_ops)
-        if not ops or not ops <= set(OPS):
+        if not ops or not ops <= set(ONNX_OP_TYPES):
             continue
         subject = single.get(name) or single.get(EXPANDED.sub("", name))
         if subject is None:                    # a multi-node case that expands no one-node case
             continue
-        if subject not in OPS:                 # an op tunefarm lacks, spelled out in ops it has
+        if subject not in ONNX_OP_TYPES:                 # an op tunefarm lacks, spelled out in ops it has
             subject = f"{subject} (expanded)"
         if wanted is None or subject in wanted:
             out[name] = subject
@@ -128,9 +128,9 @@ def run_conformance(op_types=None, on_test=None) -> dict:
     from .onnx_backend import TunefarmBackend
 
     if op_types:
-        unknown = sorted(set(op_types) - set(OPS))
+        unknown = sorted(set(op_types) - set(ONNX_OP_TYPES))
         if unknown:
-            raise ValueError(f"not op types tunefarm supports: {', '.join(unknown)}; supported: {', '.join(sorted(OPS))}")
+            raise ValueError(f"not op types tunefarm supports: {', '.join(unknown)}; supported: {', '.join(sorted(ONNX_OP_TYPES))}")
     subjects = node_tests(op_types)
     backend_test = onnx.backend.test.BackendTest(TunefarmBackend, "tunefarm_conformance")
     for name in subjects:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import DynamicShapeError, GraphError, NotOnnxError, ShapeError, UnsupportedModelError
 from .ir import Graph, Node, Value
-from .ops import OPS
+from .ops import ONNX_OP_TYPES, OPS
 from .ops.elementwise import ONNX_DTYPES
 from .passes import fold_node, simplify
 
@@ -128,7 +128,7 @@ def _unsupported(g, opset) -> list:
         if n.domain not in DEFAULT_DOMAINS:
             problems.append((n.op_type, name, f"operator of domain {n.domain!r} (only the default ONNX domain)"))
             continue
-        spec = OPS.get(n.op_type)
+        spec = OPS.get(n.op_type) if n.op_type in ONNX_OP_TYPES else None
         if spec is None:
             problems.append((n.op_type, name, "operator not supported"))
             continue

@@ -26,6 +26,7 @@ from ..target import resolve_target
 from .errors import InputError
 from .fuse import fuse
 from .ir import Graph
+from .layout import propagate_blocked_layout
 from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
 from .workloads import GroupKernel, arg_array, lower_group
@@ -56,10 +57,12 @@ class ModelTask:
 
 
 def for_target(graph: Graph, target) -> Graph:
-    """The graph as it is compiled for `target`: constant convolution and MatMul weights
-    pre-packed in the layouts of the target's default schedules (passes.prepack_conv_weights,
-    passes.prepack_matmul_weights)."""
+    """The graph as it is compiled for `target`: convolutions and the elementwise nodes between
+    them in the channel-blocked layout (layout.propagate_blocked_layout), the other constant
+    convolution and MatMul weights pre-packed in the layouts of the target's default schedules
+    (passes.prepack_conv_weights, passes.prepack_matmul_weights)."""
     target = resolve_target(target)
+    graph = propagate_blocked_layout(graph, target)
     return prepack_matmul_weights(prepack_conv_weights(graph, target), target)
 
 

@@ -159,6 +159,62 @@ def _conv_nchw(op, data, weight, F, cpg, KH, KW, weight_at, stride, padding, dil
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
+def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False, name="conv2d_nchwc") -> Tensor:
+    """A convolution in the channel-blocked layout the libraries compute in (NCHWc): the output
+    is [N, F/FB, OH, OW, FB] (channel f at [f // FB, ..., f % FB]), the weights are blocked the
+    same way, [F/FB, C, KH, KW, FB] (conv2d_nchw_packed's layout; [F/FB, 1, KH, KW, FB] for a
+    depthwise convolution), and the data is either blocked too, [N, C/CB, H, W, CB], or plain
+    NCHW [N, C, H, W] (a network's first convolution, whose 3 channels make no block). A
+    register tile's channel vector then loads and stores whole lines, and the input of the next
+    convolution needs no copy into blocks: what the channel-vector NCHW schedules spend per
+    layer on transposing copies. `depthwise`: one filter per channel (F = C, FB = CB). A model's
+    channels are padded to whole blocks with zero weights (compiler.graph.layout)."""
+    op = "conv2d_nchwc"
+    _tensor(op, "weight", weight, 5)
+    if data.ndim not in (4, 5):
+        raise ExprError(f"{op}: data must be [N, C, H, W] or [N, C/CB, H, W, CB], got shape {data.shape}")
+    out_dtype = acc_dtype(op, _dtype(op, [data, weight], CONV_DTYPES))
+    FO, cpg, KH, KW, FB = weight.shape
+    blocked = data.ndim == 5
+    N, H, W = data.shape[0], data.shape[2], data.shape[3]
+    CB = data.shape[4] if blocked else 1
+    C = data.shape[1] * CB
+    if depthwise:
+        if not blocked or CB != FB or data.shape[1] != FO or cpg != 1:
+            raise ExprError(f"{op}: a depthwise convolution takes [N, C/B, H, W, B] data and [C/B, 1, KH, KW, B] "
+                            f"weights, got {data.shape} and {weight.shape}")
+    else:
+        _channel_check(op, "weight.shape[1] (input channels)", cpg, C)
+    stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
+    before, after = (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])
+    padded = (pad_tensor(data, before + (0,) * blocked, after + (0,) * blocked) if any(pads) else data)
+    ry, rx = reduce_axis(KH, "ry"), reduce_axis(KW, "rx")
+
+    def at(y, x):
+        return window_index(y, stride[0], ry, dil[0]), window_index(x, stride[1], rx, dil[1])
+
+    if depthwise:
+        def body(n, fo, y, x, fi):
+            v = padded[(n, fo, *at(y, x), fi)]
+            return te_sum(_mul(v, weight[fo, 0, ry, rx, fi], out_dtype), axis=[ry, rx])
+    elif blocked:
+        rco, rci = reduce_axis(C // CB, "rco"), reduce_axis(CB, "rci")
+
+        def body(n, fo, y, x, fi):
+            v = padded[(n, rco.var, *at(y, x), rci.var)]
+            return te_sum(_mul(v, weight[fo, rco.var * CB + rci.var, ry, rx, fi], out_dtype), axis=[rco, ry, rx, rci])
+    else:
+        rc = reduce_axis(C, "rc")
+
+        def body(n, fo, y, x, fi):
+            v = padded[(n, rc.var, *at(y, x))]
+            return te_sum(_mul(v, weight[fo, rc.var, ry, rx, fi], out_dtype), axis=[rc, ry, rx])
+
+    attrs = dict(layout="NCHWc", stride=stride, padding=pads, dilation=dil, depthwise=bool(depthwise),
+                 block=FB, data_block=CB if blocked else 0)
+    return compute((N, FO, OH, OW, FB), body, name=name, tag=op, attrs=attrs)
+
+
 def pack_conv_weight(weight: np.ndarray, block: int) -> np.ndarray:
     """OIHW weights [F, C, KH, KW] as conv2d_nchw_packed reads them, [F/block, C, KH, KW, block]."""
     F, C, KH, KW = weight.shape

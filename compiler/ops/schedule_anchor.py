@@ -4,11 +4,11 @@ A fused group of a model (compiler/graph) is a compute DAG named after its nodes
 inventory operator, and a user's compute file is one too; `default_schedule` dispatches on names,
 so these come here. The DAG's shape decides, as TVM picks a fused function's schedule by its
 anchor operator:
-- one convolution or matrix product (an *anchor*: a reduction stage tagged conv2d_nchw, dense,
-  matmul or batch_matmul reading placeholders, the convolution through its pad stage), alone or
-  followed by one elementwise stage of its shape (the fused epilogue: bias, residual add,
-  activation): the anchor's own default schedule (schedule_conv, schedule_gemm), the register
-  tiles stored through the epilogue;
+- one convolution or matrix product (an *anchor*: a reduction stage tagged conv2d_nchw,
+  conv2d_nchwc, dense, matmul or batch_matmul reading placeholders, the convolution through its
+  pad stage), alone or followed by one elementwise stage of its shape (the fused epilogue:
+  bias, residual add, activation): the anchor's own default schedule (schedule_conv,
+  schedule_conv_nchwc, schedule_gemm), the register tiles stored through the epilogue;
 - no reduction at all (a fused injective chain): every stage inlined into the output, which is
   scheduled like an elementwise operator;
 - one reduction as the output (a global average pool, a mean): schedule_reduce_stage;
@@ -28,10 +28,11 @@ from ..target import resolve_target
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .schedule_conv import schedule_conv_nchw
+from .schedule_conv_nchwc import schedule_conv_nchwc
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, schedule_gemm, schedule_gemv
 
-CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed")
+CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
 
 
@@ -44,7 +45,9 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
         view = anchor_view(opdef)
         if view is not None:
             if view.name == "conv2d_nchw":
-                return _conv_with_epilogue(view, opdef, target)
+                return _conv_with_epilogue(schedule_conv_nchw, view, opdef, target)
+            if view.name == "conv2d_nchwc":
+                return _conv_with_epilogue(schedule_conv_nchwc, view, opdef, target)
             row_lanes = _one_row(view, target)
             if row_lanes:
                 return schedule_gemv(view, target, lanes=row_lanes)
@@ -90,19 +93,19 @@ def _packing_pays(view, target) -> bool:
     return math.prod(batch) * M > mr
 
 
-def _conv_with_epilogue(view, opdef, target) -> Schedule:
+def _conv_with_epilogue(schedule_conv, view, opdef, target) -> Schedule:
     """The convolution's tiles stored through the epilogue; when that makes more unrolled code
     than the lowering allows (a 4 x 7 tile of a 7x7 layer with a residual add and relu came to
     16.5k nodes against the 16k cap), the tile is stored into the convolution's output and the
     epilogue runs as a second pass."""
     out = opdef.output
     if view.output is out:
-        return schedule_conv_nchw(view, target)
-    s = schedule_conv_nchw(view, target, epilogue=out)
+        return schedule_conv(view, target)
+    s = schedule_conv(view, target, epilogue=out)
     try:
         lower(s, opdef.tensors)
     except ScheduleError:
-        s = schedule_conv_nchw(view, target, epilogue=out, fuse_epilogue=False)
+        s = schedule_conv(view, target, epilogue=out, fuse_epilogue=False)
     return s
 
 
@@ -134,6 +137,13 @@ def anchor_view(opdef) -> OpDef | None:
             return None
         attrs = anchor.attrs
         cpg, KH, KW = weight.shape[1:4]
+        if anchor.tag == "conv2d_nchwc":
+            N, FO, OH, OW, FB = anchor.shape
+            params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
+                          dilation=tuple(attrs["dilation"]), depthwise=bool(attrs["depthwise"]),
+                          block=int(attrs["block"]), data_block=int(attrs["data_block"]))
+            flops = 2 * N * FO * OH * OW * FB * cpg * KH * KW
+            return OpDef("conv2d_nchwc", [data, weight], anchor_t, params, flops, _no_reference)
         N, F, OH, OW = anchor.shape
         params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
                       dilation=tuple(attrs["dilation"]), groups=int(attrs["groups"]))

@@ -1,11 +1,16 @@
 """The ONNX operators the graph compiler takes: one `OpSpec` per op type in `OPS` (see base.py).
 
-Importing this package registers every operator (elementwise.py, shape.py, nn.py).
+Importing this package registers every operator (elementwise.py, shape.py, nn.py), and the
+channel-blocked layout's own (layout.py), which only compiler.graph.layout makes.
 """
 
 from __future__ import annotations
 
-from . import elementwise, nn, shape  # noqa: F401 - registration
+from . import elementwise, layout, nn, shape  # noqa: F401 - registration
 from .base import OPS, Kind, Lazy, OpSpec, materialize
+from .layout import INTERNAL_OPS
 
-__all__ = ["OPS", "Kind", "Lazy", "OpSpec", "materialize"]
+# what a model may contain: every registered operator but the layout's own
+ONNX_OP_TYPES = frozenset(OPS) - frozenset(INTERNAL_OPS)
+
+__all__ = ["OPS", "ONNX_OP_TYPES", "Kind", "Lazy", "OpSpec", "materialize"]

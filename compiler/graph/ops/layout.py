@@ -1,0 +1,88 @@
+"""The channel-blocked layout's own operators, made by compiler.graph.layout, never read from ONNX.
+
+A blocked value [N, C/B, H, W, B] holds channel c at [.., c // B, .., c % B]; a channel count
+that B does not divide is padded to whole blocks, and the padding channels hold values no
+reader sees (zero weights read them; FromNCHWc drops them).
+- ConvNCHWc: a convolution in that layout (compiler.ops.functions.conv2d_nchwc), its weights
+  packed [F/B, C, KH, KW, B] and its bias [F/B, B] by the pass; attributes `strides`, `pads`
+  (top, left, bottom, right), `dilations`, `depthwise` (0/1). An anchor, like Conv.
+- ToNCHWc (`block`) and FromNCHWc (`channels`): the copies at the layout's borders.
+"""
+
+from __future__ import annotations
+
+from ... import expr as E
+from ...ops import functions as fn
+from ..errors import ShapeError
+from .base import Kind, Lazy, materialize, register
+
+INTERNAL_OPS = ("ConvNCHWc", "ToNCHWc", "FromNCHWc")
+
+
+def blocked_shape(shape: tuple, block: int) -> tuple:
+    """[N, C, H, W] → [N, ceil(C / block), H, W, block]."""
+    N, C, H, W = shape
+    return (N, -(-C // block), H, W, block)
+
+
+def _conv_infer(node, ins, opset):
+    x, w = ins[0], ins[1]
+    FO, _, KH, KW, FB = w.shape
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = node.attrs["strides"], node.attrs["pads"], node.attrs["dilations"]
+    H, W = x.shape[2], x.shape[3]
+    OH = (H + pt + pb - (KH - 1) * dh - 1) // sh + 1
+    OW = (W + pl + pr - (KW - 1) * dw - 1) // sw + 1
+    return [((x.shape[0], FO, OH, OW, FB), x.dtype)]
+
+
+def _conv_lower(node, xs, ins, opset):
+    x, w = materialize(xs[0], "data"), materialize(xs[1], "weight")
+    a = node.attrs
+    out = fn.conv2d_nchwc(x, w, tuple(a["strides"]), tuple(a["pads"]), tuple(a["dilations"]), bool(a["depthwise"]))
+    conv = Lazy.of(out)
+    if len(xs) > 2 and xs[2] is not None:
+        b = xs[2]
+        return Lazy(conv.shape, conv.dtype, lambda idx: conv.read(idx) + b.read((idx[1], idx[4])))
+    return conv
+
+
+def _to_infer(node, ins, opset):
+    if len(ins[0].shape) != 4:
+        raise ShapeError(f"ToNCHWc node {node.name!r}: 4-d data only, got {ins[0].shape}")
+    return [(blocked_shape(ins[0].shape, int(node.attrs["block"])), ins[0].dtype)]
+
+
+def _to_lower(node, xs, ins, opset):
+    x = xs[0]
+    B, C = int(node.attrs["block"]), x.shape[1]
+    shape = blocked_shape(x.shape, B)
+
+    def read(idx):
+        n, co, y, w, ci = idx
+        c = co * B + ci
+        if C % B == 0:
+            return x.read((n, c, y, w))
+        # a padding channel reads channel C - 1 (in bounds) and is zeroed
+        return E.if_then_else(c < C, x.read((n, E.minimum(c, C - 1), y, w)), E.Const(0.0, x.dtype))
+    return Lazy(shape, x.dtype, read)
+
+
+def _from_infer(node, ins, opset):
+    N, _, H, W, _ = ins[0].shape
+    return [((N, int(node.attrs["channels"]), H, W), ins[0].dtype)]
+
+
+def _from_lower(node, xs, ins, opset):
+    x = xs[0]
+    B = x.shape[4]
+    N, _, H, W, _ = x.shape
+    return Lazy((N, int(node.attrs["channels"]), H, W), x.dtype,
+                lambda idx: x.read((idx[0], idx[1] // B, idx[2], idx[3], idx[1] % B)))
+
+
+register("ConvNCHWc", Kind.OUT_ELEMWISE_FUSABLE, _conv_infer, _conv_lower)
+register("ToNCHWc", Kind.INJECTIVE, _to_infer, _to_lower)
+register("FromNCHWc", Kind.INJECTIVE, _from_infer, _from_lower)
+
+
+__all__ = ["INTERNAL_OPS", "blocked_shape"]

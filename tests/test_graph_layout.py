@@ -1,0 +1,166 @@
+"""The channel-blocked layout: conv2d_nchwc kernels against a float64 numpy reference, and
+networks with depthwise layers compiled through compiler.graph.layout against numpy, with the
+layout's borders (ToNCHWc, FromNCHWc) only where the blocked region begins and ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graph_models import assert_close, model, np_conv, rand
+from onnx import helper
+
+from compiler import expr as E
+from compiler.graph import build_model, from_onnx
+from compiler.graph.errors import UnsupportedModelError
+from compiler.graph.runtime import for_target
+from compiler.ops import default_schedule
+from compiler.ops import functions as fn
+from compiler.ops.custom import custom_op
+from compiler.runtime import build
+from compiler.target import resolve_target
+from compiler.tensor import compute, placeholder
+
+RNG = np.random.default_rng(11)
+TARGET = resolve_target(None)
+B = TARGET.vector_lanes("float32")
+
+
+def blocked(x, b):
+    N, C, H, W = x.shape
+    cp = -(-C // b) * b
+    xp = np.zeros((N, cp, H, W), x.dtype)
+    xp[:, :C] = x
+    return np.ascontiguousarray(xp.reshape(N, cp // b, b, H, W).transpose(0, 1, 3, 4, 2))
+
+
+def unblocked(y, channels):
+    N, FO, H, W, b = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(N, FO * b, H, W)[:, :channels]
+
+
+CASES = [   # C, F, H, W, k, stride, pads, dilation, depthwise, data blocked
+    (2 * B, B, 9, 11, 3, (1, 1), (1, 1, 1, 1), (1, 1), False, True),
+    (B, 2 * B, 7, 13, 3, (2, 2), (0, 1, 1, 0), (1, 1), False, True),
+    (B, B, 10, 10, 3, (1, 1), (2, 2, 2, 2), (2, 2), False, True),
+    (2 * B, 3 * B, 5, 6, 1, (1, 1), (0, 0, 0, 0), (1, 1), False, True),
+    (3, B, 15, 17, 3, (2, 2), (1, 1, 1, 1), (1, 1), False, False),      # an RGB stem, NCHW data
+    (2 * B, 2 * B, 13, 9, 3, (1, 1), (1, 1, 1, 1), (1, 1), True, True),  # depthwise
+    (B, B, 14, 11, 3, (2, 2), (1, 1, 1, 1), (1, 1), True, True),         # depthwise, stride 2 (pad inlined)
+    (B, B, 9, 9, 5, (1, 2), (2, 2, 2, 2), (1, 1), True, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_nchwc_kernel_matches_numpy(case):
+    C, F, H, W, k, stride, pads, dil, depthwise, is_blocked = case
+    x = rand(RNG, (1, C, H, W))
+    w = rand(RNG, (F, 1 if depthwise else C, k, k))
+    bias = rand(RNG, (F,))
+    xd = blocked(x, B) if is_blocked else x
+    wp = fn.pack_conv_weight(w, B)
+    X, Wt, Bias = placeholder(xd.shape, "float32", "x"), placeholder(wp.shape, "float32", "w"), \
+        placeholder((F // B, B), "float32", "b")
+    conv = fn.conv2d_nchwc(X, Wt, stride, pads, dil, depthwise)
+    out = compute(conv.shape, lambda n, f, y, x_, fi: E.maximum(conv[n, f, y, x_, fi] + Bias[f, fi], 0.0),
+                  name="epilogue", tag="elemwise")
+    opdef = custom_op("conv_relu", [X, Wt, Bias], out)
+    kernel = build(default_schedule(opdef, TARGET), opdef.tensors, TARGET)
+    y = np.full(out.shape, np.nan, np.float32)
+    kernel(xd, wp, bias.reshape(F // B, B), y)
+    want = np.maximum(np_conv(x, w, bias, stride, pads, dil, C if depthwise else 1), 0)
+    assert_close(unblocked(y, F), want)
+
+
+def test_conv2d_nchwc_refuses_mismatched_operands():
+    from compiler.errors import ExprError
+    X = placeholder((1, 2, 8, 8, B), "float32", "x")
+    with pytest.raises(ExprError, match="depthwise"):
+        fn.conv2d_nchwc(X, placeholder((1, 1, 3, 3, B), "float32", "w"), depthwise=True)
+    with pytest.raises(ExprError, match="input channels"):
+        fn.conv2d_nchwc(X, placeholder((1, B, 3, 3, B), "float32", "w"))
+
+
+def inverted_residual(C=3, H=17, W=19, mid=24, out=40, classes=5):
+    """A MobileNetV2-like network: stem, an expanded depthwise block with a residual Add (24
+    channels: not a whole number of blocks on 16-lane targets), a strided depthwise layer, a
+    pointwise projection, then global pooling and a classifier."""
+    p = {"w0": rand(RNG, (mid, C, 3, 3)), "b0": rand(RNG, (mid,)),
+         "w1": rand(RNG, (2 * mid, mid, 1, 1)), "b1": rand(RNG, (2 * mid,)),
+         "w2": rand(RNG, (2 * mid, 1, 3, 3)), "b2": rand(RNG, (2 * mid,)),
+         "w3": rand(RNG, (mid, 2 * mid, 1, 1)), "b3": rand(RNG, (mid,)),
+         "w4": rand(RNG, (mid, 1, 3, 3)), "b4": rand(RNG, (mid,)),
+         "w5": rand(RNG, (out, mid, 1, 1)), "b5": rand(RNG, (out,)),
+         "fc": rand(RNG, (classes, out)), "fcb": rand(RNG, (classes,)),
+         "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    conv = lambda x, w, b, y, **a: helper.make_node("Conv", [x, w, b], [y], name=y, **a)  # noqa: E731
+    clip = lambda x, y: helper.make_node("Clip", [x, "lo", "hi"], [y], name=y)  # noqa: E731
+    nodes = [conv("x", "w0", "b0", "s", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), clip("s", "s6"),
+             conv("s6", "w1", "b1", "e", kernel_shape=[1, 1]), clip("e", "e6"),
+             conv("e6", "w2", "b2", "d", kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2 * mid), clip("d", "d6"),
+             conv("d6", "w3", "b3", "p", kernel_shape=[1, 1]),
+             helper.make_node("Add", ["p", "s6"], ["r"], name="residual"),
+             conv("r", "w4", "b4", "d2", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], group=mid),
+             helper.make_node("Relu", ["d2"], ["d2r"], name="relu"),
+             conv("d2r", "w5", "b5", "q", kernel_shape=[1, 1]),
+             helper.make_node("GlobalAveragePool", ["q"], ["g"], name="pool"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1)]
+    m = model(nodes, {"x": ((1, C, H, W), "float32")}, {"y": (None, "float32")}, p)
+    return m, p
+
+
+def np_inverted_residual(x, p):
+    mid = p["w0"].shape[0]
+    s6 = np.clip(np_conv(x, p["w0"], p["b0"], (2, 2), (1, 1, 1, 1)), 0, 6)
+    e6 = np.clip(np_conv(s6, p["w1"], p["b1"]), 0, 6)
+    d6 = np.clip(np_conv(e6, p["w2"], p["b2"], pads=(1, 1, 1, 1), groups=2 * mid), 0, 6)
+    r = np_conv(d6, p["w3"], p["b3"]) + s6
+    d2 = np.maximum(np_conv(r, p["w4"], p["b4"], (2, 2), (1, 1, 1, 1), groups=mid), 0)
+    q = np_conv(d2, p["w5"], p["b5"])
+    return q.mean(axis=(2, 3)) @ p["fc"].T.astype(np.float64) + p["fcb"]
+
+
+def test_a_network_with_depthwise_layers_runs_blocked_and_matches_numpy():
+    m, p = inverted_residual()
+    graph = from_onnx(m)
+    compiled = for_target(graph, TARGET)
+    ops = [n.op_type for n in compiled.nodes]
+    assert ops.count("ConvNCHWc") == 6 and "Conv" not in ops
+    # the stem reads the RGB image as it is; the only way back out is before the global pool
+    assert ops.count("ToNCHWc") == 0 and ops.count("FromNCHWc") == 1
+    x = rand(RNG, (1, 3, 17, 19))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, np_inverted_residual(x, p))
+
+
+def test_a_network_without_depthwise_layers_keeps_nchw():
+    w = rand(RNG, (8, 4, 3, 3))
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+              {"x": ((1, 4, 6, 6), "float32")}, {"y": (None, "float32")}, {"w": w})
+    ops = [n.op_type for n in for_target(from_onnx(m), TARGET).nodes]
+    assert "ConvNCHWc" not in ops and "ToNCHWc" not in ops
+
+
+def test_a_blocked_value_read_by_an_nchw_node_and_as_an_output_is_converted_once():
+    """A depthwise layer's output is both a graph output and read by a Softmax (not kept in
+    the layout): one FromNCHWc serves both."""
+    w = rand(RNG, (B, 1, 3, 3))
+    m = model([helper.make_node("Conv", ["x", "w"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=B),
+               helper.make_node("Softmax", ["d"], ["s"], axis=1)],
+              {"x": ((1, B, 5, 7), "float32")}, {"d": (None, "float32"), "s": (None, "float32")}, {"w": w})
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ToNCHWc") == 1 and ops.count("FromNCHWc") == 1
+    x = rand(RNG, (1, B, 5, 7))
+    d, s = build_model(graph).run(x=x)
+    want = np_conv(x, w, pads=(1, 1, 1, 1), groups=B)
+    assert_close(d, want)
+    e = np.exp(want - want.max(axis=1, keepdims=True))
+    assert_close(s, e / e.sum(axis=1, keepdims=True))
+
+
+def test_the_layout_operators_are_not_read_from_onnx():
+    m = model([helper.make_node("ToNCHWc", ["x"], ["y"], block=16)], {"x": ((1, 16, 2, 2), "float32")},
+              {"y": (None, "float32")})
+    with pytest.raises(UnsupportedModelError, match="ToNCHWc"):
+        from_onnx(m)
