@@ -6,7 +6,9 @@ tile's channel vector is then one load and one store, a depthwise tap one unit-s
 Per layer in NCHW, the channel-vector schedules copy the input into blocks and store each tile
 transposed; MobileNetV2's depthwise layers spent most of their time in those copies. Here the
 layout is chosen once per graph, so the copies happen only where the blocked region begins and
-ends:
+ends. Only networks with depthwise layers take the layout: their per-layer copies are what it
+removes (MobileNetV2 0.59x -> 0.74-0.85x onnxruntime, same runs), while dense 3x3 layers ran
+10-25% slower blocked than with the NCHW channel-vector schedule (ResNet-18), which keeps them.
 
 - every convolution with constant weights that is dense (one group) or depthwise (a group per
   channel) becomes a ConvNCHWc: weights packed [F/B, C, KH, KW, B] and the bias [F/B, B], both
@@ -67,6 +69,7 @@ def _convertible(graph: Graph, n: Node) -> bool:
 
 
 def _depthwise(graph: Graph, n: Node) -> bool:
+    """Of a convertible Conv: whether it is the depthwise kind (a group per channel)."""
     return int(n.attrs.get("group", 1)) != 1
 
 
@@ -80,10 +83,11 @@ class _Rewrite:
 
     def run(self) -> Graph:
         for n in self.source.nodes:
+            shape = self._blocked_inputs_shape(n) if n.op_type in ELEMENTWISE_SAFE else None
             if _convertible(self.source, n):
                 self._conv(n)
-            elif n.op_type in ELEMENTWISE_SAFE and self._blocked_inputs_shape(n):
-                self._elementwise(n, self._blocked_inputs_shape(n))
+            elif shape is not None:
+                self._elementwise(n, shape)
             else:
                 node = replace(n, inputs=[self._plain(i) if i else i for i in n.inputs])
                 self.g.nodes.append(node)

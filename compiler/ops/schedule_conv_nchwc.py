@@ -55,10 +55,11 @@ def schedule_blocked_pad(st, target):
 
 
 def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
-    """Register tiles over (rows, columns) of one channel block, channel blocks outermost (each
-    block's weights read once; the input, smaller than L2 in the layers that reuse it, is
-    re-read per block); the reduction as defined (input channel blocks, taps, then the block's channels innermost
-    and unrolled: consecutive broadcasts). `epilogue` as in schedule_conv_nchw."""
+    """Register tiles over (rows, columns) of one or two channel blocks, channel blocks
+    outermost (each block's weights read once; the input, smaller than L2 in the layers that
+    reuse it, is re-read per block); the reduction as defined (input channel blocks, taps, then
+    the block's channels innermost and unrolled: consecutive broadcasts). `epilogue` as in
+    schedule_conv_nchw."""
     target = resolve_target(target)
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)

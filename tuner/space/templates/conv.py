@@ -41,6 +41,7 @@ from compiler.ops.schedule_common import PARALLEL_MIN_WORK, want_parallel
 from compiler.ops.schedule_common import lanes as vector_lanes
 from compiler.ops.schedule_conv import (
     INPUT_BLOCK,
+    MAX_UNROLLED_STEP,
     block_input_channels,
     deinterleave_columns,
     pack_weight_panels,
@@ -56,9 +57,8 @@ MAX_LANES = 64
 GRID_BYTES = 32  # vector-length knobs step by this, on every target (see _vector_choices)
 MAX_UNROLLED_TAPS = 8
 MAX_UNROLLED_TILE = 48   # vector statements of an unrolled register tile
-MAX_UNROLLED_BODY = 128  # statements of an unrolled micro-kernel step (vector registers × loops)
-MAX_UNROLLED_BODY_CHANNELS = 64  # the same with channel vectors: each statement broadcasts an input
-                                 # at a strided, grouped address (about twice the expression nodes)
+MAX_UNROLLED_BODY = MAX_UNROLLED_STEP  # statements of an unrolled micro-kernel step (vector registers × loops),
+                                       # the default schedules' bound, so config 0 unrolls what they unroll
 
 
 def _first(default, values):
@@ -328,7 +328,7 @@ def _conv_nchw(cfg, opdef, target):
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [2, 3, 1]
         acc = _register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
                              vec_group=fpg if groups > 1 else 0, store_dim=3,
-                             max_body=MAX_UNROLLED_BODY_CHANNELS, red_block=rb)
+                             red_block=rb)
         if rb:
             block_input_channels(s, acc, opdef.inputs[0], rb, want_par)
         elif mode == "inline":
