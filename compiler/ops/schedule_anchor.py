@@ -30,7 +30,7 @@ from .base import OpDef
 from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import schedule_conv_nchwc
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
-from .schedule_gemm import gemm_tile, gemv_lanes, schedule_gemm, schedule_gemv
+from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -73,11 +73,17 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
 
 def _one_row(view, target) -> int | None:
     """For a product of one output row with B [K, N] (a batch-1 dense layer) in whole vectors of
-    columns, the vector width schedule_gemv streams it with (gemv_lanes); else None."""
+    columns, the vector width schedule_gemv streams it with (gemv_lanes); else None. B may come
+    in panels one core's chunk wide (gemv_panel_columns), not in the GEMM's."""
     *batch, M, N = view.output.shape
-    if math.prod(batch) * M != 1 or view.params.get("transpose_b") or "weight_block" in view.params:
+    if math.prod(batch) * M != 1 or view.params.get("transpose_b"):
         return None
-    return gemv_lanes(N, target.vector_lanes(view.output.dtype))
+    lanes = target.vector_lanes(view.output.dtype)
+    if "weight_block" in view.params:
+        K = view.inputs[1].shape[-2]
+        if view.params["weight_block"] != gemv_panel_columns(K, N, lanes, target.num_cores):
+            return None
+    return gemv_lanes(N, lanes)
 
 
 def _packing_pays(view, target) -> bool:

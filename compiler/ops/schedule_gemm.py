@@ -136,6 +136,17 @@ def schedule_gemv(opdef, target=None, lanes: int | None = None) -> Schedule:
 MIN_GEMV_LANES = 4   # narrower vectors than this: the GEMM tile instead
 
 
+def gemv_panel_columns(K: int, N: int, lanes: int, cores: int) -> int | None:
+    """The columns of each core's chunk when schedule_gemv streams a one-row product's B [K, N]
+    in more than one chunk, else None: the panel width a model's constant B is laid out in
+    (compiler.graph.passes.prepack_matmul_weights), so each core's part is one block."""
+    vl = gemv_lanes(N, lanes)
+    if vl is None:
+        return None
+    chunk, _ = gemv_chunk(N, vl, cores if 2 * K * N >= PARALLEL_MIN_WORK else 1)
+    return chunk if chunk < N else None
+
+
 def gemv_fits(N: int, lanes: int) -> bool:
     """schedule_gemv needs whole vectors of columns: a chunk that overhangs the row would read B
     through clamped (gathered) indices."""

@@ -101,6 +101,8 @@ register("Conv", Kind.OUT_ELEMWISE_FUSABLE, _conv_infer, _conv_lower, check=_win
 
 def _gemm_dims(node, ins):
     a, b = ins[0].shape, ins[1].shape
+    if "weight_block" in node.attrs and len(a) == 2 and len(b) == 3:   # B in column panels [N/NB, K, NB]
+        return a[0], int(node.attrs["weight_columns"]), b[1]
     if len(a) != 2 or len(b) != 2:
         raise ShapeError(f"Gemm node {node.name!r}: A and B must be 2-d, got {a} and {b}")
     ta, tb = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
@@ -135,7 +137,10 @@ def _gemm_lower(node, xs, ins, opset):
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     a = _transposed(xs[0], "transpose_a") if ta else materialize(xs[0], "a")
     b = materialize(xs[1], "b")
-    prod = Lazy.of(fn.dense(a, b) if tb else fn.matmul(a, b))
+    if "weight_block" in node.attrs:
+        prod = Lazy.of(_matmul_packed(node, a, b))
+    else:
+        prod = Lazy.of(fn.dense(a, b) if tb else fn.matmul(a, b))
     read = prod.read
     if alpha != 1.0:
         read0 = read
@@ -195,11 +200,11 @@ def _matmul_lower(node, xs, ins, opset):
 def _matmul_packed(node, a, panels):
     """A @ B with the constant B [K, N] handed over in column panels [N/NB, K, NB]
     (passes.prepack_matmul_weights): B[k, j] is panels[j // NB, k, j % NB], the layout the GEMM
-    schedule would copy B into on every call."""
+    schedule would copy B into on every call, or one panel per core for a one-row product."""
     _, K, NB = panels.shape
     N = int(node.attrs["weight_columns"])
     if a.shape[-1] != K:
-        raise ShapeError(f"MatMul node {node.name!r}: A {a.shape} and packed B {panels.shape} do not multiply")
+        raise ShapeError(f"{node.op_type} node {node.name!r}: A {a.shape} and packed B {panels.shape} do not multiply")
     shape = tuple(a.shape[:-1]) + (N,)
     k = reduce_axis(K, "k")
 
