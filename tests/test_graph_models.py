@@ -234,3 +234,42 @@ def test_matmul_weights_come_in_the_panels_the_gemm_would_pack(a_shape):
         x = rand(np.random.default_rng(seed), a_shape)
         (y,) = module.run(x=x)
         assert_close(y, np.maximum(x.astype(np.float64) @ p["w"] + p["b"], 0))
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_batch_1_layer_reads_its_weights_in_one_block_per_core(op):
+    """A one-row product's constant B comes in panels as wide as the columns one core streams
+    (schedule_gemv's chunk), so each core's part of B is contiguous; the kernel is still the
+    streaming one-row schedule, and the answer is right."""
+    from compiler.graph.runtime import for_target
+    from compiler.ops import default_schedule
+    from compiler.ops.schedule_gemm import gemv_panel_columns
+    from compiler.target import resolve_target
+    target = resolve_target(None)
+    K, N = 96, 16 * target.vector_lanes("float32")
+    p = {"w": rand(RNG, (K, N) if op == "MatMul" else (N, K)), "b": rand(RNG, (N,))}
+    if op == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    else:
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    m = model(nodes, {"x": ((1, K), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    (prod,) = [n for n in for_target(graph, target).nodes if n.op_type == op]
+    chunk = gemv_panel_columns(K, N, target.vector_lanes("float32"), target.num_cores)
+    if target.num_cores > 1:
+        assert chunk is not None and chunk < N
+    if chunk is None:
+        assert "weight_block" not in prod.attrs
+    else:
+        assert prod.attrs["weight_block"] == chunk
+        (task,) = extract_tasks(graph, target)
+        assert tuple(task.opdef.inputs[1].shape) == (N // chunk, K, chunk)
+    module = build_model(graph)
+    (step,) = module.steps
+    # the one-row schedule: its output row is split into the chunks, never into GEMM tiles
+    steps = default_schedule(step.group.opdef, target).steps
+    assert any(st.get("op") == "split" and st.get("factor") == (chunk or N) for st in steps)
+    w = p["w"].astype(np.float64) if op == "MatMul" else p["w"].T.astype(np.float64)
+    x = rand(RNG, (1, K))
+    (y,) = module.run(x=x)
+    assert_close(y, x.astype(np.float64) @ w + p["b"])
