@@ -23,25 +23,32 @@ from .schedule_common import lanes, parallel_loop
 from .schedule_conv import _register_tile, pick_tile
 from .schedule_elementwise import schedule_pad_stage
 
-MAX_TILE_BLOCKS = 2  # channel blocks of a dense tile (3-4 measured no better on MobileNetV2's 1x1 layers)
+MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
+SPARE_REGISTERS = 4  # vector registers a dense tile leaves beside its accumulators and weights
 
 
 def nchwc_tile(opdef, target) -> tuple:
-    """(FOB, XB, YB): channel blocks, columns and rows of a register tile. Per step a dense tile
-    holds FOB·YB·XB accumulators and FOB weight vectors, one broadcast live at a time (two
-    blocks halve the broadcasts per FMA, as the 32-channel tiles of the NCHW schedule do); a
-    depthwise tile, one block, loads an input vector per accumulator instead."""
+    """(FOB, XB, YB): channel blocks, columns and rows of a register tile.
+
+    A dense tile is one row of XB columns of FOB blocks: per step FOB weight vectors and XB
+    broadcasts (a block shares each broadcast), FOB·XB accumulators, and SPARE_REGISTERS left
+    free. Measured on Emerald Rapids (2 threads, MobileNetV2's 1x1 and ResNet's 3x3 layers):
+    tiles of 28 accumulators (2 blocks x 7 x 2 rows, which pick_tile's model rates as good as
+    any) ran 60-140 GFLOPS, 14-21 in one row (2-3 blocks x 7) 180-290; a second row paired
+    with two blocks was as slow again (2 x 6 x 2: 62-74). A depthwise tile, one block, loads an
+    input vector per accumulator instead and keeps its rows."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, FO, OH, OW, FB = out.shape
     if opdef.params["depthwise"]:
         dims = [(1, 1, False), (OW, 8, True), (OH, 4, True)]
         cost = lambda r, c: (c[1] * c[2] * r + r, 2 * r)   # noqa: E731
-    else:
-        dims = [(FO, MAX_TILE_BLOCKS, False), (OW, 8, True), (OH, 4, True)]
-        cost = lambda r, c: (c[1] * c[2] + c[0] * r, c[0] * r)   # noqa: E731
-    _, (FOB, XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities)
-    return FOB, XB, YB
+        _, (FOB, XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities)
+        return FOB, XB, YB
+    dims = [(FO, MAX_TILE_BLOCKS, False), (OW, 8, True)]
+    cost = lambda r, c: (c[1] + c[0] * r, c[0] * r + SPARE_REGISTERS)   # noqa: E731
+    _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities)
+    return FOB, XB, 1
 
 
 def schedule_blocked_pad(st, target):
