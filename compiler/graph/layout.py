@@ -7,8 +7,9 @@ Per layer in NCHW, the channel-vector schedules copy the input into blocks and s
 transposed; MobileNetV2's depthwise layers spent most of their time in those copies. Here the
 layout is chosen once per graph, so the copies happen only where the blocked region begins and
 ends. Only networks with depthwise layers take the layout: their per-layer copies are what it
-removes (MobileNetV2 0.59x -> 0.74-0.85x onnxruntime, same runs), while dense 3x3 layers ran
-10-25% slower blocked than with the NCHW channel-vector schedule (ResNet-18), which keeps them.
+removes (MobileNetV2 0.56x -> 1.28x onnxruntime, same runs), while ResNet-18's dense 3x3 layers
+run no faster blocked than with the NCHW channel-vector schedule (tap-shared broadcasts, input
+channel blocks; 0.8-1.1x of it per layer), and its max pool has no blocked form yet.
 
 - every convolution with constant weights that is dense (one group) or depthwise (a group per
   channel) becomes a ConvNCHWc: weights packed [F/B, C, KH, KW, B] and the bias [F/B, B], both
