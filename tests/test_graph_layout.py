@@ -1,12 +1,12 @@
 """The channel-blocked layout: conv2d_nchwc kernels against a float64 numpy reference, and
-networks with depthwise layers compiled through compiler.graph.layout against numpy, with the
-layout's borders (ToNCHWc, FromNCHWc) only where the blocked region begins and ends."""
+networks compiled through compiler.graph.layout against numpy, with the layout's borders
+(ToNCHWc, FromNCHWc) only where the blocked region begins and ends."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from graph_models import assert_close, model, np_conv, rand
+from graph_models import assert_close, model, np_conv, np_pool, rand
 from onnx import helper
 
 from compiler import expr as E
@@ -133,27 +133,60 @@ def test_a_network_with_depthwise_layers_runs_blocked_and_matches_numpy():
     assert_close(y, np_inverted_residual(x, p))
 
 
-def test_a_network_without_depthwise_layers_keeps_nchw():
-    w = rand(RNG, (8, 4, 3, 3))
-    m = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
-              {"x": ((1, 4, 6, 6), "float32")}, {"y": (None, "float32")}, {"w": w})
-    ops = [n.op_type for n in for_target(from_onnx(m), TARGET).nodes]
+def test_a_lone_convolution_and_mostly_padding_channels_keep_nchw():
+    w = rand(RNG, (B, 4, 3, 3))
+    lone = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                 {"x": ((1, 4, 6, 6), "float32")}, {"y": (None, "float32")}, {"w": w})
+    ops = [n.op_type for n in for_target(from_onnx(lone), TARGET).nodes]
     assert "ConvNCHWc" not in ops and "ToNCHWc" not in ops
+    narrow = model([helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[1, 1]),
+                    helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[1, 1])],
+                   {"x": ((1, 4, 6, 6), "float32")}, {"y": (None, "float32")},
+                   {"w1": rand(RNG, (4, 4, 1, 1)), "w2": rand(RNG, (4, 4, 1, 1))})   # 4 channels: 3/4 padding
+    assert "ConvNCHWc" not in [n.op_type for n in for_target(from_onnx(narrow), TARGET).nodes]
+
+
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_a_residual_network_pools_blocked_and_matches_numpy(ceil_mode):
+    """Stem (RGB, read as NCHW) → relu → max pool in the blocked layout (padding never wins, nor
+    do ceil mode's overhanging windows) → a residual pair → global pool."""
+    p = {"w0": rand(RNG, (B, 3, 3, 3)), "w1": rand(RNG, (B, B, 3, 3)), "b1": rand(RNG, (B,))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["s"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["s"], ["sr"]),
+             helper.make_node("MaxPool", ["sr"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              ceil_mode=ceil_mode),
+             helper.make_node("Conv", ["m", "w1", "b1"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "m"], ["r"]), helper.make_node("Relu", ["r"], ["rr"]),
+             helper.make_node("GlobalAveragePool", ["rr"], ["y"])]
+    m = model(nodes, {"x": ((1, 3, 22, 20), "float32")}, {"y": (None, "float32")}, p, opset=11)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ConvNCHWc") == 2 and "MaxPoolNCHWc" in ops and "MaxPool" not in ops
+    x = rand(RNG, (1, 3, 22, 20))
+    (y,) = build_model(graph).run(x=x)
+    sr = np.maximum(np_conv(x, p["w0"], stride=(2, 2), pads=(1, 1, 1, 1)), 0)   # 11 x 10
+    # ceil mode: a sixth window over the 10 columns, one more column of -inf padding
+    pooled = np_pool(sr, (3, 3), (2, 2), (1, 1, 1, 2 if ceil_mode else 1), "max")
+    assert pooled.shape[3] == (6 if ceil_mode else 5)
+    rr = np.maximum(np_conv(pooled, p["w1"], p["b1"], pads=(1, 1, 1, 1)) + pooled, 0)
+    assert_close(y, rr.mean(axis=(2, 3), keepdims=True))
 
 
 def test_a_blocked_value_read_by_an_nchw_node_and_as_an_output_is_converted_once():
     """A depthwise layer's output is both a graph output and read by a Softmax (not kept in
     the layout): one FromNCHWc serves both."""
-    w = rand(RNG, (B, 1, 3, 3))
-    m = model([helper.make_node("Conv", ["x", "w"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=B),
+    w1, w2 = rand(RNG, (B, 1, 3, 3)), rand(RNG, (B, 1, 3, 3))
+    m = model([helper.make_node("Conv", ["x", "w1"], ["e"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=B),
+               helper.make_node("Conv", ["e", "w2"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=B),
                helper.make_node("Softmax", ["d"], ["s"], axis=1)],
-              {"x": ((1, B, 5, 7), "float32")}, {"d": (None, "float32"), "s": (None, "float32")}, {"w": w})
+              {"x": ((1, B, 5, 7), "float32")}, {"d": (None, "float32"), "s": (None, "float32")},
+              {"w1": w1, "w2": w2})
     graph = from_onnx(m)
     ops = [n.op_type for n in for_target(graph, TARGET).nodes]
     assert ops.count("ToNCHWc") == 1 and ops.count("FromNCHWc") == 1
     x = rand(RNG, (1, B, 5, 7))
     d, s = build_model(graph).run(x=x)
-    want = np_conv(x, w, pads=(1, 1, 1, 1), groups=B)
+    want = np_conv(np_conv(x, w1, pads=(1, 1, 1, 1), groups=B), w2, pads=(1, 1, 1, 1), groups=B)
     assert_close(d, want)
     e = np.exp(want - want.max(axis=1, keepdims=True))
     assert_close(s, e / e.sum(axis=1, keepdims=True))

@@ -6,6 +6,8 @@ reader sees (zero weights read them; FromNCHWc drops them).
 - ConvNCHWc: a convolution in that layout (compiler.ops.functions.conv2d_nchwc), its weights
   packed [F/B, C, KH, KW, B] and its bias [F/B, B] by the pass; attributes `strides`, `pads`
   (top, left, bottom, right), `dilations`, `depthwise` (0/1). An anchor, like Conv.
+- MaxPoolNCHWc: MaxPool of blocked data (`kernel`, `strides`, `pads` as the MaxPool's
+  geometry resolved them, ceil mode included), the padding the dtype's lowest value.
 - ToNCHWc (`block`) and FromNCHWc (`channels`): the copies at the layout's borders.
 """
 
@@ -13,10 +15,13 @@ from __future__ import annotations
 
 from ... import expr as E
 from ...ops import functions as fn
+from ...ops.base import lowest
+from ...tensor import compute, reduce_axis
+from ...tensor import max as te_max
 from ..errors import ShapeError
 from .base import Kind, Lazy, materialize, register
 
-INTERNAL_OPS = ("ConvNCHWc", "ToNCHWc", "FromNCHWc")
+INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "ToNCHWc", "FromNCHWc")
 
 
 def blocked_shape(shape: tuple, block: int) -> tuple:
@@ -44,6 +49,22 @@ def _conv_lower(node, xs, ins, opset):
         b = xs[2]
         return Lazy(conv.shape, conv.dtype, lambda idx: conv.read(idx) + b.read((idx[1], idx[4])))
     return conv
+
+
+def _pool_infer(node, ins, opset):
+    N, CO, H, W, B = ins[0].shape
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"]
+    return [((N, CO, (H + pt + pb - kh) // sh + 1, (W + pl + pr - kw) // sw + 1, B), ins[0].dtype)]
+
+
+def _pool_lower(node, xs, ins, opset):
+    x = materialize(xs[0], "data")
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"]
+    padded = fn.pad_tensor(x, (0, 0, pt, pl, 0), (0, 0, pb, pr, 0), value=lowest(x.dtype)) if any((pt, pl, pb, pr)) else x
+    ry, rx = reduce_axis(kh, "ry"), reduce_axis(kw, "rx")
+    shape = _pool_infer(node, ins, opset)[0][0]
+    return Lazy.of(compute(shape, lambda n, c, y, w, b: te_max(padded[n, c, y * sh + ry.var, w * sw + rx.var, b],
+                                                               axis=[ry, rx]), name="max_pool_nchwc", tag="max_pool2d"))
 
 
 def _to_infer(node, ins, opset):
@@ -81,6 +102,7 @@ def _from_lower(node, xs, ins, opset):
 
 
 register("ConvNCHWc", Kind.OUT_ELEMWISE_FUSABLE, _conv_infer, _conv_lower)
+register("MaxPoolNCHWc", Kind.OPAQUE, _pool_infer, _pool_lower)
 register("ToNCHWc", Kind.INJECTIVE, _to_infer, _to_lower)
 register("FromNCHWc", Kind.INJECTIVE, _from_infer, _from_lower)
 
