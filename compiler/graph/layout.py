@@ -40,7 +40,7 @@ from ..ops.functions import pack_conv_weight
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops.layout import blocked_shape
-from .ops.nn import window_geometry
+from .ops.nn import pool_geometry, window_geometry
 
 # elementwise operators that keep finite inputs finite: kept in the blocked layout
 ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
@@ -134,7 +134,8 @@ class _Rewrite:
         N, C, H, W = x.shape
         F, _, KH, KW = w.shape
         depthwise = int(n.attrs.get("group", 1)) != 1
-        if n.inputs[0] in self.blocked or C >= B or depthwise:
+        blocked_data = n.inputs[0] in self.blocked or C >= B or depthwise
+        if blocked_data:
             data = self._blocked_of(n.inputs[0])
             cin = -(-C // B) * B
         else:   # fewer channels than a block (an RGB image): read as NCHW
@@ -144,7 +145,8 @@ class _Rewrite:
         weight = np.zeros((fout, 1 if depthwise else cin, KH, KW), np.float32)
         weight[:F, :w.shape[1]] = w.const
         packed = pack_conv_weight(weight, B)
-        inputs = [data, self._value(f"{n.inputs[1]}/nchw{B}c", packed.shape, "float32", packed)]
+        wname = f"{n.inputs[1]}/nchw{B}c" + ("" if blocked_data else "/nchw_data")   # one weight, two readers
+        inputs = [data, self._value(wname, packed.shape, "float32", packed)]
         if len(n.inputs) > 2 and n.inputs[2]:
             bias = np.zeros(fout, np.float32)
             bias[:F] = self.source.values[n.inputs[2]].const
@@ -158,8 +160,7 @@ class _Rewrite:
         self.blocked[out] = name
 
     def _max_pool(self, n: Node):
-        from .ops.nn import _pool_geometry
-        kernel, strides, pads, (OH, OW) = _pool_geometry(n, self.source.values[n.inputs[0]].shape)
+        kernel, strides, pads, (OH, OW) = pool_geometry(n, self.source.values[n.inputs[0]].shape)
         x = self.g.values[self.blocked[n.inputs[0]]]
         out = n.outputs[0]
         name = self._value(f"{out}/nchw{self.block}c", (x.shape[0], x.shape[1], OH, OW, self.block), x.dtype)

@@ -236,7 +236,7 @@ def _pool_check(node, opset):
     return None
 
 
-def _pool_geometry(node, shape):
+def pool_geometry(node, shape):
     if len(shape) != 4:
         raise ShapeError(f"{node.op_type} node {node.name!r}: only 2-d pooling of NCHW data, got shape {shape}")
     kernel = ints(node, "kernel_shape")
@@ -257,7 +257,7 @@ def _pool_geometry(node, shape):
 
 
 def _pool_infer(node, ins, opset):
-    _, _, _, (OH, OW) = _pool_geometry(node, ins[0].shape)
+    _, _, _, (OH, OW) = pool_geometry(node, ins[0].shape)
     N, C = ins[0].shape[:2]
     if node.op_type == "AveragePool" and ins[0].dtype not in FLOATS:
         raise ShapeError(f"AveragePool node {node.name!r}: float input only, got {ins[0].dtype}")
@@ -265,7 +265,7 @@ def _pool_infer(node, ins, opset):
 
 
 def _pool_inventory(node, ins, opset):
-    kernel, strides, pads, _ = _pool_geometry(node, ins[0].shape)
+    kernel, strides, pads, _ = pool_geometry(node, ins[0].shape)
     N, C, H, W = ins[0].shape
     name = "max_pool2d" if node.op_type == "MaxPool" else "avg_pool2d"
     if name == "avg_pool2d" and int(node.attrs.get("count_include_pad", 0)) and any(pads):
@@ -276,7 +276,7 @@ def _pool_inventory(node, ins, opset):
 
 def _avg_pool_lower(node, xs, ins, opset):
     """AveragePool with count_include_pad=1 and padding: window sums over zero padding / KH·KW."""
-    kernel, strides, pads, (OH, OW) = _pool_geometry(node, xs[0].shape)
+    kernel, strides, pads, (OH, OW) = pool_geometry(node, xs[0].shape)
     x = materialize(xs[0], "data")
     padded = fn.pad_tensor(x, (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3]))
     ry, rx = reduce_axis(kernel[0], "ry"), reduce_axis(kernel[1], "rx")
@@ -441,4 +441,4 @@ register("ReduceMean", Kind.COMM_REDUCE, _reduce_infer, _reduce_mean_lower)
 for _op in ("ReduceSum", "ReduceMax", "ReduceMin"):
     register(_op, Kind.COMM_REDUCE, _reduce_infer, inventory=_reduce_inventory)
 
-__all__ = ["window_geometry"]
+__all__ = ["window_geometry", "pool_geometry"]
