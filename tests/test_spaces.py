@@ -253,6 +253,36 @@ def test_sketch_switch_carries_parameters_over():
     check_builds_and_computes(opdef, child, rng)
 
 
+def test_a_sketch_switch_with_no_valid_child_mutates_within_the_sketch(monkeypatch):
+    """When no other sketch takes a candidate's parameters (switch_sketch runs out of tries, as
+    it did on a blocked convolution's sketches), mutate changes one parameter in the candidate's
+    own sketch instead of failing the search; the guided search's evolution likewise keeps a
+    parent where the space gives no valid child."""
+    from tuner.search.model_guided import EvolutionarySearch
+    from tuner.space.base import SpaceError
+    opdef = get_op("matmul", M=48, N=64, K=40)
+    space = SketchSpace(opdef)
+    rng = np.random.default_rng(4)
+    parent = space.sample(rng, sketch="matmul:tile_cache_write")
+
+    def no_switch(cand, rng):
+        raise SpaceError("switch_sketch: no valid candidate in 24 tries")
+    monkeypatch.setattr(space, "switch_sketch", no_switch)
+    monkeypatch.setattr("tuner.space.sketch.SWITCH_SKETCH_P", 1.0)
+    for _ in range(5):
+        child = space.mutate(parent, rng)
+        assert child.payload["sketch"] == parent.payload["sketch"]
+    check_builds_and_computes(opdef, child, rng)
+
+    def no_child(*args):
+        raise SpaceError("no valid candidate")
+    monkeypatch.setattr(space, "mutate", no_child)
+    monkeypatch.setattr(space, "crossover", no_child)
+    calls = []
+    search = EvolutionarySearch(space, opdef, rng=np.random.default_rng(0), population_size=8, num_generations=2)
+    monkeypatch.setattr("tuner.search.model_guided._selection_probs", lambda sc: calls.append(1) or np.full(len(sc), 1 / len(sc)))
+    assert search._ranked(4) and calls   # generations ran, every slot kept its parent
+
 def _default_blocks_input(opdef) -> bool:
     """Whether the host's default schedule copies this conv's input in channel blocks."""
     from compiler.ops.schedule_common import lanes

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..candidate import Candidate
 from ..cost_model import XGBCostModel
+from ..space.base import SpaceError
 from .base import Strategy
 
 
@@ -224,11 +225,14 @@ class EvolutionarySearch(_ModelGuided):
             children = []
             for _ in range(self.population_size):
                 a = pop[int(rng.choice(len(pop), p=p))]
-                if rng.random() < self.mutation_prob:
-                    children.append(self.space.mutate(a, rng))
-                else:
-                    b = pop[int(rng.choice(len(pop), p=p))]
-                    children.append(self.space.crossover(a, b, rng))
+                try:
+                    if rng.random() < self.mutation_prob:
+                        children.append(self.space.mutate(a, rng))
+                    else:
+                        b = pop[int(rng.choice(len(pop), p=p))]
+                        children.append(self.space.crossover(a, b, rng))
+                except SpaceError:   # no valid child in the space's tries: this slot stays the parent
+                    children.append(a)
             cs = self.scores(children)
             self._keep_best(best, children, cs, self.visited)
             # survivors: the best-predicted distinct members of parents + children

@@ -601,7 +601,10 @@ class SketchSpace(SearchSpace):
         sketches) the candidate moved to another sketch keeping what carries over."""
         sk, params = self._parts(cand)
         if len(self.sketches) > 1 and rng.random() < SWITCH_SKETCH_P:
-            return self.switch_sketch(cand, rng)
+            try:
+                return self.switch_sketch(cand, rng)
+            except SpaceError:
+                pass   # no other sketch took the parameters in MAX_TRIES: change one within this one
         stages = [n for n in params if params[n]]
         if not stages:
             return cand
