@@ -214,3 +214,27 @@ def test_constant_and_pass_through_outputs_through_ctypes(tmp_path):
         np.testing.assert_array_equal(same, x)
     finally:
         lib.pass_destroy(handle)
+
+
+def test_a_blocked_network_exports_and_answers_as_the_module_does(tmp_path):
+    """A network compiled in the channel-blocked layout (ConvNCHWc, its packed weights and the
+    border copies) goes through export like any other: the library's answer is the module's."""
+    import ctypes
+
+    from test_graph_layout import inverted_residual
+    m, _ = inverted_residual()
+    module = build_model(from_onnx(m))
+    assert any("convnchwc" in s.group.opdef.name for s in module.steps)
+    done = export_model(module, tmp_path / "libblocked.so")
+    lib = ctypes.CDLL(str(done.library))
+    lib.blocked_create.restype = ctypes.c_void_p
+    lib.blocked_run.argtypes = [ctypes.c_void_p] * 3
+    lib.blocked_destroy.argtypes = [ctypes.c_void_p]
+    handle = lib.blocked_create()
+    try:
+        x = rand(RNG, (1, 3, 17, 19))
+        y = np.full((1, 5), np.nan, np.float32)
+        assert lib.blocked_run(handle, x.ctypes.data, y.ctypes.data) == 0
+        np.testing.assert_array_equal(y, module.run(x=x)[0])
+    finally:
+        lib.blocked_destroy(handle)
