@@ -348,3 +348,17 @@ def test_split(opset, sizes):
     got = run(m, {"x0": x})
     for g, want in zip(got, np.split(x, np.cumsum(parts)[:-1], axis=1)):
         assert_close(g, np.maximum(want, 0))
+
+
+def test_a_conv_whose_fused_tile_is_too_much_code_still_compiles():
+    """The model fuzzer's dilated 7x7 depthwise layer with a broadcast add made more unrolled
+    code than the lowering takes, fused or not (17.2k nodes): it compiles as the plain loop nest
+    and answers right."""
+    x = rand(RNG, (2, 32, 32, 19))
+    w, c = rand(RNG, (32, 1, 7, 7)), rand(RNG, (1, 32, 1, 1))
+    attrs = dict(kernel_shape=[7, 7], strides=[2, 2], pads=[4, 10, 5, 7], dilations=[2, 2], group=32)
+    want = np_conv(x, w, None, (2, 2), (4, 10, 5, 7), (2, 2), 32) + c
+    nodes = [helper.make_node("Conv", ["x0", "w"], ["h"], **attrs), helper.make_node("Add", ["h", "c"], ["y"])]
+    m = model(nodes, {"x0": (x.shape, "float32")}, {"y": (want.shape, "float32")}, {"w": w, "c": c})
+    (y,) = run(m, {"x0": x})
+    assert_close(y, want)
