@@ -3,6 +3,8 @@ here with the system `cc`, against numpy and the module's own run; bad requests 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import shutil
 import subprocess
 import tempfile
@@ -189,52 +191,51 @@ def test_cli_model_export(tmp_path, capsys):
     assert not (tmp_path / "bad_out").exists()
 
 
+@contextlib.contextmanager
+def c_model(done):
+    """An exported model's C API through ctypes: yields run(*arrays) -> status, the model object
+    made by NAME_create and freed by NAME_destroy."""
+    lib = ctypes.CDLL(str(done.library))
+    create, run, destroy = (getattr(lib, f"{done.name}_{f}") for f in ("create", "run", "destroy"))
+    create.restype = ctypes.c_void_p
+    destroy.argtypes = [ctypes.c_void_p]
+    handle = create()
+    assert handle
+    try:
+        yield lambda *arrays: run(ctypes.c_void_p(handle), *(ctypes.c_void_p(a.ctypes.data) for a in arrays))
+    finally:
+        destroy(handle)
+
+
 def test_constant_and_pass_through_outputs_through_ctypes(tmp_path):
     """Outputs that are a constant (Shape, folded: int64 from the weights) and the input itself
     (Identity: the input's buffer) come out of the C API too."""
-    import ctypes
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Identity", ["x"], ["same"])]
     m = model(nodes, {"x": ((3, 5), "float32")},
               {"y": (None, "float32"), "s": (None, "int64"), "same": (None, "float32")})
     done = export_model(from_onnx(m), tmp_path / "libpass.so")
     assert "const float* x, float* y, int64_t* s, float* same" in done.header.read_text()
-    lib = ctypes.CDLL(str(done.library))
-    lib.pass_create.restype = ctypes.c_void_p
-    lib.pass_run.argtypes = [ctypes.c_void_p] * 5
-    lib.pass_destroy.argtypes = [ctypes.c_void_p]
-    handle = lib.pass_create()
-    try:
+    with c_model(done) as run:
         x = rand(RNG, (3, 5))
         y, same = np.full((3, 5), np.nan, np.float32), np.full((3, 5), np.nan, np.float32)
         s = np.full(2, -1, np.int64)
-        assert lib.pass_run(handle, *(a.ctypes.data for a in (x, y, s, same))) == 0
+        assert run(x, y, s, same) == 0
         np.testing.assert_array_equal(y, np.maximum(x, 0))
         np.testing.assert_array_equal(s, [3, 5])
         np.testing.assert_array_equal(same, x)
-    finally:
-        lib.pass_destroy(handle)
 
 
 def test_a_blocked_network_exports_and_answers_as_the_module_does(tmp_path):
     """A network compiled in the channel-blocked layout (ConvNCHWc, its packed weights and the
     border copies) goes through export like any other: the library's answer is the module's."""
-    import ctypes
-
     from test_graph_layout import inverted_residual
     m, _ = inverted_residual()
     module = build_model(from_onnx(m))
     assert any("convnchwc" in s.group.opdef.name for s in module.steps)
     done = export_model(module, tmp_path / "libblocked.so")
-    lib = ctypes.CDLL(str(done.library))
-    lib.blocked_create.restype = ctypes.c_void_p
-    lib.blocked_run.argtypes = [ctypes.c_void_p] * 3
-    lib.blocked_destroy.argtypes = [ctypes.c_void_p]
-    handle = lib.blocked_create()
-    try:
+    with c_model(done) as run:
         x = rand(RNG, (1, 3, 17, 19))
         y = np.full((1, 5), np.nan, np.float32)
-        assert lib.blocked_run(handle, x.ctypes.data, y.ctypes.data) == 0
+        assert run(x, y) == 0
         np.testing.assert_array_equal(y, module.run(x=x)[0])
-    finally:
-        lib.blocked_destroy(handle)

@@ -78,7 +78,7 @@ def node_tests(op_types=None) -> dict:
         subject = single.get(name) or single.get(EXPANDED.sub("", name))
         if subject is None:                    # a multi-node case that expands no one-node case
             continue
-        if subject not in ONNX_OP_TYPES:                 # an op tunefarm lacks, spelled out in ops it has
+        if subject not in ONNX_OP_TYPES:       # an op tunefarm lacks, spelled out in ops it has
             subject = f"{subject} (expanded)"
         if wanted is None or subject in wanted:
             out[name] = subject

@@ -52,7 +52,8 @@ MAX_CHANNEL_PADDING = 1.5   # padded / real output channels of a convolution tha
 
 def propagate_blocked_layout(graph: Graph, target) -> Graph:
     """A copy of `graph` whose convolutions run channel-blocked (see the module docstring), for
-    `target`'s float32 vector length; the graph itself when the target has no vectors."""
+    `target`'s float32 vector length; the graph itself when the target has no vectors or fewer
+    than MIN_CONVS convolutions can go blocked."""
     target = resolve_target(target)
     block = target.vector_lanes("float32")
     if block < MIN_BLOCK or sum(1 for n in graph.nodes if _convertible(graph, n, block)) < MIN_CONVS:

@@ -1,12 +1,13 @@
 """Default schedule of conv2d_nchwc: the channel-blocked convolution a model's layers run in.
 
-The output [N, F/FB, OH, OW, FB] is computed in register tiles of XB columns x YB rows of one
-or two channel blocks (FB lanes, the vector): each reduction step is a weight vector per block
-(unit stride in the [F/FB, C, KH, KW, FB] weights) and XB·YB input broadcasts, which in
+The output [N, F/FB, OH, OW, FB] is computed in register tiles of XB columns of up to
+MAX_TILE_BLOCKS channel blocks (FB lanes, the vector): each reduction step is a weight vector
+per block (unit stride in the [F/FB, C, KH, KW, FB] weights) and XB input broadcasts, which in
 blocked data are consecutive floats of one line; the tile is stored as whole vectors. No
 transposing copies: the padded input is materialized (a vector copy in this layout) and the
-weights come packed. A depthwise tile reads XB·YB input vectors per tap instead of
-broadcasts, all unit stride, its padded input computed per tile (pad_at_tile).
+weights come packed. A depthwise tile is XB x YB of one block and reads an input vector per
+accumulator and tap instead of broadcasts, all unit stride, its padded input computed per tile
+(pad_at_tile).
 
 What conv2d_nchw's channel-vector schedules spend per layer on layout (the input copied into
 channel blocks, the tile stored transposed into NCHW rows) disappears when a model keeps its
@@ -34,9 +35,11 @@ def nchwc_tile(opdef, target) -> tuple:
     broadcasts (a block shares each broadcast), FOB·XB accumulators, and SPARE_REGISTERS left
     free. Measured on Emerald Rapids (2 threads, MobileNetV2's 1x1 and ResNet's 3x3 layers):
     tiles of 28 accumulators (2 blocks x 7 x 2 rows, which pick_tile's model rates as good as
-    any) ran 60-140 GFLOPS, 14-21 in one row (2-3 blocks x 7) 180-290; a second row paired
-    with two blocks was as slow again (2 x 6 x 2: 62-74). A depthwise tile, one block, loads an
-    input vector per accumulator instead and keeps its rows."""
+    any) ran 60-140 GFLOPS, 14-21 in one row (2-3 blocks x 7) 180-290. The cause is the tile's
+    order, blocks outermost: LLVM keeps all XB·YB broadcasts live for the next block and spills
+    (with the blocks innermost the 28-accumulator tiles ran 238-294 alone, but whole models
+    were no faster, so the one-row rule stays). A depthwise tile, one block, loads an input
+    vector per accumulator instead and keeps its rows."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, FO, OH, OW, FB = out.shape
@@ -62,7 +65,7 @@ def schedule_blocked_pad(st, target):
 
 
 def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
-    """Register tiles over (rows, columns) of one or two channel blocks, channel blocks
+    """Register tiles over (rows, columns) of nchwc_tile's channel blocks, channel blocks
     outermost (each block's weights read once; the input, smaller than L2 in the layers that
     reuse it, is re-read per block); the reduction as defined (input channel blocks, taps, then
     the block's channels innermost and unrolled: consecutive broadcasts). `epilogue` as in

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ... import expr as E
 from ...ops import functions as fn
-from ...ops.base import lowest
+from ...ops.base import conv_out_size, lowest
 from ...tensor import compute, reduce_axis
 from ...tensor import max as te_max
 from ..errors import ShapeError
@@ -30,13 +30,17 @@ def blocked_shape(shape: tuple, block: int) -> tuple:
     return (N, -(-C // block), H, W, block)
 
 
+def _window_out(node, hw, kernel, dilations=(1, 1)) -> tuple:
+    """(OH, OW) of a window op with the node's resolved `strides` and `pads`."""
+    (sh, sw), (pt, pl, pb, pr) = node.attrs["strides"], node.attrs["pads"]
+    return (conv_out_size(node.op_type, "height", hw[0], kernel[0], sh, pt + pb, dilations[0]),
+            conv_out_size(node.op_type, "width", hw[1], kernel[1], sw, pl + pr, dilations[1]))
+
+
 def _conv_infer(node, ins, opset):
     x, w = ins[0], ins[1]
     FO, _, KH, KW, FB = w.shape
-    (sh, sw), (pt, pl, pb, pr), (dh, dw) = node.attrs["strides"], node.attrs["pads"], node.attrs["dilations"]
-    H, W = x.shape[2], x.shape[3]
-    OH = (H + pt + pb - (KH - 1) * dh - 1) // sh + 1
-    OW = (W + pl + pr - (KW - 1) * dw - 1) // sw + 1
+    OH, OW = _window_out(node, x.shape[2:4], (KH, KW), node.attrs["dilations"])
     return [((x.shape[0], FO, OH, OW, FB), x.dtype)]
 
 
@@ -53,8 +57,7 @@ def _conv_lower(node, xs, ins, opset):
 
 def _pool_infer(node, ins, opset):
     N, CO, H, W, B = ins[0].shape
-    (kh, kw), (sh, sw), (pt, pl, pb, pr) = node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"]
-    return [((N, CO, (H + pt + pb - kh) // sh + 1, (W + pl + pr - kw) // sw + 1, B), ins[0].dtype)]
+    return [((N, CO, *_window_out(node, (H, W), node.attrs["kernel"]), B), ins[0].dtype)]
 
 
 def _pool_lower(node, xs, ins, opset):
@@ -64,7 +67,7 @@ def _pool_lower(node, xs, ins, opset):
     ry, rx = reduce_axis(kh, "ry"), reduce_axis(kw, "rx")
     shape = _pool_infer(node, ins, opset)[0][0]
     return Lazy.of(compute(shape, lambda n, c, y, w, b: te_max(padded[n, c, y * sh + ry.var, w * sw + rx.var, b],
-                                                               axis=[ry, rx]), name="max_pool_nchwc", tag="max_pool2d"))
+                                                               axis=[ry, rx]), name="max_pool_nchwc", tag="max_pool2d_nchwc"))
 
 
 def _to_infer(node, ins, opset):
