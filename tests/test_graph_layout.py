@@ -57,7 +57,7 @@ def test_conv2d_nchwc_kernel_matches_numpy(case):
     w = rand(RNG, (F, 1 if depthwise else C, k, k))
     bias = rand(RNG, (F,))
     xd = blocked(x, B) if is_blocked else x
-    wp = fn.pack_conv_weight(w, B)
+    wp = fn.pack_conv_weight_nchwc(w, B, B if is_blocked and not depthwise else 0)
     X, Wt, Bias = placeholder(xd.shape, "float32", "x"), placeholder(wp.shape, "float32", "w"), \
         placeholder((F // B, B), "float32", "b")
     conv = fn.conv2d_nchwc(X, Wt, stride, pads, dil, depthwise)
@@ -77,7 +77,18 @@ def test_conv2d_nchwc_refuses_mismatched_operands():
     with pytest.raises(ExprError, match="depthwise"):
         fn.conv2d_nchwc(X, placeholder((1, 1, 3, 3, B), "float32", "w"), depthwise=True)
     with pytest.raises(ExprError, match="input channels"):
-        fn.conv2d_nchwc(X, placeholder((1, B, 3, 3, B), "float32", "w"))
+        fn.conv2d_nchwc(X, placeholder((1, 1, 3, 3, B, B), "float32", "w"))
+    with pytest.raises(ExprError, match=r"\[F/FB, C/CB, KH, KW, CB, FB\]"):   # 5-d weights for blocked data
+        fn.conv2d_nchwc(X, placeholder((1, 2 * B, 3, 3, B), "float32", "w"))
+
+
+def test_blocked_weights_are_laid_out_as_the_reduction_reads_them():
+    """pack_conv_weight_nchwc puts w[f, c, ky, kx] at [f // B, c // B, ky, kx, c % B, f % B]."""
+    w = rand(RNG, (2 * B, 3 * B, 3, 2))
+    packed = fn.pack_conv_weight_nchwc(w, B, B)
+    assert packed.shape == (2, 3, 3, 2, B, B)
+    f, c, ky, kx = B + 3, 2 * B + 1, 2, 1
+    assert packed[f // B, c // B, ky, kx, c % B, f % B] == w[f, c, ky, kx]
 
 
 def inverted_residual(C=3, H=17, W=19, mid=24, out=40, classes=5):

@@ -246,10 +246,12 @@ def test_a_batch_1_layer_reads_its_weights_in_one_block_per_core(op):
     streaming one-row schedule, and the answer is right."""
     from compiler.graph.runtime import for_target
     from compiler.ops import default_schedule
+    from compiler.ops.schedule_common import PARALLEL_MIN_WORK
     from compiler.ops.schedule_gemm import gemv_panel_columns
     from compiler.target import resolve_target
     target = resolve_target(None)
-    K, N = 96, 16 * target.vector_lanes("float32")
+    N = 16 * target.vector_lanes("float32")
+    K = max(96, -(-PARALLEL_MIN_WORK // (2 * N)))   # worth both cores with 8 lanes as with 16
     p = {"w": rand(RNG, (K, N) if op == "MatMul" else (N, K)), "b": rand(RNG, (N,))}
     if op == "MatMul":
         nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]

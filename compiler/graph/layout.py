@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ops.functions import pack_conv_weight
+from ..ops.functions import pack_conv_weight_nchwc
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops.layout import blocked_shape
@@ -145,7 +145,7 @@ class _Rewrite:
         fout = -(-F // B) * B
         weight = np.zeros((fout, 1 if depthwise else cin, KH, KW), np.float32)
         weight[:F, :w.shape[1]] = w.const
-        packed = pack_conv_weight(weight, B)
+        packed = pack_conv_weight_nchwc(weight, B, B if blocked_data and not depthwise else 0)
         wname = f"{n.inputs[1]}/nchw{B}c" + ("" if blocked_data else "/nchw_data")   # one weight, two readers
         inputs = [data, self._value(wname, packed.shape, "float32", packed)]
         if len(n.inputs) > 2 and n.inputs[2]:

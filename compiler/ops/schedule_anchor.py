@@ -147,6 +147,8 @@ def anchor_view(opdef) -> OpDef | None:
         attrs = anchor.attrs
         cpg, KH, KW = weight.shape[1:4]
         if anchor.tag == "conv2d_nchwc":
+            if weight.ndim == 6:   # [F/FB, C/CB, KH, KW, CB, FB]
+                cpg *= weight.shape[4]
             N, FO, OH, OW, FB = anchor.shape
             params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
                           dilation=tuple(attrs["dilation"]), depthwise=bool(attrs["depthwise"]),

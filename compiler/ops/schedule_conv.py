@@ -62,7 +62,7 @@ def vector_tiles(extent: int, vl: int) -> list:
     return out or [vl]
 
 
-def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps) -> tuple:
+def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps, latency: int = FMA_LATENCY) -> tuple:
     """(vector length, unroll factors of the non-vector tile axes `dims`).
 
     `dims` = [(extent, cap, may_overhang)]: a factor ≤ cap, a divisor of the extent unless the
@@ -75,7 +75,8 @@ def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps) -> tuple:
     then the most accumulators, then the fewest live operand
     registers (what is left is LLVM's: with 32 registers a 16 x 1 channel x row tile runs 20-50%
     faster than a 4 x 4 one of as many accumulators), then the fewest loads;
-    `cost(vregs, factors)` gives (loads, live vector registers) per reduction step.
+    `cost(vregs, factors)` gives (loads, live vector registers) per reduction step; `latency`:
+    the cycles an accumulator waits between updates (FMA_LATENCY, or what a schedule measured).
     """
     best, best_key = (vec_tiles[0], [1] * len(dims)), None
     for vt in vec_tiles:
@@ -89,8 +90,8 @@ def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps) -> tuple:
             if acc > caps.accumulator_registers or acc + live + 1 > caps.vector_registers:
                 continue
             # a step issues acc FMAs and `loads` loads, as many per cycle as the core starts, and
-            # each accumulator waits FMA_LATENCY cycles for its previous update
-            cycles = max(acc / caps.fmas_per_cycle, loads / LOADS_PER_CYCLE, FMA_LATENCY)
+            # each accumulator waits `latency` cycles for its previous update
+            cycles = max(acc / caps.fmas_per_cycle, loads / LOADS_PER_CYCLE, latency)
             key = (round(useful / cycles, 3), round(useful / acc, 3), acc, -live, -loads, vt, combo)
             if best_key is None or key > best_key:
                 best, best_key = (vt, list(combo)), key

@@ -25,21 +25,23 @@ from .schedule_conv import _register_tile, pick_tile
 from .schedule_elementwise import schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
-SPARE_REGISTERS = 4  # vector registers a dense tile leaves beside its accumulators and weights
+DENSE_CHAIN_LATENCY = 6  # cycles between a dense tile's updates of one accumulator, as measured
 
 
 def nchwc_tile(opdef, target) -> tuple:
     """(FOB, XB, YB): channel blocks, columns and rows of a register tile.
 
-    A dense tile is one row of XB columns of FOB blocks: per step FOB weight vectors and XB
-    broadcasts (a block shares each broadcast), FOB·XB accumulators, and SPARE_REGISTERS left
-    free. Measured on Emerald Rapids (2 threads, MobileNetV2's 1x1 and ResNet's 3x3 layers):
-    tiles of 28 accumulators (2 blocks x 7 x 2 rows, which pick_tile's model rates as good as
-    any) ran 60-140 GFLOPS, 14-21 in one row (2-3 blocks x 7) 180-290. The cause is the tile's
-    order, blocks outermost: LLVM keeps all XB·YB broadcasts live for the next block and spills
-    (with the blocks innermost the 28-accumulator tiles ran 238-294 alone, but whole models
-    were no faster, so the one-row rule stays). A depthwise tile, one block, loads an input
-    vector per accumulator instead and keeps its rows."""
+    A dense tile is one row of XB columns of FOB blocks, blocks outermost: per step LLVM keeps
+    the XB broadcasts live across the blocks and loads one weight vector at a time, so the tile
+    holds FOB·XB accumulators + XB broadcasts + 1 weight in vector registers (what pick_tile is
+    given: beyond that it spills, as 28-accumulator tiles did on Emerald Rapids, 60-140 GFLOPS
+    against 180-290 for 14-21 in one row; 3 x 4 and 2 x 6 tiles on Zen 3's 16 registers too).
+    Chains of updates are rated at DENSE_CHAIN_LATENCY cycles, not the FMA's 4: on Zen 3 the
+    8-accumulator tiles that latency says are enough ran below 12-accumulator ones (4 blocks x
+    3 columns: ResNet's 14x14 3x3 layers 1.11-1.14x, its 28->14 stride-2 layer 1.25-1.35x, the
+    rest even within noise), as a C micro-kernel of each did (2 x 4: 97-177 GFLOPS, 4 x 3:
+    150-186, same runs). A depthwise tile, one block, loads an input vector per accumulator
+    instead and keeps its rows."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, FO, OH, OW, FB = out.shape
@@ -49,8 +51,8 @@ def nchwc_tile(opdef, target) -> tuple:
         _, (FOB, XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities)
         return FOB, XB, YB
     dims = [(FO, MAX_TILE_BLOCKS, False), (OW, 8, True)]
-    cost = lambda r, c: (c[1] + c[0] * r, c[0] * r + SPARE_REGISTERS)   # noqa: E731
-    _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities)
+    cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
+    _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
     return FOB, XB, 1
 
 

@@ -4,7 +4,9 @@ A blocked value [N, C/B, H, W, B] holds channel c at [.., c // B, .., c % B]; a 
 that B does not divide is padded to whole blocks, and the padding channels hold values no
 reader sees (zero weights read them; FromNCHWc drops them).
 - ConvNCHWc: a convolution in that layout (compiler.ops.functions.conv2d_nchwc), its weights
-  packed [F/B, C, KH, KW, B] and its bias [F/B, B] by the pass; attributes `strides`, `pads`
+  packed by the pass as conv2d_nchwc reads them (pack_conv_weight_nchwc: [F/B, C/B, KH, KW, B, B]
+  for blocked data, [F/B, C, KH, KW, B] for NCHW data or a depthwise convolution) and its bias
+  [F/B, B]; attributes `strides`, `pads`
   (top, left, bottom, right), `dilations`, `depthwise` (0/1). An anchor, like Conv.
 - MaxPoolNCHWc: MaxPool of blocked data (`kernel`, `strides`, `pads` as the MaxPool's
   geometry resolved them, ceil mode included), the padding the dtype's lowest value.
@@ -39,7 +41,7 @@ def _window_out(node, hw, kernel, dilations=(1, 1)) -> tuple:
 
 def _conv_infer(node, ins, opset):
     x, w = ins[0], ins[1]
-    FO, _, KH, KW, FB = w.shape
+    FO, KH, KW, FB = w.shape[0], w.shape[2], w.shape[3], w.shape[-1]
     OH, OW = _window_out(node, x.shape[2:4], (KH, KW), node.attrs["dilations"])
     return [((x.shape[0], FO, OH, OW, FB), x.dtype)]
 
