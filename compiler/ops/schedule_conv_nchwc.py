@@ -44,8 +44,9 @@ def nchwc_tile(opdef, target) -> tuple:
     rest even within noise), as a C micro-kernel of each did (2 x 4: 97-177 GFLOPS, 4 x 3:
     150-186, same runs). The tile's blocks of weights fit the L2, as the tiles after it in its
     row and column read them again (4 blocks of ResNet's 512-channel 3x3 layer, 590 KB, came
-    from L3 for every tile on Zen 3's 512 KB L2; 1 block x 7 columns ran 1.28x faster, 2 x 4 as fast). A depthwise tile, one block, loads an input vector per accumulator
-    instead and keeps its rows."""
+    from L3 for every tile on Zen 3's 512 KB L2; 1 block x 7 columns ran 1.28x faster, 2 x 4 as
+    fast). A depthwise tile, one block, loads an input vector per accumulator instead and keeps
+    its rows."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, FO, OH, OW, FB = out.shape
