@@ -191,11 +191,7 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
                 else "[F/FB, C or 1, KH, KW, FB]")
         raise ExprError(f"{op}: weights for {'blocked' if blocked else 'NCHW'} data must be {want}, "
                         f"got shape {weight.shape}")
-    if dense_blocked:
-        FO, wco, KH, KW, _, FB = weight.shape
-        cpg = wco * CB
-    else:
-        FO, cpg, KH, KW, FB = weight.shape
+    FO, cpg, KH, KW, FB = nchwc_weight_geometry(weight.shape)
     if depthwise:
         if not blocked or CB != FB or data.shape[1] != FO or cpg != 1:
             raise ExprError(f"{op}: a depthwise convolution takes [N, C/B, H, W, B] data and [C/B, 1, KH, KW, B] "
@@ -236,6 +232,15 @@ def pack_conv_weight(weight: np.ndarray, block: int) -> np.ndarray:
     """OIHW weights [F, C, KH, KW] as conv2d_nchw_packed reads them, [F/block, C, KH, KW, block]."""
     F, C, KH, KW = weight.shape
     return np.ascontiguousarray(weight.reshape(F // block, block, C, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
+def nchwc_weight_geometry(shape: tuple) -> tuple:
+    """(F/FB, input channels each output reads, KH, KW, FB) of conv2d_nchwc weights in either
+    layout: [F/FB, C/CB, KH, KW, CB, FB] or [F/FB, C or 1, KH, KW, FB]."""
+    if len(shape) == 6:
+        FO, CO, KH, KW, CB, FB = shape
+        return FO, CO * CB, KH, KW, FB
+    return tuple(shape)
 
 
 def pack_conv_weight_nchwc(weight: np.ndarray, block: int, in_block: int = 0) -> np.ndarray:
@@ -408,6 +413,6 @@ def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadc
     return compute(data.shape, lambda *i: act(data[i] + bias[i[axis]]), name=name, tag=tag)
 
 
-__all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc",
+__all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc", "nchwc_weight_geometry",
            "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
            "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]

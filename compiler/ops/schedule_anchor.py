@@ -27,6 +27,7 @@ from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
+from .functions import nchwc_weight_geometry
 from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import schedule_conv_nchwc
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
@@ -147,8 +148,7 @@ def anchor_view(opdef) -> OpDef | None:
         attrs = anchor.attrs
         cpg, KH, KW = weight.shape[1:4]
         if anchor.tag == "conv2d_nchwc":
-            if weight.ndim == 6:   # [F/FB, C/CB, KH, KW, CB, FB]
-                cpg *= weight.shape[4]
+            _, cpg, KH, KW, _ = nchwc_weight_geometry(weight.shape)
             N, FO, OH, OW, FB = anchor.shape
             params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
                           dilation=tuple(attrs["dilation"]), depthwise=bool(attrs["depthwise"]),

@@ -3,11 +3,11 @@
 The output [N, F/FB, OH, OW, FB] is computed in register tiles of XB columns of up to
 MAX_TILE_BLOCKS channel blocks (FB lanes, the vector): each reduction step is a weight vector
 per block (the vector after the previous step's in the [F/FB, C/CB, KH, KW, CB, FB] weights)
-and XB input broadcasts, which in blocked data are consecutive floats of one line; the tile is stored as whole vectors. No
-transposing copies: the padded input is materialized (a vector copy in this layout) and the
-weights come packed. A depthwise tile is XB x YB of one block and reads an input vector per
-accumulator and tap instead of broadcasts, all unit stride, its padded input computed per tile
-(pad_at_tile).
+and XB input broadcasts, which in blocked data are consecutive floats of one line; the tile is
+stored as whole vectors. No transposing copies: the padded input is materialized (a vector
+copy in this layout) and the weights come packed. A depthwise tile is XB x YB of one block and
+reads an input vector per accumulator and tap instead of broadcasts, all unit stride, its
+padded input computed per tile (pad_at_tile).
 
 What conv2d_nchw's channel-vector schedules spend per layer on layout (the input copied into
 channel blocks, the tile stored transposed into NCHW rows) disappears when a model keeps its

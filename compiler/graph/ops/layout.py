@@ -41,7 +41,7 @@ def _window_out(node, hw, kernel, dilations=(1, 1)) -> tuple:
 
 def _conv_infer(node, ins, opset):
     x, w = ins[0], ins[1]
-    FO, KH, KW, FB = w.shape[0], w.shape[2], w.shape[3], w.shape[-1]
+    FO, _, KH, KW, FB = fn.nchwc_weight_geometry(w.shape)
     OH, OW = _window_out(node, x.shape[2:4], (KH, KW), node.attrs["dilations"])
     return [((x.shape[0], FO, OH, OW, FB), x.dtype)]
 
