@@ -376,11 +376,16 @@ class Client:
         opts = pb.MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, cooldown_ms=0.0, rtol=1e-4, atol=0.0,
                                  seed=seed, num_threads=1, timeout_seconds=self.timeout_seconds)
         return pb.MeasureRequest(request_id=uuid.uuid4().hex, target=self.target, kernel=self.kernel_bytes,
-                                 reference_kernel=self.kernel_bytes, num_inputs=1, options=opts)
+                                 reference_index=1, num_inputs=1, options=opts)
+
+    def make_batch(self, requests: list, key: str = KEY, **fields) -> pb.MeasureBatch:
+        """A MeasureBatch as RPCRunner sends one to a tracker of protocol 5: the reference once."""
+        return pb.MeasureBatch(device_key=key, priority=0, requests=requests, references=[self.kernel_bytes],
+                               **fields)
 
     def batch(self, n: int, key: str = KEY) -> tuple:
         """Submit n requests in one Measure call; (t_submit, [(t_arrival, MeasureResult)])."""
-        msg = pb.MeasureBatch(device_key=key, priority=0, requests=[self.request() for _ in range(n)])
+        msg = self.make_batch([self.request() for _ in range(n)], key)
         out = []
         t0 = time.perf_counter()
         for res in self.stub.Measure(msg, metadata=self.md, timeout=120):
@@ -390,7 +395,7 @@ class Client:
 
     def one(self) -> tuple:
         """One request in its own Measure call; (latency seconds, MeasureResult)."""
-        msg = pb.MeasureBatch(device_key=KEY, priority=0, requests=[self.request()])
+        msg = self.make_batch([self.request()])
         t0 = time.perf_counter()
         for res in self.stub.Measure(msg, metadata=self.md, timeout=60):
             latency = time.perf_counter() - t0
@@ -582,7 +587,7 @@ def breakdown(farm: Farm, client: Client, kernel_bytes: bytes, samples: int) -> 
             time.sleep(0.05)
         lat = []
         for i in range(samples + 5):
-            msg = pb.MeasureBatch(device_key=key, requests=[client.request()])
+            msg = client.make_batch([client.request()], key)
             t = time.perf_counter()
             for res in client.stub.Measure(msg, metadata=client.md, timeout=10):
                 if i >= 5:
@@ -768,8 +773,8 @@ def light_phase(farm: Farm, client: Client, n_agents: int, procs: int, service_m
         client.wait_agents(n_agents, key=LIGHT_KEY)
         client.batch(4 * n_agents, key=LIGHT_KEY)   # warm-up: every stream and connection busy once
 
-        msg = pb.MeasureBatch(device_key=LIGHT_KEY, priority=0, pack_results=pack,
-                              requests=[client.request() for _ in range(per_agent * n_agents)])
+        msg = client.make_batch([client.request() for _ in range(per_agent * n_agents)], LIGHT_KEY,
+                                pack_results=pack)
         ids = [r.request_id for r in msg.requests]
         ideal = len(ids) * service_ms / 1000.0 / n_agents
         prof = TrackerProfile(farm.tracker.pid, 0.8 * ideal, farm.logdir / "tracker-profile.txt") if profile else None

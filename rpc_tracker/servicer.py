@@ -307,6 +307,10 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             return "MeasureBatch.requests is empty; submit at least one request"
         if len(batch.requests) > MAX_BATCH:
             return f"a batch holds at most {MAX_BATCH} requests, got {len(batch.requests)}; split it"
+        refs = len(batch.references)
+        for j, ref in enumerate(batch.references):
+            if not ref:
+                return f"references[{j}] is empty; send compiler.runtime.Kernel.to_bytes() of the reference"
         seen = set()
         for i, r in enumerate(batch.requests):
             rid = r.request_id
@@ -321,6 +325,11 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                 return f"request {rid!r}: target is empty"
             if not r.kernel:
                 return f"request {rid!r}: kernel is empty; send compiler.runtime.Kernel.to_bytes() of the candidate"
+            if r.reference_index > refs:
+                return (f"request {rid!r}: reference_index {r.reference_index} names no reference; the batch "
+                        f"has {refs} (the index counts from 1)")
+            if r.reference_index and r.reference_kernel:
+                return f"request {rid!r}: give its reference either as reference_kernel or by reference_index, not both"
             o = r.options
             for name in ("timeout_seconds", "min_repeat_ms", "cooldown_ms", "rtol", "atol"):
                 if not _finite_nonneg(getattr(o, name)):
@@ -335,7 +344,11 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         subs = []
+        refs = list(request.references)  # each read of a repeated bytes field makes a new bytes object
         for r in request.requests:
+            if r.reference_index:  # agents get whole requests: the shared reference goes into each
+                r.reference_kernel = refs[r.reference_index - 1]
+                r.reference_index = 0
             if r.options.timeout_seconds <= 0:  # the agent and the lease must agree on the run timeout
                 r.options.timeout_seconds = self.state.default_timeout
             subs.append(st.Submission(r.request_id, r.target, r.options.timeout_seconds, r))

@@ -287,6 +287,25 @@ def test_build_errors_pass_through_and_results_keep_their_order(farm, builds):
     assert arrived[0][0] == 1 and sorted(i for i, _ in arrived) == [0, 1, 2]
 
 
+def test_candidates_are_checked_against_the_reference_sent_once_per_batch(farm, builds):
+    """Protocol 5: the runner sends a task's reference once per batch (MeasureBatch.references) and
+    the tracker puts it back into every agent's request, so a kernel that writes nothing is still
+    caught by the agents' check."""
+    address, agents, _ = farm
+    task, (good, naive) = builds
+    blank = ir_kernel("  ret i32 0", good)
+    with runner_for(address) as runner:
+        out = runner.run(task, [good, blank, naive, blank])
+        assert runner._shared_references
+        shared = runner._batch(["a", "b"], {"a": pb.MeasureRequest(request_id="a"), "b": pb.MeasureRequest(request_id="b")},
+                               {"a": good.reference_bytes, "b": good.reference_bytes}, shared=True)
+    assert list(shared.references) == [good.reference_bytes]
+    assert [(r.reference_index, r.reference_kernel) for r in shared.requests] == [(1, b""), (1, b"")]
+    assert [r.error_code for r in out] == [0, ErrorCode.WRONG_ANSWER, 0, ErrorCode.WRONG_ANSWER], \
+        [r.error_msg for r in out]
+    assert all(r.measured_by in agents for r in out)
+
+
 @pytest.mark.slow
 def test_segfaulting_and_hanging_kernels_are_error_records_and_agents_stay_up(farm, builds):
     address, agents, _ = farm

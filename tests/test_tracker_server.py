@@ -163,9 +163,10 @@ class Tuner:
         self.stub = pb_grpc.TrackerStub(self.channel)
         self.md = auth_metadata(token)
 
-    def measure(self, requests, key="x86-test", priority=0, timeout=10):
+    def measure(self, requests, key="x86-test", priority=0, timeout=10, references=()):
         """The Measure stream (the call starts now; iterate it for results)."""
-        return self.stub.Measure(pb.MeasureBatch(device_key=key, priority=priority, requests=requests),
+        return self.stub.Measure(pb.MeasureBatch(device_key=key, priority=priority, requests=requests,
+                                                 references=list(references)),
                                  metadata=self.md, timeout=timeout)
 
     def close(self):
@@ -176,6 +177,13 @@ def request(rid, kernels, target=None, timeout=2.0):
     cand, ref = kernels
     return pb.MeasureRequest(request_id=rid, target=target or str(HOST), kernel=cand, reference_kernel=ref,
                              num_inputs=2, options=pb.MeasureOptions(number=1, repeat=2, timeout_seconds=timeout))
+
+
+def shared_request(rid, kernels, index=1, **kw):
+    """A request whose reference is the batch's references[index - 1] (protocol 5)."""
+    r = request(rid, kernels, **kw)
+    r.reference_kernel, r.reference_index = b"", index
+    return r
 
 
 def agent(tracker, clients, **kw):
@@ -231,6 +239,21 @@ def test_round_trip_with_a_real_kernel(tracker, clients, kernels):
     assert ag.last_seen_seconds_ago < 1.0 and not ag.draining
     (key,) = s.keys
     assert (key.device_key, key.agents, key.queued, key.in_flight, key.completed) == ("x86-test", 1, 0, 0, 2)
+
+
+def test_a_shared_reference_reaches_every_agent_in_its_request(tracker, clients, kernels):
+    """Protocol 5: a batch's references are sent once; agents get whole requests (the tracker puts
+    the reference into each), so an agent of protocol 4 checks them as before."""
+    a = agent(tracker, clients)
+    t = tuner(tracker, clients)
+    stream = t.measure([shared_request("r1", kernels), shared_request("r2", kernels)], references=[kernels[1]])
+    for _ in range(2):
+        work = a.next_work()
+        assert work.request.reference_kernel == kernels[1] and work.request.reference_index == 0
+        a.stub.ReportResult(pb.ResultReport(agent_id=a.agent_id, result=a.measure(work)), metadata=a.md)
+    results = [next(stream), next(stream)]
+    assert sorted(r.request_id for r in results) == ["r1", "r2"]
+    assert all(r.error_code == 0 for r in results), [r.error_msg for r in results]
 
 
 def test_summary_counts_queue_and_in_flight(tracker, clients, kernels):
@@ -319,9 +342,15 @@ def test_bad_batches_are_invalid_argument(tracker, clients, kernels):
         ([pb.MeasureRequest(request_id="r1", target="", kernel=b"x")], "x86-test", "target is empty"),
         ([request("r1", kernels, target="cuda -arch=sm_80")], "x86-test", "unknown target kind"),
         ([request("r1", kernels, timeout=-1)], "x86-test", "timeout_seconds"),
+        ([shared_request("r1", kernels, 2)], "x86-test", "reference_index 2 names no reference; the batch has 1"),
+        ([shared_request("r1", kernels)], "x86-test", "references[0] is empty"),
     ]
+    refs = {"references[0] is empty": [b""]}
+    both = request("r1", kernels)
+    both.reference_index = 1
+    cases.append(([both], "x86-test", "either as reference_kernel or by reference_index, not both"))
     for reqs, key, needle in cases:
-        e = rpc_error(lambda: next(t.measure(reqs, key=key)))
+        e = rpc_error(lambda: next(t.measure(reqs, key=key, references=refs.get(needle, [kernels[1]]))))
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (needle, e)
         assert needle in e.details()
     assert summary(tracker).keys[0].queued == 0  # nothing of a refused batch was queued

@@ -33,7 +33,7 @@ import grpc
 
 from device_agent.agent import RECONNECT_OPTIONS
 from rpc_tracker.client import make_channel, tls_problem
-from rpc_tracker.protocol import auth_metadata, pb, pb_grpc, unpack_results
+from rpc_tracker.protocol import SHARED_REFERENCES_PROTOCOL, auth_metadata, pb, pb_grpc, unpack_results
 
 from ..candidate import ErrorCode, MeasureResult
 from ..workload import Task
@@ -96,6 +96,7 @@ class RPCRunner(Runner):
                                          max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
+        self._shared_references = False  # its tracker said it takes MeasureBatch.references
         self._emulated: bool | None = None  # the key's agents' kind, once known
         self.tls_ca = tls_ca
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
@@ -134,7 +135,8 @@ class RPCRunner(Runner):
                              f"RPCRunner measures on {self.device_key!r}; its records would name the wrong "
                              f"devices")
         self._first_contact()
-        requests: dict = {}   # request id -> pb.MeasureRequest
+        requests: dict = {}   # request id -> pb.MeasureRequest, without its reference
+        references: dict = {}  # request id -> the reference kernel's bytes (b"": none)
         index: dict = {}      # request id -> position in build_results
         for i, br in enumerate(build_results):
             res = passthrough(br, self._unmeasured_by)
@@ -143,11 +145,11 @@ class RPCRunner(Runner):
                 continue
             rid = uuid.uuid4().hex
             requests[rid] = pb.MeasureRequest(request_id=rid, target=task.target, kernel=br.kernel_bytes,
-                                              reference_kernel=br.reference_bytes, num_inputs=br.num_inputs,
-                                              options=self.options)
+                                              num_inputs=br.num_inputs, options=self.options)
+            references[rid] = br.reference_bytes or b""
             index[rid] = i
         if requests:
-            for rid, answer in self._collect(requests):
+            for rid, answer in self._collect(requests, references):
                 i = index[rid]
                 yield i, self._to_result(answer, build_results[i])
 
@@ -170,7 +172,8 @@ class RPCRunner(Runner):
                 raise FarmError(f"cannot reach the tracker at {self.tracker} within {self.connect_timeout:g} s "
                                 f"(is it running, and is the address right?{hint}); last error: {last}")
             try:
-                self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=min(left, 5.0))
+                summary = self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=min(left, 5.0))
+                self._shared_references = summary.protocol_version >= SHARED_REFERENCES_PROTOCOL
                 break
             except grpc.RpcError as e:
                 self._raise_if_refused(e)
@@ -203,19 +206,43 @@ class RPCRunner(Runner):
             as_dict["timing"] = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}
         return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by, answer.emulated)
 
-    def _collect(self, requests: dict):
+    def _batch(self, rids: list, requests: dict, references: dict, shared: bool) -> pb.MeasureBatch:
+        """The MeasureBatch of these requests, each reference sent once for all the requests that
+        share it when `shared` (protocol 5), else in every request."""
+        batch = pb.MeasureBatch(device_key=self.device_key, priority=self.priority, pack_results=True)
+        position: dict = {}   # reference bytes -> its reference_index
+        for rid in rids:
+            r = batch.requests.add()
+            r.CopyFrom(requests[rid])
+            ref = references[rid]
+            if not ref:
+                continue
+            if shared:
+                if ref not in position:
+                    batch.references.append(ref)
+                    position[ref] = len(batch.references)
+                r.reference_index = position[ref]
+            else:
+                r.reference_kernel = ref
+        return batch
+
+    def _collect(self, requests: dict, references: dict):
         """Yield (request id, pb.MeasureResult) as results arrive, submitting the unanswered requests
-        again after a break; then (request id, None) for each left unanswered at result_timeout."""
+        again after a break; then (request id, None) for each left unanswered at result_timeout.
+
+        Shared references go only in the first submission, to the tracker this runner's Summary
+        described: after a break the tracker may have been replaced by one that would ignore them,
+        so the requests submitted again carry their references themselves."""
         pending = set(requests)
         deadline = time.monotonic() + self.result_timeout
         delay = self.backoff_initial
+        shared = self._shared_references
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            batch = pb.MeasureBatch(device_key=self.device_key, priority=self.priority,
-                                    requests=[requests[rid] for rid in requests if rid in pending],
-                                    pack_results=True)
+            batch = self._batch([rid for rid in requests if rid in pending], requests, references, shared)
+            shared = False
             progressed = False
             try:
                 for message in self._stub.Measure(batch, metadata=self._metadata, timeout=left):
