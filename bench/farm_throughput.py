@@ -375,13 +375,13 @@ class Client:
             seed = next(self._seed)  # a fresh seed per request: the same cost for every request
         opts = pb.MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, cooldown_ms=0.0, rtol=1e-4, atol=0.0,
                                  seed=seed, num_threads=1, timeout_seconds=self.timeout_seconds)
-        return pb.MeasureRequest(request_id=uuid.uuid4().hex, target=self.target, kernel=self.kernel_bytes,
-                                 reference_index=1, num_inputs=1, options=opts)
+        return pb.MeasureRequest(request_id=uuid.uuid4().hex, kernel=self.kernel_bytes, reference_index=1,
+                                 num_inputs=1, options=opts)
 
     def make_batch(self, requests: list, key: str = KEY, **fields) -> pb.MeasureBatch:
-        """A MeasureBatch as RPCRunner sends one to a tracker of protocol 5: the reference once."""
+        """A MeasureBatch as RPCRunner sends one to a tracker of protocol 5: target and reference once."""
         return pb.MeasureBatch(device_key=key, priority=0, requests=requests, references=[self.kernel_bytes],
-                               **fields)
+                               target=self.target, **fields)
 
     def batch(self, n: int, key: str = KEY) -> tuple:
         """Submit n requests in one Measure call; (t_submit, [(t_arrival, MeasureResult)])."""

@@ -93,6 +93,18 @@ def _finite_nonneg(x: float) -> bool:
     return math.isfinite(x) and x >= 0
 
 
+def _work_message(request: pb.MeasureRequest, reference: bytes | None, lease_seconds: float) -> pb.TrackerMessage:
+    """The Work an agent is handed: the whole request, its shared reference (if any) put back in."""
+    msg = pb.TrackerMessage()
+    work = msg.work
+    work.request.CopyFrom(request)
+    work.lease_seconds = lease_seconds
+    if reference is not None:
+        work.request.reference_kernel = reference
+        work.request.reference_index = 0
+    return msg
+
+
 def _result_message(res: st.Result) -> pb.MeasureResult:
     extra = {"timing": res.timing} if res.timing is not None else {}
     return pb.MeasureResult(request_id=res.request_id, costs=res.costs, error_code=res.error_code,
@@ -189,8 +201,7 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                 except st.AgentGone as e:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
                 for item in items:
-                    await context.write(pb.TrackerMessage(work=pb.Work(request=item.payload,
-                                                                       lease_seconds=item.lease_seconds)))
+                    await context.write(_work_message(*item.payload, item.lease_seconds))
                 if not items:
                     await ready.wait()
         finally:  # the agent left, was dropped, or the call was cancelled: its leases are requeued
@@ -321,8 +332,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             if rid in seen:
                 return f"request id {rid!r} appears twice in the batch; request ids must be unique"
             seen.add(rid)
-            if not r.target:
-                return f"request {rid!r}: target is empty"
+            if not r.target and not batch.target:
+                return f"request {rid!r}: target is empty (and the batch gives none)"
             if not r.kernel:
                 return f"request {rid!r}: kernel is empty; send compiler.runtime.Kernel.to_bytes() of the candidate"
             if r.reference_index > refs:
@@ -344,14 +355,17 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         subs = []
+        # Agents get whole requests: a shared reference goes into each Work message as it is sent
+        # (Connect), the batch's target into each request here (the state matches it to agents).
         refs = list(request.references)  # each read of a repeated bytes field makes a new bytes object
+        target = request.target
         for r in request.requests:
-            if r.reference_index:  # agents get whole requests: the shared reference goes into each
-                r.reference_kernel = refs[r.reference_index - 1]
-                r.reference_index = 0
+            ref = refs[r.reference_index - 1] if r.reference_index else None
+            if not r.target:
+                r.target = target
             if r.options.timeout_seconds <= 0:  # the agent and the lease must agree on the run timeout
                 r.options.timeout_seconds = self.state.default_timeout
-            subs.append(st.Submission(r.request_id, r.target, r.options.timeout_seconds, r))
+            subs.append(st.Submission(r.request_id, r.target, r.options.timeout_seconds, (r, ref)))
         pack = request.pack_results
         ready = asyncio.Event()
         try:

@@ -287,20 +287,25 @@ def test_build_errors_pass_through_and_results_keep_their_order(farm, builds):
     assert arrived[0][0] == 1 and sorted(i for i, _ in arrived) == [0, 1, 2]
 
 
-def test_candidates_are_checked_against_the_reference_sent_once_per_batch(farm, builds):
-    """Protocol 5: the runner sends a task's reference once per batch (MeasureBatch.references) and
-    the tracker puts it back into every agent's request, so a kernel that writes nothing is still
-    caught by the agents' check."""
+def test_candidates_are_checked_against_the_target_and_reference_sent_once_per_batch(farm, builds):
+    """Protocol 5: the runner sends a task's target and reference once per batch (MeasureBatch.target,
+    .references) and the tracker puts them back into every agent's request, so a kernel that writes
+    nothing is still caught by the agents' check; a batch submitted again carries them in each request."""
     address, agents, _ = farm
     task, (good, naive) = builds
     blank = ir_kernel("  ret i32 0", good)
     with runner_for(address) as runner:
         out = runner.run(task, [good, blank, naive, blank])
         assert runner._shared_references
-        shared = runner._batch(["a", "b"], {"a": pb.MeasureRequest(request_id="a"), "b": pb.MeasureRequest(request_id="b")},
-                               {"a": good.reference_bytes, "b": good.reference_bytes}, shared=True)
-    assert list(shared.references) == [good.reference_bytes]
-    assert [(r.reference_index, r.reference_kernel) for r in shared.requests] == [(1, b""), (1, b"")]
+        reqs = {rid: pb.MeasureRequest(request_id=rid) for rid in "ab"}
+        refs = dict.fromkeys("ab", good.reference_bytes)
+        shared = runner._batch(["a", "b"], reqs, refs, task.target, shared=True)
+        inline = runner._batch(["a", "b"], reqs, refs, task.target, shared=False)
+    assert list(shared.references) == [good.reference_bytes] and shared.target == task.target
+    assert [(r.reference_index, r.reference_kernel, r.target) for r in shared.requests] == [(1, b"", "")] * 2
+    assert not inline.references and not inline.target
+    assert [(r.reference_index, r.reference_kernel, r.target) for r in inline.requests] == \
+        [(0, good.reference_bytes, task.target)] * 2
     assert [r.error_code for r in out] == [0, ErrorCode.WRONG_ANSWER, 0, ErrorCode.WRONG_ANSWER], \
         [r.error_msg for r in out]
     assert all(r.measured_by in agents for r in out)

@@ -163,10 +163,10 @@ class Tuner:
         self.stub = pb_grpc.TrackerStub(self.channel)
         self.md = auth_metadata(token)
 
-    def measure(self, requests, key="x86-test", priority=0, timeout=10, references=()):
+    def measure(self, requests, key="x86-test", priority=0, timeout=10, references=(), target=""):
         """The Measure stream (the call starts now; iterate it for results)."""
         return self.stub.Measure(pb.MeasureBatch(device_key=key, priority=priority, requests=requests,
-                                                 references=list(references)),
+                                                 references=list(references), target=target),
                                  metadata=self.md, timeout=timeout)
 
     def close(self):
@@ -179,10 +179,13 @@ def request(rid, kernels, target=None, timeout=2.0):
                              num_inputs=2, options=pb.MeasureOptions(number=1, repeat=2, timeout_seconds=timeout))
 
 
-def shared_request(rid, kernels, index=1, **kw):
-    """A request whose reference is the batch's references[index - 1] (protocol 5)."""
+def shared_request(rid, kernels, index=1, own_target=False, **kw):
+    """A request whose reference is the batch's references[index - 1], and its target the batch's
+    unless `own_target` (protocol 5)."""
     r = request(rid, kernels, **kw)
     r.reference_kernel, r.reference_index = b"", index
+    if not own_target:
+        r.target = ""
     return r
 
 
@@ -241,15 +244,17 @@ def test_round_trip_with_a_real_kernel(tracker, clients, kernels):
     assert (key.device_key, key.agents, key.queued, key.in_flight, key.completed) == ("x86-test", 1, 0, 0, 2)
 
 
-def test_a_shared_reference_reaches_every_agent_in_its_request(tracker, clients, kernels):
-    """Protocol 5: a batch's references are sent once; agents get whole requests (the tracker puts
-    the reference into each), so an agent of protocol 4 checks them as before."""
+def test_a_shared_target_and_reference_reach_every_agent_in_its_request(tracker, clients, kernels):
+    """Protocol 5: a batch's target and references are sent once; agents get whole requests (the
+    tracker puts them into each), so an agent of protocol 4 checks them as before."""
     a = agent(tracker, clients)
     t = tuner(tracker, clients)
-    stream = t.measure([shared_request("r1", kernels), shared_request("r2", kernels)], references=[kernels[1]])
+    stream = t.measure([shared_request("r1", kernels), shared_request("r2", kernels)], references=[kernels[1]],
+                       target=str(HOST))
     for _ in range(2):
         work = a.next_work()
         assert work.request.reference_kernel == kernels[1] and work.request.reference_index == 0
+        assert work.request.target == str(HOST)
         a.stub.ReportResult(pb.ResultReport(agent_id=a.agent_id, result=a.measure(work)), metadata=a.md)
     results = [next(stream), next(stream)]
     assert sorted(r.request_id for r in results) == ["r1", "r2"]
@@ -339,11 +344,13 @@ def test_bad_batches_are_invalid_argument(tracker, clients, kernels):
         ([request("r1", kernels), request("r1", kernels)], "x86-test", "appears twice"),
         ([request("", kernels)], "x86-test", "request_id is empty"),
         ([pb.MeasureRequest(request_id="r1", target=str(HOST), kernel=b"")], "x86-test", "kernel is empty"),
-        ([pb.MeasureRequest(request_id="r1", target="", kernel=b"x")], "x86-test", "target is empty"),
+        ([pb.MeasureRequest(request_id="r1", target="", kernel=b"x")], "x86-test",
+         "target is empty (and the batch gives none)"),
         ([request("r1", kernels, target="cuda -arch=sm_80")], "x86-test", "unknown target kind"),
         ([request("r1", kernels, timeout=-1)], "x86-test", "timeout_seconds"),
-        ([shared_request("r1", kernels, 2)], "x86-test", "reference_index 2 names no reference; the batch has 1"),
-        ([shared_request("r1", kernels)], "x86-test", "references[0] is empty"),
+        ([shared_request("r1", kernels, 2, own_target=True)], "x86-test",
+         "reference_index 2 names no reference; the batch has 1"),
+        ([shared_request("r1", kernels, own_target=True)], "x86-test", "references[0] is empty"),
     ]
     refs = {"references[0] is empty": [b""]}
     both = request("r1", kernels)

@@ -135,7 +135,7 @@ class RPCRunner(Runner):
                              f"RPCRunner measures on {self.device_key!r}; its records would name the wrong "
                              f"devices")
         self._first_contact()
-        requests: dict = {}   # request id -> pb.MeasureRequest, without its reference
+        requests: dict = {}   # request id -> pb.MeasureRequest, without its target and reference
         references: dict = {}  # request id -> the reference kernel's bytes (b"": none)
         index: dict = {}      # request id -> position in build_results
         for i, br in enumerate(build_results):
@@ -144,12 +144,12 @@ class RPCRunner(Runner):
                 yield i, res
                 continue
             rid = uuid.uuid4().hex
-            requests[rid] = pb.MeasureRequest(request_id=rid, target=task.target, kernel=br.kernel_bytes,
-                                              num_inputs=br.num_inputs, options=self.options)
+            requests[rid] = pb.MeasureRequest(request_id=rid, kernel=br.kernel_bytes, num_inputs=br.num_inputs,
+                                              options=self.options)
             references[rid] = br.reference_bytes or b""
             index[rid] = i
         if requests:
-            for rid, answer in self._collect(requests, references):
+            for rid, answer in self._collect(requests, references, task.target):
                 i = index[rid]
                 yield i, self._to_result(answer, build_results[i])
 
@@ -206,14 +206,18 @@ class RPCRunner(Runner):
             as_dict["timing"] = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}
         return to_measure_result(as_dict, br, answer.agent or self._unmeasured_by, answer.emulated)
 
-    def _batch(self, rids: list, requests: dict, references: dict, shared: bool) -> pb.MeasureBatch:
-        """The MeasureBatch of these requests, each reference sent once for all the requests that
-        share it when `shared` (protocol 5), else in every request."""
+    def _batch(self, rids: list, requests: dict, references: dict, target: str, shared: bool) -> pb.MeasureBatch:
+        """The MeasureBatch of these requests for `target`. When `shared` (protocol 5) the target
+        and each reference are sent once for all the requests, else in every request."""
         batch = pb.MeasureBatch(device_key=self.device_key, priority=self.priority, pack_results=True)
+        if shared:
+            batch.target = target
         position: dict = {}   # reference bytes -> its reference_index
         for rid in rids:
             r = batch.requests.add()
             r.CopyFrom(requests[rid])
+            if not shared:
+                r.target = target
             ref = references[rid]
             if not ref:
                 continue
@@ -226,11 +230,11 @@ class RPCRunner(Runner):
                 r.reference_kernel = ref
         return batch
 
-    def _collect(self, requests: dict, references: dict):
+    def _collect(self, requests: dict, references: dict, target: str):
         """Yield (request id, pb.MeasureResult) as results arrive, submitting the unanswered requests
         again after a break; then (request id, None) for each left unanswered at result_timeout.
 
-        Shared references go only in the first submission, to the tracker this runner's Summary
+        Shared target and references go only in the first submission, to the tracker this runner's Summary
         described: after a break the tracker may have been replaced by one that would ignore them,
         so the requests submitted again carry their references themselves."""
         pending = set(requests)
@@ -241,7 +245,7 @@ class RPCRunner(Runner):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            batch = self._batch([rid for rid in requests if rid in pending], requests, references, shared)
+            batch = self._batch([rid for rid in requests if rid in pending], requests, references, target, shared)
             shared = False
             progressed = False
             try:
