@@ -27,12 +27,13 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 # 4: requests leased ahead (Hello.prefetch) and quiet reports acknowledged by count
 #    (ResultReport.quiet, ResultAck.received). Compatible both ways: an agent of protocol 3 is
 #    never leased ahead and gets an ack per report; a tracker of protocol 3 ignores both fields.
-# 5: a batch's shared reference kernels (MeasureBatch.references, MeasureRequest.reference_index).
-#    Agents are not concerned: the tracker hands them whole requests. A tuner sends references
-#    this way only to a tracker of protocol 5 or newer, which the Summary's protocol_version tells.
+# 5: what a batch's requests share is sent once: the reference kernels (MeasureBatch.references,
+#    MeasureRequest.reference_index) and the target (MeasureBatch.target). Agents are not
+#    concerned: the tracker hands them whole requests. A tuner sends a batch this way only to a
+#    tracker of protocol 5 or newer, which the Summary's protocol_version tells.
 PROTOCOL_VERSION = 5
-# The first protocol whose tracker takes MeasureBatch.references.
-SHARED_REFERENCES_PROTOCOL = 5
+# The first protocol whose tracker takes MeasureBatch.references and MeasureBatch.target.
+SHARED_BATCH_FIELDS_PROTOCOL = 5
 MIN_AGENT_PROTOCOL = 3
 
 # Requests a tracker leases ahead of an agent's slots at most, whatever its Hello.prefetch says:
@@ -118,7 +119,8 @@ def server_keepalive_options() -> list:
             ("grpc.http2.max_ping_strikes", 0)]
 
 
-__all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "SHARED_REFERENCES_PROTOCOL", "MAX_PREFETCH", "ACK_INTERVAL_SECONDS",
+__all__ = ["pb", "pb_grpc", "PROTOCOL_VERSION", "MIN_AGENT_PROTOCOL", "SHARED_BATCH_FIELDS_PROTOCOL",
+           "MAX_PREFETCH", "ACK_INTERVAL_SECONDS",
            "AUTH_METADATA_KEY",
            "AGENT_LLVMLITE_MIN", "AGENT_LLVMLITE_BELOW", "llvmlite_problem",
            "MAX_MESSAGE_BYTES", "auth_metadata", "channel_options", "client_keepalive_options",

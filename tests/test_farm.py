@@ -296,7 +296,7 @@ def test_candidates_are_checked_against_the_target_and_reference_sent_once_per_b
     blank = ir_kernel("  ret i32 0", good)
     with runner_for(address) as runner:
         out = runner.run(task, [good, blank, naive, blank])
-        assert runner._shared_references
+        assert runner._shares_batch_fields
         reqs = {rid: pb.MeasureRequest(request_id=rid) for rid in "ab"}
         refs = dict.fromkeys("ab", good.reference_bytes)
         shared = runner._batch(["a", "b"], reqs, refs, task.target, shared=True)

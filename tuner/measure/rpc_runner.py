@@ -33,7 +33,7 @@ import grpc
 
 from device_agent.agent import RECONNECT_OPTIONS
 from rpc_tracker.client import make_channel, tls_problem
-from rpc_tracker.protocol import SHARED_REFERENCES_PROTOCOL, auth_metadata, pb, pb_grpc, unpack_results
+from rpc_tracker.protocol import SHARED_BATCH_FIELDS_PROTOCOL, auth_metadata, pb, pb_grpc, unpack_results
 
 from ..candidate import ErrorCode, MeasureResult
 from ..workload import Task
@@ -96,7 +96,7 @@ class RPCRunner(Runner):
                                          max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
-        self._shared_references = False  # its tracker said it takes MeasureBatch.references
+        self._shares_batch_fields = False  # its tracker takes MeasureBatch.target and .references
         self._emulated: bool | None = None  # the key's agents' kind, once known
         self.tls_ca = tls_ca
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
@@ -173,7 +173,7 @@ class RPCRunner(Runner):
                                 f"(is it running, and is the address right?{hint}); last error: {last}")
             try:
                 summary = self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=min(left, 5.0))
-                self._shared_references = summary.protocol_version >= SHARED_REFERENCES_PROTOCOL
+                self._shares_batch_fields = summary.protocol_version >= SHARED_BATCH_FIELDS_PROTOCOL
                 break
             except grpc.RpcError as e:
                 self._raise_if_refused(e)
@@ -234,13 +234,13 @@ class RPCRunner(Runner):
         """Yield (request id, pb.MeasureResult) as results arrive, submitting the unanswered requests
         again after a break; then (request id, None) for each left unanswered at result_timeout.
 
-        Shared target and references go only in the first submission, to the tracker this runner's Summary
-        described: after a break the tracker may have been replaced by one that would ignore them,
-        so the requests submitted again carry their references themselves."""
+        The shared target and references go only in the first submission, to the tracker this
+        runner's Summary described: after a break the tracker may have been replaced by an older
+        one that would ignore them, so the requests submitted again carry their own."""
         pending = set(requests)
         deadline = time.monotonic() + self.result_timeout
         delay = self.backoff_initial
-        shared = self._shared_references
+        shared = self._shares_batch_fields
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
