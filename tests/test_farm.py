@@ -406,7 +406,8 @@ def test_an_agent_of_another_key_gets_no_work_of_this_key(farm, builds, procs):
     # its own key's work goes to it, two requests at a time (two slots, two worker processes)
     with runner_for(address, key="other-key", **SLOWISH) as runner:
         run = Background(runner, Task.create(MM, device_key="other-key"), [good] * 4)
-        wait_for(lambda: agents_of(address, "other-key")["stranger"].in_flight == 2, 30, "two requests at once")
+        # two running at once, and a third may be leased ahead of them (Hello.prefetch): 2 or 3
+        wait_for(lambda: agents_of(address, "other-key")["stranger"].in_flight >= 2, 30, "two requests at once")
         mine = run.join(60)
     assert all(r.ok for r in mine) and {r.measured_by for r in mine} == {"stranger"}
     assert other.poll() is None
