@@ -169,3 +169,17 @@ def test_whole_register_1x1_weights_are_packed_by_transposes():
     assert transposed(CASES[-2]) and transposed(CASES[-1])
     assert not transposed(CASES[-4])
 
+
+
+def test_a_channel_block_wider_than_a_register_keeps_its_weight_panel_within_half_the_l2():
+    """ResNet-50's res5 3x3 (512 input channels): a tile's panel of C·KH·KW·FB weights is read
+    again for every row, so the block is as wide as fits half the L2, and one register when none
+    wider does; the same layer with fewer input channels may take two registers."""
+    caps = HOST.capabilities
+    for C in (512, 64):
+        op = get_op("conv2d_nchw", N=1, C=C, H=7, W=7, F=4 * VL, KH=3, KW=3, padding=1)
+        FB, _, _ = channel_tile(op, HOST)
+        panel = C * 3 * 3 * FB * 4
+        assert FB == VL or panel <= caps.l2 // 2, (C, FB, panel, caps.l2)
+    deep = get_op("conv2d_nchw", N=1, C=caps.l2 // (2 * 9 * 4 * VL) + 1, H=7, W=7, F=4 * VL, KH=3, KW=3, padding=1)
+    assert channel_tile(deep, HOST)[0] == VL  # two registers' panel is over half the L2
