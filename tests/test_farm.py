@@ -290,7 +290,8 @@ def test_build_errors_pass_through_and_results_keep_their_order(farm, builds):
 def test_candidates_are_checked_against_the_target_and_reference_sent_once_per_batch(farm, builds):
     """Protocol 5: the runner sends a task's target and reference once per batch (MeasureBatch.target,
     .references) and the tracker puts them back into every agent's request, so a kernel that writes
-    nothing is still caught by the agents' check; a batch submitted again carries them in each request."""
+    nothing is still caught by the agents' check. The other form, a batch submitted again after a
+    break, carries them in each request."""
     address, agents, _ = farm
     task, (good, naive) = builds
     blank = ir_kernel("  ret i32 0", good)

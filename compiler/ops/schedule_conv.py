@@ -444,7 +444,7 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
     channel block wider than one register takes it only while the panel fits half the L2 (the
     rest holds the input rows and the weights being packed): ResNet-50's res5 3x3 layers, 512
     input channels, took 32-channel tiles whose 590 KB panels came from L3 every row of Zen 4's
-    1 MB L2, at 86-102 GFLOPS against 134-137 with 16-channel tiles, same runs (oneDNN 138-165);
+    1 MB L2, at 86-110 GFLOPS against 134-140 with 16-channel tiles, same runs (oneDNN 138-188);
     res4's 3x3 and res5's 1x1 layers, 262-295 KB panels, ran the same either way."""
     out = opdef.output
     vl = lanes(target, out.dtype)
@@ -454,7 +454,8 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
         tiles = [fb]
     else:
         data, weight = opdef.inputs[0], opdef.inputs[1]
-        row_bytes = (data.shape[1] // groups) * opdef.params["KH"] * opdef.params["KW"] * np.dtype(weight.dtype).itemsize
+        taps = opdef.params["KH"] * opdef.params["KW"]
+        row_bytes = (data.shape[1] // groups) * taps * np.dtype(weight.dtype).itemsize   # one channel's panel
         tiles = [t for t in vector_tiles(F // groups, vl) if t <= vl or t * row_bytes <= target.capabilities.l2 // 2]
     FB, (XB, YB) = pick_tile(tiles or [vl], vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                               target.capabilities)
