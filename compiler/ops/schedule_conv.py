@@ -456,8 +456,9 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
         data, weight = opdef.inputs[0], opdef.inputs[1]
         taps = opdef.params["KH"] * opdef.params["KW"]
         row_bytes = (data.shape[1] // groups) * taps * np.dtype(weight.dtype).itemsize   # one channel's panel
+        # vector_tiles always offers one register or less, so one candidate is left
         tiles = [t for t in vector_tiles(F // groups, vl) if t <= vl or t * row_bytes <= target.capabilities.l2 // 2]
-    FB, (XB, YB) = pick_tile(tiles or [vl], vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
+    FB, (XB, YB) = pick_tile(tiles, vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                               target.capabilities)
     return FB, XB, YB
 
