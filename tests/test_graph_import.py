@@ -149,6 +149,47 @@ def test_batch_norm_stays_when_the_conv_output_has_other_readers():
     assert_close(y, np_bn(c, g, beta, mean, var) + c)
 
 
+@pytest.mark.parametrize("producer", ["Concat", "Concat_of_one", "MaxPool", "computed_weight_conv"])
+def test_batch_norm_after_what_is_not_a_foldable_conv_stays_a_scale_and_shift(producer):
+    """DenseNet normalizes a Concat of its layers (BatchNormalization after a Concat of one input
+    reached the conv folding and raised IndexError); a pool or a Conv whose weight is computed cannot take it
+    either. Each keeps the normalization as x * scale + shift, right."""
+    x, w = rand(RNG, (1, 3, 6, 6)), rand(RNG, (3, 3, 1, 1))
+    g, beta, mean = rand(RNG, (6,)), rand(RNG, (6,)), rand(RNG, (6,))
+    var = RNG.uniform(0.5, 1.5, 6).astype(np.float32)
+    if producer == "Concat":
+        nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Concat", ["x", "r"], ["c"], axis=1)]
+        c = np.concatenate([x, np.maximum(x, 0)], axis=1)
+    elif producer == "Concat_of_one":   # DenseNet's first layer: torch.cat([x], 1)
+        nodes = [helper.make_node("Concat", ["x", "x"], ["xx"], axis=1), helper.make_node("Concat", ["xx"], ["c"], axis=1)]
+        c = np.concatenate([x, x], axis=1)
+    elif producer == "MaxPool":
+        nodes = [helper.make_node("Concat", ["x", "x"], ["cc"], axis=1),
+                 helper.make_node("MaxPool", ["cc"], ["c"], kernel_shape=[2, 2], strides=[1, 1])]
+        xx = np.concatenate([x, x], axis=1).astype(np.float64)
+        c = np.max(np.stack([xx[:, :, i:i + 5, j:j + 5] for i in (0, 1) for j in (0, 1)]), axis=0)
+    else:
+        nodes = [helper.make_node("Abs", ["w"], ["wa"]), helper.make_node("Concat", ["wa", "w"], ["w2"], axis=0),
+                 helper.make_node("Mul", ["w2", "x_scale"], ["w3"]),
+                 helper.make_node("Conv", ["x", "w3"], ["c"], kernel_shape=[1, 1])]
+    inits = dict(g=g, beta=beta, mean=mean, var=var)
+    inputs = {"x": (x.shape, "float32")}
+    feeds = {"x": x}
+    if producer == "computed_weight_conv":   # the weight is an input of the model, so never constant
+        inputs["w"] = (w.shape, "float32")
+        inputs["x_scale"] = ((1,), "float32")
+        scale = np.array([1.5], np.float32)
+        feeds.update(w=w, x_scale=scale)
+        c = np_conv(x, np.concatenate([np.abs(w), w]) * 1.5)
+    nodes.append(helper.make_node("BatchNormalization", ["c", "g", "beta", "mean", "var"], ["y"], epsilon=1e-3))
+    m = model(nodes, inputs, {"y": (None, "float32")}, inits)
+    graph = from_onnx(m)
+    assert "BatchNormalization" not in [n.op_type for n in graph.nodes]
+    assert [n.op_type for n in graph.nodes][-2:] == ["Mul", "Add"]
+    (y,) = run(m, feeds)
+    assert_close(y, np_bn(c, g, beta, mean, var, 1e-3))
+
+
 def test_unsupported_dtypes_are_refused():
     node = helper.make_node("Relu", ["x"], ["y"])
     g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", 10, [2])],   # float16

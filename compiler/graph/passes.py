@@ -243,10 +243,16 @@ def fold_batch_norm(graph: Graph) -> Graph:
 
 
 def _foldable_conv(graph, conv, bn, users) -> bool:
+    """Whether `bn` can become part of `conv`: a Conv (of a weight and maybe a bias, both
+    constant) whose one output only the BatchNormalization reads. Anything else (a Concat, as in
+    DenseNet, a pool, a Conv whose weight is computed) keeps the BatchNormalization."""
+    if conv.op_type != "Conv" or len(conv.inputs) < 2 or len([o for o in conv.outputs if o]) != 1:
+        return False
     out = conv.outputs[0]
-    weight = graph.values[conv.inputs[1]]
-    bias = graph.values[conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else None
-    return (conv.op_type == "Conv" and weight.const is not None and (bias is None or bias.const is not None)
+    weight = graph.values.get(conv.inputs[1])
+    bias = graph.values.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+    return (weight is not None and weight.const is not None and len(weight.shape) >= 1
+            and (bias is None or bias.const is not None)
             and len(users.get(out, [])) == 1 and out not in graph.outputs)
 
 
