@@ -29,6 +29,7 @@ from .ir import Graph
 from .layout import propagate_blocked_layout
 from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
+from .profile import ModelProfile, profile_model
 from .workloads import GroupKernel, arg_array, lower_group
 
 _cache_lock = threading.Lock()
@@ -190,6 +191,11 @@ class GraphModule:
         for step in self.steps:
             step.kernel._run(step.kernel._load(), step.ptrs)
         return [self._output(v) for v in self.output_names]
+
+    def profile(self, inputs: dict, repeat: int = 10, options=None, lock: bool = True) -> ModelProfile:
+        """Time each kernel of a run on `inputs` ({input name: array}) and the whole run: where the
+        time goes, layer by layer (compiler.graph.profile)."""
+        return profile_model(self, inputs, repeat=repeat, options=options, lock=lock)
 
     def _output(self, name) -> np.ndarray:
         view = self._output_views.get(name)

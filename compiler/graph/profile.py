@@ -1,0 +1,192 @@
+"""Per-layer profile of a compiled model: where one run's time goes, kernel by kernel.
+
+A model that runs slower than expected is slow in a few layers; finding them means timing each
+fused kernel on its own, with the data it really gets. `profile_model(module, inputs)`:
+
+- runs the model once (checks the inputs, loads every kernel, starts the thread team);
+- replays the step list in order, timing each step's kernel where it stands: when step i is
+  timed, steps 0..i-1 have just written its inputs, exactly as in `run()` (a later step may reuse
+  an earlier value's buffer, so timing each kernel after a whole run could feed it another layer's
+  data). The graph inputs have buffers of their own (plan.py), so the first run left them in
+  place. Repeated calls of one kernel are idempotent: its output never overlaps its inputs
+  (checked at build time);
+- times each kernel by the project's measurement protocol (compiler/timing.py: samples, the median
+  of the clean ones, each sample checked for time lost to other processes) through the same native
+  call `run()` makes, holding the host's exclusive timing lock (compiler/host_lock.py) so no other
+  tunefarm build or timing shares the cores meanwhile; then the whole `run()` the same way, so the
+  time outside kernels (input and output copies, Python between steps) shows as the difference.
+
+Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
+anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
+compiler's OpDefs use), not estimated epilogue arithmetic; a kernel without an anchor gets GB/s of
+the bytes of its arguments (each input read once, the output written once: a lower bound on its
+memory traffic, never more than it moves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import host_lock
+from ..openmp import get_max_threads
+from ..ops.schedule_anchor import CONV_TAGS, GEMM_TAGS
+from ..tensor import ComputeOp, topo_order
+from ..timing import Timing, TimingOptions, time_samples
+
+if TYPE_CHECKING:  # runtime.py imports this module for GraphModule.profile
+    from .runtime import GraphModule
+
+# reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around
+ANCHOR_TAGS = frozenset(CONV_TAGS + GEMM_TAGS + ("conv2d_nhwc", "depthwise_conv2d_nchw"))
+
+
+@dataclass
+class KernelProfile:
+    """One step of the model: what it computes, which graph nodes it covers, what it costs.
+
+    `nodes` are the graph's node names as compiled: the blocked-layout pass keeps a convolution's
+    or pool's ONNX name on its ConvNCHWc / MaxPoolNCHWc node and adds layout copies named after
+    the value they convert (`x/to_nchw16c`, `r2/from_nchwc`)."""
+
+    index: int             # position in the step list
+    name: str              # the workload's name (fused_conv_add_relu, max_pool2d, ...)
+    ops: str               # the fused group's op types, FusedGroup.describe() (Conv+Add+Relu)
+    nodes: list            # graph node names, producers first
+    key: str               # workload key (what the records are looked up by)
+    source: str            # where the schedule came from: 'records' or 'default'
+    seconds: float         # median seconds per call
+    flops: int | None      # the anchor's FLOPs per call; None for a kernel without one
+    bytes: int             # bytes of the kernel's arguments (inputs and output)
+    output_shape: tuple = ()
+    share: float = 0.0     # of the sum of all kernels' times
+    disturbed: bool = False
+    timing: Timing | None = field(default=None, repr=False)
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.seconds / 1e9 if self.flops and self.seconds > 0 else None
+
+    @property
+    def gb_per_s(self) -> float | None:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "ops": self.ops, "nodes": list(self.nodes), "key": self.key,
+                "source": self.source, "ms": self.seconds * 1e3, "share": self.share, "flops": self.flops,
+                "bytes": self.bytes, "gflops": self.gflops, "gb_per_s": self.gb_per_s,
+                "output_shape": list(self.output_shape), "disturbed": self.disturbed}
+
+
+@dataclass
+class ModelProfile:
+    """Every kernel of one run (in run order) and the whole run's time; seconds are medians."""
+
+    model: str
+    kernels: list          # KernelProfile, in step order
+    run_seconds: float     # median of whole run() calls
+    threads: int
+    run_timing: Timing | None = field(default=None, repr=False)
+
+    @property
+    def kernel_seconds(self) -> float:
+        return sum(k.seconds for k in self.kernels)
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time of a run outside the kernels: copies of inputs and outputs, Python between steps.
+        Can come out slightly negative: each kernel is timed alone, warm in the caches."""
+        return self.run_seconds - self.kernel_seconds
+
+    @property
+    def disturbed(self) -> bool:
+        return any(k.disturbed for k in self.kernels) or bool(self.run_timing and self.run_timing.disturbed)
+
+    def ranked(self, top: int | None = None) -> list:
+        """The kernels slowest first, the first `top` of them (all when None)."""
+        ordered = sorted(self.kernels, key=lambda k: k.seconds, reverse=True)
+        return ordered if top is None else ordered[:top]
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "threads": self.threads, "run_ms": self.run_seconds * 1e3,
+                "kernels_ms": self.kernel_seconds * 1e3, "overhead_ms": self.overhead_seconds * 1e3,
+                "disturbed": self.disturbed, "kernels": [k.to_dict() for k in self.kernels]}
+
+
+def anchor_flops(opdef) -> int | None:
+    """FLOPs of the convolutions and matrix products in `opdef`'s DAG (2 per multiply-add), or
+    None when it has none (a memory-bound kernel: pools, elementwise, layout copies, reductions)."""
+    total = 0
+    for op in topo_order([opdef.output]):
+        if isinstance(op, ComputeOp) and op.reduce_axis and op.tag in ANCHOR_TAGS:
+            total += 2 * math.prod(op.shape) * math.prod(ax.extent for ax in op.reduce_axis)
+    return total or None
+
+
+def argument_bytes(opdef) -> int:
+    """Bytes of the kernel's arguments: every input once and the output."""
+    return sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in opdef.tensors)
+
+
+def default_options(repeat: int) -> TimingOptions:
+    """The protocol's options with at least `repeat` clean samples; shorter sampling than a
+    tuning measurement, since a model has tens of kernels to time one after another."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    return TimingOptions(min_samples=repeat, max_samples=max(repeat, 200), min_seconds=0.02, max_seconds=0.5)
+
+
+def profile_model(module: GraphModule, inputs: dict, repeat: int = 10, options: TimingOptions | None = None,
+                  lock: bool = True) -> ModelProfile:
+    """Time each kernel of `module` on `inputs` ({input name: array}) and the whole run (see the
+    module docstring). `repeat`: clean samples per timing at least (ignored when `options` is
+    given); `lock`: hold the host's exclusive timing lock while timing."""
+    opts = options or default_options(repeat)
+    module.run(**inputs)   # checks the inputs; every kernel loaded, the thread team started
+    held = host_lock.exclusive if lock else contextlib.nullcontext
+    kernels = []
+    for i, step in enumerate(module.steps):
+        with held():
+            timing = _time_step(step, opts)
+        gk = step.group
+        kernels.append(KernelProfile(index=i, name=gk.opdef.name, ops=gk.group.describe(),
+                                     nodes=[n.name for n in gk.group.nodes], key=gk.key,
+                                     source=module.sources.get(gk.key, "default"), seconds=timing.median,
+                                     flops=anchor_flops(gk.opdef), bytes=argument_bytes(gk.opdef),
+                                     output_shape=tuple(gk.opdef.output.shape), disturbed=timing.disturbed,
+                                     timing=timing))
+    total = sum(k.seconds for k in kernels)
+    for k in kernels:
+        k.share = k.seconds / total if total > 0 else 0.0
+
+    def run_batch(n):
+        for _ in range(n):
+            module.run(**inputs)
+
+    with held():
+        module.run(**inputs)
+        run_timing = time_samples(run_batch, opts)
+    return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=run_timing.median,
+                        threads=get_max_threads(), run_timing=run_timing)
+
+
+def _time_step(step, opts: TimingOptions) -> Timing:
+    """One step's kernel by the protocol, through the call run() makes; it leaves the step's output
+    written, so the next step is timed on the data a run gives it."""
+    kernel, ptrs = step.kernel, step.ptrs
+    fn = kernel._load()
+
+    def run_batch(n):
+        for _ in range(n):
+            kernel._run(fn, ptrs)
+
+    kernel._run(fn, ptrs)   # warm-up, on the held host
+    return time_samples(run_batch, opts)
+
+
+__all__ = ["profile_model", "ModelProfile", "KernelProfile", "anchor_flops", "argument_bytes", "default_options",
+           "ANCHOR_TAGS"]
