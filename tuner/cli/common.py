@@ -142,6 +142,63 @@ def open_store(url):
         raise UsageError(str(e)) from None
 
 
+def input_shapes(items) -> dict:
+    """`--input-shape NAME=D0,D1,...` options → {name: shape}."""
+    shapes = {}
+    for text in items:
+        name, sep, dims = text.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d < 1 for d in shape):
+            raise UsageError(f"--input-shape {text!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        shapes[name] = shape
+    return shapes
+
+
+def load_graph(path, shape_items):
+    """The `tunefarm model` commands' model: the ONNX file at `path` imported with its
+    `--input-shape` options; a file that is not a model, or shapes that do not fit, are usage errors."""
+    from compiler.graph import GraphError, from_onnx
+    try:
+        return from_onnx(path, input_shapes=input_shapes(shape_items))
+    except GraphError as e:
+        raise UsageError(str(e)) from None
+
+
+def build_graph_module(graph, target, db, no_records: bool):
+    """`graph` compiled with the best records of `target` in the store at `db` (none with
+    `no_records`), default schedules elsewhere: what `tunefarm model run` and `profile` time."""
+    import warnings
+
+    from compiler.graph import GraphError, build_model
+    provider = None
+    if not no_records:
+        from ..apply_best import ApplyHistoryBest
+        provider = ApplyHistoryBest(open_store(db))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # "no tuned schedule": the callers count module.sources instead
+            return build_model(graph, target, records=provider)
+    except GraphError as e:
+        raise UsageError(str(e)) from None
+
+
+def random_inputs(graph, rng) -> dict:
+    """Random values for every input of `graph` (normal floats, 0/1 integers and booleans)."""
+    out = {}
+    for name in graph.inputs:
+        v = graph.values[name]
+        if v.dtype.startswith("float"):
+            out[name] = rng.standard_normal(v.shape).astype(v.dtype)
+        elif v.dtype == "bool":
+            out[name] = rng.integers(0, 2, v.shape).astype(bool)
+        else:
+            out[name] = rng.integers(0, 2, v.shape).astype(v.dtype)
+    return out
+
+
 def start_progress(total: int, info: str, plain: bool):
     """A started rich progress display with one "tuning" bar of `total` trials (an `info` field
     beside it), as (progress, bar id); (None, None) with --plain or without rich, where the

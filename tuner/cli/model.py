@@ -18,30 +18,8 @@ import time
 
 import numpy as np
 
-from . import model_conformance, model_export, model_tune
-from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target
-
-
-def _input_shapes(items) -> dict:
-    shapes = {}
-    for text in items:
-        name, sep, dims = text.rpartition("=")
-        try:
-            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
-        except ValueError:
-            shape = ()
-        if not sep or not name or not shape or any(d < 1 for d in shape):
-            raise UsageError(f"--input-shape {text!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
-        shapes[name] = shape
-    return shapes
-
-
-def _load(args):
-    from compiler.graph import GraphError, from_onnx
-    try:
-        return from_onnx(args.model, input_shapes=_input_shapes(args.input_shape))
-    except GraphError as e:
-        raise UsageError(str(e)) from None
+from . import model_conformance, model_export, model_profile, model_tune
+from .common import EXIT_FAIL, EXIT_OK, UsageError, build_graph_module, load_graph, random_inputs, resolve_target
 
 
 def _shapes(opdef) -> str:
@@ -51,7 +29,7 @@ def _shapes(opdef) -> str:
 def cmd_tasks(args) -> int:
     from compiler.graph import GraphError, extract_tasks
     target = resolve_target(args.target)
-    graph = _load(args)
+    graph = load_graph(args.model, args.input_shape)
     try:
         tasks = extract_tasks(graph, target)
     except GraphError as e:
@@ -69,46 +47,21 @@ def cmd_tasks(args) -> int:
     return EXIT_OK
 
 
-def _random_inputs(graph, rng) -> dict:
-    out = {}
-    for name in graph.inputs:
-        v = graph.values[name]
-        if v.dtype.startswith("float"):
-            out[name] = rng.standard_normal(v.shape).astype(v.dtype)
-        elif v.dtype == "bool":
-            out[name] = rng.integers(0, 2, v.shape).astype(bool)
-        else:
-            out[name] = rng.integers(0, 2, v.shape).astype(v.dtype)
-    return out
-
-
 def cmd_run(args) -> int:
-    import warnings
-
-    from compiler.graph import GraphError, build_model
     from compiler.runtime import set_num_threads
 
     target = resolve_target(args.target)
-    graph = _load(args)
-    provider = None
-    if not args.no_records:
-        from ..apply_best import ApplyHistoryBest
-        provider = ApplyHistoryBest(open_store(args.db))
+    graph = load_graph(args.model, args.input_shape)
     if args.threads:
         set_num_threads(args.threads)
     t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # "no tuned schedule": counted below instead
-            module = build_model(graph, target, records=provider)
-    except GraphError as e:
-        raise UsageError(str(e)) from None
+    module = build_graph_module(graph, target, args.db, args.no_records)
     build_s = time.perf_counter() - t0
     tuned = sum(1 for src in module.sources.values() if src == "records")
     print(f"built {len(module.steps)} kernels ({len(module.sources)} unique workloads, {tuned} from records, "
           f"{len(module.sources) - tuned} default schedules) in {build_s:.1f} s; buffers "
           f"{module.plan.total_bytes / 1e6:.2f} MB (without reuse {module.plan.unshared_bytes / 1e6:.2f} MB)")
-    inputs = _random_inputs(graph, np.random.default_rng(args.seed))
+    inputs = random_inputs(graph, np.random.default_rng(args.seed))
     outputs = module.run(**inputs)
     session = _onnxruntime_session(args.model, args.threads)
     ours, theirs = [], []
@@ -170,6 +123,7 @@ def register(sub):
 
     model_tune.register(msub, common)
     model_export.register(msub, common)
+    model_profile.register(msub, common)
     model_conformance.register(msub)
 
     q = msub.add_parser("run", help="compile the model (best records, else default schedules), run it, "

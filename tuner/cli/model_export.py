@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .common import EXIT_OK, UsageError, open_store, resolve_target
+from .common import EXIT_OK, UsageError, load_graph, open_store, resolve_target
 
 
 def cmd_export(args) -> int:
@@ -20,10 +20,8 @@ def cmd_export(args) -> int:
     from compiler.graph import GraphError, build_model, export_model
     from compiler.graph.export_model import c_identifier
 
-    from .model import _load
-
     target = resolve_target(args.target)
-    graph = _load(args)
+    graph = load_graph(args.model, args.input_shape)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import sys
 
-from .common import EXIT_FAIL, EXIT_OK, UsageError, open_store, resolve_target, start_progress
+from .common import EXIT_FAIL, EXIT_OK, UsageError, load_graph, open_store, resolve_target, start_progress
 
 
 def _ms(seconds: float) -> str:
@@ -27,14 +27,13 @@ def cmd_tune(args) -> int:
 
     from ..measure import FarmError
     from ..model_tuning import ModelTuningError, model_tasks, tune_model
-    from .model import _load
     from .tune import _check_runs_here, _farm_runner
 
     if args.trials < 0:
         raise UsageError(f"--trials must be >= 0, got {args.trials}")
     target = resolve_target(args.target)
     _check_runs_here(args, target)
-    graph = _load(args)
+    graph = load_graph(args.model, args.input_shape)
     try:
         tasks = model_tasks(graph, target, args.key)
     except (GraphError, ModelTuningError) as e:
