@@ -1,0 +1,173 @@
+"""`tunefarm model profile MODEL.onnx`: where a compiled model's time goes, kernel by kernel.
+
+`model run` says how long the whole model takes; this says which layers take it. The model is
+compiled as `model run` compiles it (best records, else default schedules), each fused kernel
+timed where it stands in a run (compiler.graph.profile), and the table printed slowest first:
+the ONNX nodes each kernel covers, its time and share, its GFLOPS (convolutions, matrix products)
+or GB/s (everything else), and whether its schedule came from the records. `--compare` runs
+onnxruntime's own profiler on the same inputs and threads and puts its time for the same nodes
+beside each kernel (tuner.ort_profile), so the layer where tunefarm loses is found in one command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from .common import EXIT_FAIL, EXIT_OK, UsageError, build_graph_module, load_graph, random_inputs, resolve_target
+
+NODES_WIDTH = 34
+OPS_WIDTH = 26
+WORKLOAD_WIDTH = 28
+
+
+def cmd_profile(args) -> int:
+    from compiler.runtime import set_num_threads
+
+    from .. import ort_profile
+
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.top is not None and args.top < 1:
+        raise UsageError(f"--top must be at least 1, got {args.top}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0, got {args.threads}")
+    if args.compare:
+        try:
+            ort_profile.require_onnxruntime()   # before minutes of compiling and timing
+        except ort_profile.OnnxRuntimeError as e:
+            raise UsageError(f"--compare: {e}") from None
+    target = resolve_target(None)
+    graph = load_graph(args.model, args.input_shape)
+    if args.threads:
+        set_num_threads(args.threads)
+    module = build_graph_module(graph, target, args.db, args.no_records)
+    inputs = random_inputs(graph, np.random.default_rng(args.seed))
+    profile = module.profile(inputs, repeat=args.repeat)
+    matched = theirs = None
+    failed = None
+    if args.compare:
+        try:
+            theirs = ort_profile.profile_onnxruntime(args.model, inputs, threads=args.threads, runs=args.repeat)
+        except ort_profile.OnnxRuntimeError as e:
+            failed = str(e)
+        else:
+            producers = {o: n.name for n in graph.nodes for o in n.outputs}
+            matched = ort_profile.match_kernels(theirs, [k.nodes for k in profile.kernels], producers)
+    if args.json:
+        print(json.dumps(_as_json(module, profile, theirs, matched, args.top, failed), indent=1))
+    else:
+        _print_table(module, profile, theirs, matched, args.top)
+        if failed:
+            print(f"tunefarm model profile: {failed}", file=sys.stderr)
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def _sources(module) -> str:
+    tuned = sum(1 for src in module.sources.values() if src == "records")
+    return f"{len(module.sources)} unique workloads: {tuned} from records, {len(module.sources) - tuned} default schedules"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _rate(k) -> str:
+    if k.gflops is not None:
+        return f"{k.gflops:8.2f} GFLOPS"
+    return f"{k.gb_per_s:8.2f} GB/s  " if k.gb_per_s is not None else ""
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4f} ms"
+
+
+def _print_table(module, profile, theirs, matched, top) -> None:
+    shown = profile.ranked(top)
+    print(f"{profile.model}: {len(profile.kernels)} kernels ({_sources(module)}), {profile.threads} "
+          f"thread{'s' if profile.threads != 1 else ''}; medians of each kernel's calls in run order, slowest first")
+    head = (f"{'#':>3}  {'kernel':<{OPS_WIDTH}} {'workload':<{WORKLOAD_WIDTH}} {'nodes':<{NODES_WIDTH}} "
+            f"{'ms':>9} {'share':>6} {'throughput':>15}  {'source':<7}")
+    if matched is not None:
+        head += f" | {'onnxrt ms':>9}  onnxruntime nodes"
+    print(head)
+    for k in shown:
+        line = (f"{k.index:>3}  {_clip(k.ops, OPS_WIDTH):<{OPS_WIDTH}} {_clip(k.name, WORKLOAD_WIDTH):<{WORKLOAD_WIDTH}} "
+                f"{_clip(', '.join(k.nodes), NODES_WIDTH):<{NODES_WIDTH}} {k.seconds * 1e3:>9.4f}"
+                f"{'*' if k.disturbed else ' '}{k.share:>6.1%} {_rate(k):>15}  {k.source:<7}")
+        if matched is not None:
+            nodes = matched.per_kernel[k.index]
+            line += (f" | {matched.kernel_seconds(k.index) * 1e3:>9.4f}  " + ", ".join(n.name for n in nodes)
+                     if nodes else f" | {'-':>9}")
+        print(line)
+    rest = len(profile.kernels) - len(shown)
+    if rest:
+        hidden = sum(k.seconds for k in profile.kernels) - sum(k.seconds for k in shown)
+        print(f"     ... {rest} more kernels, {_ms(hidden)} ({hidden / profile.kernel_seconds:.1%})")
+    overhead = profile.overhead_seconds
+    print(f"tunefarm:    kernels {_ms(profile.kernel_seconds)} (sum), whole run {_ms(profile.run_seconds)} (median), "
+          f"outside kernels {_ms(overhead)}"
+          + (f" ({overhead / profile.run_seconds:.1%} of the run)" if profile.run_seconds > 0 else ""))
+    if profile.disturbed:
+        print("* the host was busy during this timing (other processes took CPU time from it): rerun on a quiet host")
+    if theirs is not None and matched is not None:
+        unmatched = sorted(matched.unmatched, key=lambda n: -n.seconds)
+        print(f"onnxruntime: nodes {_ms(theirs.node_seconds)} (sum, mean of {theirs.runs} profiled runs after warm-up; "
+              f"the profiled run {_ms(theirs.run_seconds)}), unmatched nodes {_ms(matched.unmatched_seconds)}"
+              + (": " + ", ".join(f"{n.name} ({n.op_type}) {_ms(n.seconds)}" for n in unmatched[:8]) if unmatched else "")
+              + (f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else ""))
+        if theirs.plain_run_seconds is not None:
+            line = f"onnxruntime: whole run {_ms(theirs.plain_run_seconds)} (median, not profiling)"
+            if profile.run_seconds > 0:
+                line += f"; onnxruntime / tunefarm {theirs.plain_run_seconds / profile.run_seconds:.2f}x"
+            print(line)
+
+
+def _as_json(module, profile, theirs, matched, top, failed) -> dict:
+    out = profile.to_dict()
+    out["sources"] = {"records": sum(1 for s in module.sources.values() if s == "records"),
+                      "default": sum(1 for s in module.sources.values() if s == "default")}
+    kernels = []
+    for k in profile.ranked(top):
+        d = k.to_dict()
+        if matched is not None:
+            d["onnxruntime"] = {"ms": matched.kernel_seconds(k.index) * 1e3,
+                                "nodes": [n.to_dict() for n in matched.per_kernel[k.index]]}
+        kernels.append(d)
+    out["kernels"] = kernels   # slowest first; `index` is the position in the run
+    if theirs is not None and matched is not None:
+        plain = theirs.plain_run_seconds
+        out["onnxruntime"] = {"run_ms": None if plain is None else plain * 1e3,
+                              "profiled_run_ms": theirs.run_seconds * 1e3, "nodes_ms": theirs.node_seconds * 1e3,
+                              "runs": theirs.runs, "unmatched_ms": matched.unmatched_seconds * 1e3,
+                              "unmatched": [n.to_dict() for n in matched.unmatched]}
+    if failed:
+        out["onnxruntime_error"] = failed
+    return out
+
+
+def register(msub, common) -> None:
+    q = msub.add_parser("profile", help="time each fused kernel of the model: the slow layers, slowest first",
+                        description="Compile the model (best records, else default schedules), time each fused "
+                                    "kernel where it stands in a run on random inputs, and print them slowest "
+                                    "first with the ONNX nodes they cover, their share, GFLOPS or GB/s and "
+                                    "the schedule's source. --compare puts onnxruntime's profile of the same "
+                                    "nodes beside them.")
+    common(q)
+    q.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
+                                              "sqlite:///~/.tunefarm/records.db)")
+    q.add_argument("--no-records", action="store_true", help="default schedules only")
+    q.add_argument("--threads", type=int, default=0, help="threads for both (default: all cores)")
+    q.add_argument("--top", type=int, default=None, metavar="K", help="the K slowest kernels only (default: all)")
+    q.add_argument("--repeat", type=int, default=10,
+                   help="clean timing samples per kernel at least; onnxruntime's profiled runs (default 10)")
+    q.add_argument("--compare", action="store_true",
+                   help="also profile onnxruntime (the `bench` extra) on the same inputs and threads")
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    q.set_defaults(func=cmd_profile)
+
+
+__all__ = ["register", "cmd_profile"]
