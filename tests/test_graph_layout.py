@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graph_models import assert_close, model, np_conv, np_pool, rand
+from graph_models import assert_close, model, np_bn, np_conv, np_pool, rand
 from onnx import helper
 
 from compiler import expr as E
@@ -208,3 +208,74 @@ def test_the_layout_operators_are_not_read_from_onnx():
               {"y": (None, "float32")})
     with pytest.raises(UnsupportedModelError, match="ToNCHWc"):
         from_onnx(m)
+
+
+def test_a_dense_block_concatenates_normalizes_and_pools_blocked():
+    """DenseNet's pattern: the block's input and each layer's output concatenated along channels,
+    a BatchNorm that cannot fold (after the Concat) and a ReLU, then a transition's average
+    pool (with and without the padding counted) and a global max pool. The whole region stays
+    blocked: one copy in, one out (before the Flatten)."""
+    C, G = 2 * B, B
+    bn = {k: rand(RNG, (C + G,)) for k in ("g", "beta", "mean")}
+    bn["var"] = RNG.uniform(0.5, 1.5, C + G).astype(np.float32)
+    p = {"w1": rand(RNG, (G, C, 3, 3)), "w2": rand(RNG, (C, C + G, 1, 1)), **bn}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["x", "c1"], ["cat"], axis=1),
+             helper.make_node("BatchNormalization", ["cat", "g", "beta", "mean", "var"], ["n"], epsilon=1e-3),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["c2"], kernel_shape=[1, 1]),
+             helper.make_node("AveragePool", ["c2"], ["a1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["c2"], ["a2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              count_include_pad=1),
+             helper.make_node("Concat", ["a1", "a2"], ["a"], axis=-3),
+             helper.make_node("GlobalMaxPool", ["a"], ["gm"]), helper.make_node("Flatten", ["gm"], ["y"])]
+    m = model(nodes, {"x": ((1, C, 9, 10), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ToNCHWc") == 1 and ops.count("FromNCHWc") == 1
+    assert ops.count("AveragePoolNCHWc") == 2 and "GlobalPoolNCHWc" in ops and ops.count("Concat") == 2
+    assert "AveragePool" not in ops and "GlobalMaxPool" not in ops
+    x = rand(RNG, (1, C, 9, 10))
+    (y,) = build_model(graph).run(x=x)
+    cat = np.concatenate([x, np_conv(x, p["w1"], pads=(1, 1, 1, 1))], axis=1)
+    r = np.maximum(np_bn(cat, p["g"], p["beta"], p["mean"], p["var"], 1e-3), 0)
+    c2 = np_conv(r, p["w2"])
+    a = np.concatenate([np_pool(c2, (3, 3), (2, 2), (1, 1, 1, 1), "avg"),
+                        np_pool(c2, (3, 3), (2, 2), (1, 1, 1, 1), "avg", count_include_pad=True)], axis=1)
+    assert_close(y, a.max(axis=(2, 3)))
+
+
+def test_a_squeeze_excite_block_and_a_pad_before_a_conv_stay_blocked():
+    """EfficientNet's squeeze-excite: a global average pool, two 1x1 convolutions on the pooled
+    map, a sigmoid gate multiplied into the activation (broadcast over rows and columns), then
+    a Pad node before a 3x3 convolution. Channels that do not fill their blocks (1.5 blocks)
+    keep the padding channels finite: the gate multiplies them, Div is left NCHW."""
+    C, S = B + B // 2, B
+    p = {"w0": rand(RNG, (C, 3, 3, 3)), "wr": rand(RNG, (S, C, 1, 1)), "br": rand(RNG, (S,)),
+         "we": rand(RNG, (C, S, 1, 1)), "be": rand(RNG, (C,)), "w3": rand(RNG, (C, C, 3, 3)),
+         "shift": rand(RNG, (C, 1, 1)), "pads": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64),
+         "two": np.array([2.0], np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["h"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["h"], ["hs"]), helper.make_node("Mul", ["h", "hs"], ["act"]),
+             helper.make_node("GlobalAveragePool", ["act"], ["sq"]),
+             helper.make_node("Conv", ["sq", "wr", "br"], ["z"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["z"], ["zr"]),
+             helper.make_node("Conv", ["zr", "we", "be"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["e"], ["gate"]), helper.make_node("Mul", ["act", "gate"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "shift"], ["shifted"]),
+             helper.make_node("Pad", ["shifted", "pads"], ["padded"]),
+             helper.make_node("Conv", ["padded", "w3"], ["c3"], kernel_shape=[3, 3]),
+             helper.make_node("Div", ["c3", "two"], ["y"])]
+    m = model(nodes, {"x": ((1, 3, 8, 9), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ConvNCHWc") == 4 and "GlobalPoolNCHWc" in ops and "Pad" in ops
+    assert ops.count("ToNCHWc") == 0 and ops.count("FromNCHWc") == 1 and ops.index("FromNCHWc") < ops.index("Div")
+    x = rand(RNG, (1, 3, 8, 9))
+    (y,) = build_model(graph).run(x=x)
+    h = np_conv(x, p["w0"], pads=(1, 1, 1, 1))
+    act = h / (1 + np.exp(-h))
+    z = np.maximum(np_conv(act.mean(axis=(2, 3), keepdims=True), p["wr"], p["br"]), 0)
+    gate = 1 / (1 + np.exp(-np_conv(z, p["we"], p["be"])))
+    shifted = np.pad(act * gate + p["shift"], ((0, 0), (0, 0), (1, 2), (2, 1)))
+    assert_close(y, np_conv(shifted, p["w3"]) / 2)

@@ -17,17 +17,27 @@ when at least MIN_CONVS of its convolutions can (a lone one would pay both borde
   whole blocks, its output blocked. Its data is the blocked value when there is one, else a
   ToNCHWc copy of it, except for data of fewer channels than a block (an RGB image), which it
   reads as NCHW;
-- a MaxPool of a blocked value stays blocked (MaxPoolNCHWc, its padding the lowest value);
-- elementwise nodes whose every input is blocked (of one shape) or a scalar constant (Relu,
-  Clip, a residual Add, ...) stay in the layout, so they fuse into the convolution's tile as
-  before;
-- any other reader of a blocked value gets it back as NCHW through a FromNCHWc (a global pool,
-  a Flatten, a graph output), made once per value.
+- every other node whose input is blocked stays blocked when a rule of its kind allows, so
+  the layout follows what the graph computes, not how an exporter spelled it:
+  - MaxPool and AveragePool (MaxPoolNCHWc, AveragePoolNCHWc: the padding the lowest value, or
+    zero with the count ONNX divides by), GlobalAveragePool and GlobalMaxPool (GlobalPoolNCHWc:
+    the pooled [N, C/B, 1, 1, B] stays blocked for a squeeze-excite's 1x1 convolutions and its
+    gate);
+  - Concat along the channels when every input's channels fill whole blocks (the concatenated
+    blocks are the blocks of the concatenation; DenseNet, Inception, ShuffleNet's halves);
+  - constant Pad of the rows and columns only;
+  - elementwise and broadcast nodes whose output has a blocked input's shape: the other inputs
+    are blocked values (an [N, C, 1, 1] gate included), scalars, or constants broadcast against
+    NCHW (a BatchNorm after a Concat left as a per-channel scale and shift), laid out blocked
+    once at compile time; an NCHW activation of the same shape is copied in (ToNCHWc);
+- any other reader of a blocked value gets it back as NCHW through a FromNCHWc (a Flatten, a
+  Softmax, a Reshape, a graph output), made once per value.
 
-Padding channels (24 channels in blocks of 16) start as zeros (zero weights, zero bias) and may
-become anything finite through the elementwise nodes kept in the layout (ELEMENTWISE_SAFE: no
-division, logarithm or root, which could make them infinite); every reader multiplies them by a
-zero weight or drops them.
+Padding channels (24 channels in blocks of 16) start as zeros (zero weights, zero bias, zero
+constants) and may become anything finite through the elementwise nodes kept in the layout
+(ELEMENTWISE_SAFE: no division, logarithm or root, which could make them infinite; where the
+channels fill whole blocks there is no padding and any elementwise node stays); every reader
+multiplies them by a zero weight, pools them among themselves, or drops them.
 """
 
 from __future__ import annotations
@@ -39,12 +49,15 @@ import numpy as np
 from ..ops.functions import pack_conv_weight_nchwc
 from ..target import resolve_target
 from .ir import Graph, Node, Value
+from .ops import OPS, Kind
 from .ops.layout import blocked_shape
 from .ops.nn import pool_geometry, window_geometry
 
 # elementwise operators that keep finite inputs finite: kept in the blocked layout
 ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
                     "HardSwish", "Neg", "Abs")
+# broadcast operators whose lowering reads the channel axis by position (not by numpy broadcasting)
+CHANNEL_AWARE = ("BatchNormalization", "PRelu")
 MIN_BLOCK = 4
 MIN_CONVS = 2   # a lone convolution would pay both border copies for nothing
 MAX_CHANNEL_PADDING = 1.5   # padded / real output channels of a convolution that goes blocked
@@ -88,20 +101,33 @@ class _Rewrite:
 
     def run(self) -> Graph:
         for n in self.source.nodes:
-            shape = self._blocked_inputs_shape(n) if n.op_type in ELEMENTWISE_SAFE else None
             if _convertible(self.source, n, self.block):
                 self._conv(n)
-            elif n.op_type == "MaxPool" and n.inputs[0] in self.blocked and len([o for o in n.outputs if o]) == 1:
-                self._max_pool(n)
-            elif shape is not None:
-                self._elementwise(n, shape)
-            else:
+            elif not self._blocked_rule(n):
                 node = replace(n, inputs=[self._plain(i) if i else i for i in n.inputs])
                 self.g.nodes.append(node)
                 self.plain.update(node.outputs)
         for v in self.g.outputs:
             self._plain(v)
         return self.g
+
+    def _blocked_rule(self, n: Node) -> bool:
+        """Rewrite `n` in the blocked layout when a rule of its op kind allows; False if none does
+        (the caller then keeps it NCHW, its blocked inputs converted back)."""
+        outs = [o for o in n.outputs if o]
+        if len(outs) != 1 or not any(i in self.blocked for i in n.inputs if i):
+            return False
+        if n.op_type in ("MaxPool", "AveragePool"):
+            return self._pool(n)
+        if n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+            return self._global_pool(n)
+        if n.op_type == "Concat":
+            return self._concat(n)
+        if n.op_type == "Pad":
+            return self._pad(n)
+        if OPS[n.op_type].kind <= Kind.BROADCAST and n.op_type not in CHANNEL_AWARE:
+            return self._elementwise(n)
+        return False
 
     # ------------------------------------------------------------------ values in either layout
 
@@ -160,34 +186,143 @@ class _Rewrite:
                                  {"strides": strides, "pads": pads, "dilations": dil, "depthwise": int(depthwise)}))
         self.blocked[out] = name
 
-    def _max_pool(self, n: Node):
-        kernel, strides, pads, (OH, OW) = pool_geometry(n, self.source.values[n.inputs[0]].shape)
-        x = self.g.values[self.blocked[n.inputs[0]]]
-        out = n.outputs[0]
-        name = self._value(f"{out}/nchw{self.block}c", (x.shape[0], x.shape[1], OH, OW, self.block), x.dtype)
-        self.g.nodes.append(Node("MaxPoolNCHWc", n.name, [x.name], [name],
-                                 {"kernel": kernel, "strides": strides, "pads": pads}))
-        self.blocked[out] = name
+    def _logical(self, v: str) -> tuple:
+        return self.source.values[v].shape
 
-    def _blocked_inputs_shape(self, n: Node) -> tuple | None:
-        """The blocked shape of n's inputs when every one is blocked (all of one shape) or a
-        one-element constant; else None."""
-        shapes = set()
+    def _pool(self, n: Node) -> bool:
+        x = self._logical(n.inputs[0])
+        if len(x) != 4:
+            return False
+        kernel, strides, pads, (OH, OW) = pool_geometry(n, x)
+        data = self.g.values[self.blocked[n.inputs[0]]]
+        attrs = {"kernel": kernel, "strides": strides, "pads": pads}
+        op = "MaxPoolNCHWc"
+        if n.op_type == "AveragePool":
+            if data.dtype not in ("float32", "float64"):
+                return False
+            op = "AveragePoolNCHWc"
+            attrs["count_include_pad"] = int(n.attrs.get("count_include_pad", 0))
+            attrs["in_hw"] = tuple(x[2:])
+        self._emit(n, op, [data.name], (data.shape[0], data.shape[1], OH, OW, self.block), data.dtype, attrs)
+        return True
+
+    def _global_pool(self, n: Node) -> bool:
+        data = self.g.values[self.blocked[n.inputs[0]]]
+        mode = "avg" if n.op_type == "GlobalAveragePool" else "max"
+        if mode == "avg" and data.dtype not in ("float32", "float64"):
+            return False
+        N, CB, _, _, B = data.shape
+        self._emit(n, "GlobalPoolNCHWc", [data.name], (N, CB, 1, 1, B), data.dtype, {"mode": mode})
+        return True
+
+    def _concat(self, n: Node) -> bool:
+        """Concat along channels of whole blocks: the blocked concat is the concat of the blocks."""
+        shapes = [self._logical(i) for i in n.inputs]
+        if any(len(s) != 4 for s in shapes) or int(n.attrs.get("axis", 0)) % 4 != 1:
+            return False
+        if any(s[1] % self.block for s in shapes):
+            return False
+        inputs = [self._blocked_of(i) for i in n.inputs]
+        out = self._logical(n.outputs[0])
+        self._emit(n, "Concat", inputs, blocked_shape(out, self.block), self.source.values[n.outputs[0]].dtype,
+                   {"axis": 1})
+        return True
+
+    def _pad(self, n: Node) -> bool:
+        """Constant padding of the spatial axes only (the channel padding stays what it was)."""
+        x = self._logical(n.inputs[0])
+        if len(x) != 4 or n.attrs.get("mode", "constant") != "constant" or (self.g.opset >= 18 and len(n.inputs) > 3
+                                                                              and n.inputs[3]):
+            return False
+        if self.g.opset < 11:
+            pads, value = list(n.attrs.get("pads") or ()), float(n.attrs.get("value", 0.0))
+        else:
+            pv = self.g.values[n.inputs[1]].const
+            cv = self.g.values[n.inputs[2]].const if len(n.inputs) > 2 and n.inputs[2] else None
+            if pv is None or (len(n.inputs) > 2 and n.inputs[2] and cv is None):
+                return False
+            pads, value = [int(p) for p in pv], (0.0 if cv is None else float(cv.reshape(-1)[0]))
+        if len(pads) != 8 or any(pads[i] for i in (0, 1, 4, 5)) or any(p < 0 for p in pads):
+            return False
+        if value != 0.0 and self._logical(n.inputs[0])[1] % self.block:
+            return False   # the padding channels would take a non-zero value
+        data = self.g.values[self.blocked[n.inputs[0]]]
+        blocked_pads = [0, 0, pads[2], pads[3], 0, 0, 0, pads[6], pads[7], 0]
+        shape = (data.shape[0], data.shape[1], data.shape[2] + pads[2] + pads[6], data.shape[3] + pads[3] + pads[7],
+                 self.block)
+        if self.g.opset < 11:   # the pads and the value are attributes
+            self._emit(n, "Pad", [data.name], shape, data.dtype, {"mode": "constant", "pads": blocked_pads, "value": value})
+            return True
+        pname = self._value(f"{n.name}/pads_nchw{self.block}c", (10,), "int64", np.array(blocked_pads, np.int64))
+        vname = self._value(f"{n.name}/value_nchw{self.block}c", (1,), data.dtype, np.array([value], data.dtype))
+        self._emit(n, "Pad", [data.name, pname, vname], shape, data.dtype, {"mode": "constant"})
+        return True
+
+    def _elementwise(self, n: Node) -> bool:
+        """An elementwise or broadcast node whose output is a blocked 4-d value's shape: every
+        input is then blocked (a ToNCHWc copy for an NCHW activation of the output's channels),
+        a constant laid out blocked once, at compile time, or a scalar. Operators that could make
+        a padding channel infinite stay NCHW where the channels do not fill whole blocks."""
+        out = self._logical(n.outputs[0])
+        if len(out) != 4 or (out[1] % self.block and n.op_type not in ELEMENTWISE_SAFE):
+            return False
+        if not any(i in self.blocked and self._logical(i) == out for i in n.inputs if i):
+            return False
+        inputs = []
         for i in n.inputs:
             if not i:
+                inputs.append(i)
                 continue
-            if i in self.blocked:
-                shapes.add(self.g.values[self.blocked[i]].shape)
-            elif not (self.g.values[i].const is not None and self.g.values[i].size == 1):
-                return None
-        return shapes.pop() if len(shapes) == 1 and len(n.outputs) == 1 else None
+            made = self._blocked_operand(i, out)
+            if made is None:
+                return False
+            inputs.append(made)
+        self._emit(n, n.op_type, inputs, blocked_shape(out, self.block), self.source.values[n.outputs[0]].dtype, n.attrs)
+        return True
 
-    def _elementwise(self, n: Node, shape: tuple):
-        inputs = [self.blocked.get(i, i) if i else i for i in n.inputs]
+    def _blocked_operand(self, v: str, out: tuple) -> str | None:
+        """Value v as an operand of a blocked elementwise node of logical shape `out`: its blocked
+        form, a blocked constant, itself when one element; None when it cannot be (an NCHW
+        activation broadcast along the channels)."""
+        if v in self.blocked:
+            shape = self._logical(v)
+            return self.blocked[v] if len(shape) == 4 and shape[1] == out[1] else None
+        val = self.g.values[v]
+        if val.const is not None and val.size == 1:
+            return v
+        shape = (1,) * (4 - len(val.shape)) + tuple(val.shape)
+        if len(shape) != 4 or any(s not in (1, o) for s, o in zip(shape, out)):
+            return None
+        if val.const is not None:
+            name = f"{v}/nchw{self.block}c"
+            if name not in self.g.values:
+                self._value(name, *_blocked_constant(val.const.reshape(shape), self.block))
+            return name
+        if shape[1] != out[1]:
+            return None
+        if len(val.shape) != 4:
+            return None
+        return self._blocked_of(v)
+
+    def _emit(self, n: Node, op_type: str, inputs: list, shape: tuple, dtype: str, attrs: dict):
         out = n.outputs[0]
-        name = self._value(f"{out}/nchw{self.block}c", shape, self.source.values[out].dtype)
-        self.g.nodes.append(replace(n, inputs=inputs, outputs=[name]))
+        name = self._value(f"{out}/nchw{self.block}c", shape, dtype)
+        self.g.nodes.append(Node(op_type, n.name, inputs, [name], dict(attrs)))
         self.blocked[out] = name
+
+
+def _blocked_constant(a: np.ndarray, block: int) -> tuple:
+    """A constant broadcast against [N, C, H, W] as one against [N, C/B, H, W, B]: ((shape),
+    dtype, array); channels padded with zeros to whole blocks, a channel dimension of 1 kept
+    as 1 in both blocked axes."""
+    n, c, h, w = a.shape
+    if c == 1:
+        return (n, 1, h, w, 1), str(a.dtype), np.ascontiguousarray(a.reshape(n, 1, h, w, 1))
+    cb = -(-c // block)
+    padded = np.zeros((n, cb * block, h, w), a.dtype)
+    padded[:, :c] = a
+    blocked = np.ascontiguousarray(padded.reshape(n, cb, block, h, w).transpose(0, 1, 3, 4, 2))
+    return blocked.shape, str(a.dtype), blocked
 
 
 __all__ = ["propagate_blocked_layout", "ELEMENTWISE_SAFE"]

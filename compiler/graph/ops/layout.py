@@ -9,7 +9,11 @@ reader sees (zero weights read them; FromNCHWc drops them).
   [F/B, B]; attributes `strides`, `pads`
   (top, left, bottom, right), `dilations`, `depthwise` (0/1). An anchor, like Conv.
 - MaxPoolNCHWc: MaxPool of blocked data (`kernel`, `strides`, `pads` as the MaxPool's
-  geometry resolved them, ceil mode included), the padding the dtype's lowest value.
+  geometry resolved them, ceil mode included), the padding the dtype's lowest value;
+  AveragePoolNCHWc the same for AveragePool (`count_include_pad`, and `in_hw`, the input's rows
+  and columns, to count the valid taps);
+- GlobalPoolNCHWc: GlobalAveragePool or GlobalMaxPool (`mode` avg or max) of blocked data, its
+  output blocked [N, C/B, 1, 1, B].
 - ToNCHWc (`block`) and FromNCHWc (`channels`): the copies at the layout's borders.
 """
 
@@ -20,10 +24,11 @@ from ...ops import functions as fn
 from ...ops.base import conv_out_size, lowest
 from ...tensor import compute, reduce_axis
 from ...tensor import max as te_max
+from ...tensor import sum as te_sum
 from ..errors import ShapeError
 from .base import Kind, Lazy, materialize, register
 
-INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "ToNCHWc", "FromNCHWc")
+INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "AveragePoolNCHWc", "GlobalPoolNCHWc", "ToNCHWc", "FromNCHWc")
 
 
 def blocked_shape(shape: tuple, block: int) -> tuple:
@@ -72,6 +77,52 @@ def _pool_lower(node, xs, ins, opset):
                                                                axis=[ry, rx]), name="max_pool_nchwc", tag="max_pool2d_nchwc"))
 
 
+def _valid_taps(o, stride: int, before: int, k: int, size: int):
+    """Input positions a window at output index `o` covers inside [0, size) along one axis."""
+    start = o * stride - before
+    return E.minimum(start + k, size) - E.maximum(start, 0)
+
+
+def _avg_pool_lower(node, xs, ins, opset):
+    """The window mean of blocked data, one reduction stage: the taps over zero padding summed,
+    each scaled by 1/count (the whole window with count_include_pad, else its valid taps, as
+    ONNX says; ceil mode's overhang never counts)."""
+    x = materialize(xs[0], "data")
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"]
+    H, W = node.attrs["in_hw"]
+    padded = fn.pad_tensor(x, (0, 0, pt, pl, 0), (0, 0, pb, pr, 0)) if any((pt, pl, pb, pr)) else x
+    ry, rx = reduce_axis(kh, "ry"), reduce_axis(kw, "rx")
+    shape = _pool_infer(node, ins, opset)[0][0]
+    whole = node.attrs["count_include_pad"] or not any((pt, pl, pb, pr))
+
+    def body(n, c, y, w, b):
+        tap = padded[n, c, y * sh + ry.var, w * sw + rx.var, b]
+        if whole:
+            return tap * (1.0 / (kh * kw))
+        count = _valid_taps(y, sh, pt, kh, H) * _valid_taps(w, sw, pl, kw, W)
+        return tap / count.astype(x.dtype)
+    return Lazy.of(compute(shape, lambda *i: te_sum(body(*i), axis=[ry, rx]), name="avg_pool_nchwc",
+                           tag="avg_pool2d_nchwc"))
+
+
+def _global_infer(node, ins, opset):
+    N, CB, _, _, B = ins[0].shape
+    return [((N, CB, 1, 1, B), ins[0].dtype)]
+
+
+def _global_lower(node, xs, ins, opset):
+    """The mean or maximum over a blocked value's rows and columns, per channel lane."""
+    x = materialize(xs[0], "data")
+    N, CB, H, W, B = x.shape
+    ry, rx = reduce_axis(H, "ry"), reduce_axis(W, "rx")
+    if node.attrs["mode"] == "max":
+        body = lambda n, c, y, w, b: te_max(x[n, c, ry.var, rx.var, b], axis=[ry, rx])   # noqa: E731
+    else:
+        body = lambda n, c, y, w, b: te_sum(x[n, c, ry.var, rx.var, b] * (1.0 / (H * W)), axis=[ry, rx])   # noqa: E731
+    return Lazy.of(compute((N, CB, 1, 1, B), body, name=f"global_{node.attrs['mode']}_pool_nchwc",
+                           tag="global_pool_nchwc"))
+
+
 def _to_infer(node, ins, opset):
     if len(ins[0].shape) != 4:
         raise ShapeError(f"ToNCHWc node {node.name!r}: 4-d data only, got {ins[0].shape}")
@@ -108,6 +159,8 @@ def _from_lower(node, xs, ins, opset):
 
 register("ConvNCHWc", Kind.OUT_ELEMWISE_FUSABLE, _conv_infer, _conv_lower)
 register("MaxPoolNCHWc", Kind.OPAQUE, _pool_infer, _pool_lower)
+register("AveragePoolNCHWc", Kind.OPAQUE, _pool_infer, _avg_pool_lower)
+register("GlobalPoolNCHWc", Kind.COMM_REDUCE, _global_infer, _global_lower)
 register("ToNCHWc", Kind.INJECTIVE, _to_infer, _to_lower)
 register("FromNCHWc", Kind.INJECTIVE, _from_infer, _from_lower)
 
