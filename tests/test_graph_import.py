@@ -196,3 +196,28 @@ def test_unsupported_dtypes_are_refused():
                           [helper.make_tensor_value_info("y", 10, [2])])
     with pytest.raises(GraphError, match="data type 10"):
         from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "SAME_UPPER"])
+def test_a_zero_pad_read_only_by_convolutions_becomes_their_padding(auto_pad):
+    """A Pad node before two convolutions (one with padding of its own, or auto_pad) goes; a
+    Pad with a non-zero value, or one also read by something else, stays."""
+    x, w1, w2 = rand(RNG, (1, 3, 7, 8)), rand(RNG, (4, 3, 3, 3)), rand(RNG, (2, 3, 1, 1))
+    pads = np.array([0, 0, 1, 2, 0, 0, 2, 0], np.int64)
+    conv1 = dict(kernel_shape=[3, 3], strides=[2, 1], **({"pads": [1, 0, 0, 1]} if auto_pad == "NOTSET" else
+                                                          {"auto_pad": auto_pad}))
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w1"], ["a"], **conv1),
+             helper.make_node("Conv", ["p", "w2"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Pad", ["x", "pads", "one"], ["q"]),
+             helper.make_node("Conv", ["q", "w2"], ["c"], kernel_shape=[1, 1])]
+    m = model(nodes, {"x": (x.shape, "float32")}, {k: (None, "float32") for k in "abc"},
+              dict(w1=w1, w2=w2, pads=pads, one=np.array(1.0, np.float32)))
+    graph = from_onnx(m)
+    assert [n.op_type for n in graph.nodes].count("Pad") == 1
+    a, b, c = run(m, {"x": x})
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 2), (2, 0)))
+    own = (1, 0, 0, 1) if auto_pad == "NOTSET" else (0, 1, 1, 1)    # SAME_UPPER of 10x10, 3x3, strides (2, 1)
+    assert_close(a, np_conv(xp, w1, stride=(2, 1), pads=own))
+    assert_close(b, np_conv(xp, w2))
+    assert_close(c, np_conv(np.pad(x, ((0, 0), (0, 0), (1, 2), (2, 0)), constant_values=1.0), w2))

@@ -5,6 +5,8 @@ Each pass is a small function of the graph (changed in place and returned):
   Shape and Size of any value (shapes are static), so the Shape → Gather → Unsqueeze → Concat →
   Reshape chains exported transformers carry disappear and the Reshape sees a constant shape.
 - split_to_slices: a Split becomes one Slice per output (fusion takes one-output nodes).
+- fold_pad_into_conv: a zero Pad of the rows and columns that only convolutions read becomes
+  part of their padding (TensorFlow exports, and torch's ZeroPad2d, write it as its own node).
 - fold_batch_norm: a BatchNormalization reading a convolution's only output with constant
   weights becomes part of that convolution (weights scaled per output channel, shift added to
   the bias); any other one becomes x · scale + shift, two broadcast nodes that fuse like any
@@ -35,6 +37,7 @@ STATIC_FOLD = ("Shape", "Size")
 def simplify(graph: Graph) -> Graph:
     fold_constants(graph)
     split_to_slices(graph)
+    fold_pad_into_conv(graph)
     fold_batch_norm(graph)
     transpose_gemm_weights(graph)
     eliminate_dead_nodes(graph)
@@ -215,6 +218,58 @@ def _fold(graph: Graph, n: Node):
     return spec.fold(n, [None if v is None else v.const for v in ins], graph.opset)
 
 
+def fold_pad_into_conv(graph: Graph) -> Graph:
+    """A constant Pad with value 0 of the rows and columns of 4-d data, read only by Conv nodes
+    (not a graph output): each Conv reads the Pad's input with the Pad's amounts added to its
+    own padding (auto_pad resolved first), and the Pad goes. Anything else (a non-zero or
+    computed value, channel or batch padding, another reader) keeps the Pad."""
+    from .ops.nn import window_geometry
+    users = graph.consumers()
+    for n in graph.nodes:
+        amounts = _spatial_zero_pads(graph, n)
+        if amounts is None or n.outputs[0] in graph.outputs:
+            continue
+        readers = users.get(n.outputs[0], [])
+        if not readers or any(r.op_type != "Conv" or r.inputs[0] != n.outputs[0] or n.outputs[0] in r.inputs[1:]
+                              for r in readers):
+            continue
+        padded = graph.values[n.outputs[0]].shape
+        for conv in readers:
+            w = graph.values[conv.inputs[1]]
+            if len(w.shape) != 4:
+                break
+            dil = tuple(conv.attrs.get("dilations") or (1, 1))
+            _, pads, _ = window_geometry(conv, padded[2:], w.shape[2:], dil)
+            conv.attrs = {**{k: v for k, v in conv.attrs.items() if k != "auto_pad"},
+                          "pads": [p + a for p, a in zip(pads, amounts)]}
+            conv.inputs = [n.inputs[0], *conv.inputs[1:]]
+    return eliminate_dead_nodes(graph)
+
+
+def _spatial_zero_pads(graph: Graph, n: Node) -> tuple | None:
+    """(top, left, bottom, right) of a Pad node that pads only the rows and columns of 4-d data
+    with zeros; None for anything else."""
+    if n.op_type != "Pad" or n.attrs.get("mode", "constant") != "constant" or len(graph.values[n.inputs[0]].shape) != 4:
+        return None
+    if graph.opset < 11:
+        pads, value = n.attrs.get("pads"), float(n.attrs.get("value", 0.0))
+    else:
+        if len(n.inputs) < 2 or not n.inputs[1] or graph.values[n.inputs[1]].const is None:
+            return None
+        if len(n.inputs) > 3 and n.inputs[3]:
+            return None   # an axes input
+        pads = [int(p) for p in graph.values[n.inputs[1]].const.reshape(-1)]
+        value = 0.0
+        if len(n.inputs) > 2 and n.inputs[2]:
+            c = graph.values[n.inputs[2]].const
+            if c is None:
+                return None
+            value = float(c.reshape(-1)[0])
+    if pads is None or len(pads) != 8 or value != 0.0 or any(pads[i] for i in (0, 1, 4, 5)) or min(pads) < 0:
+        return None
+    return (int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7]))
+
+
 def fold_batch_norm(graph: Graph) -> Graph:
     producer, users = graph.producer(), graph.consumers()
     kept, counter = [], 0
@@ -280,6 +335,6 @@ def eliminate_dead_nodes(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["simplify", "fold_constants", "fold_node", "transpose_gemm_weights",
+__all__ = ["simplify", "fold_constants", "fold_pad_into_conv", "fold_node", "transpose_gemm_weights",
            "prepack_conv_weights", "prepack_matmul_weights", "pack_matmul_weight", "fold_batch_norm",
            "eliminate_dead_nodes"]
