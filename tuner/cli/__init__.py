@@ -9,10 +9,11 @@
     tunefarm serve / worker / db upgrade / token   the tuning service (REST API, job workers)
     tunefarm submit / jobs [show|watch|cancel ID]  jobs on a tunefarm server, over REST
     tunefarm model tasks|tune|run MODEL.onnx       a whole ONNX model: its fused workloads, tune them, compile and run it
+    tunefarm model profile MODEL.onnx [--compare]  each fused kernel's time, slowest first (beside onnxruntime's)
     tunefarm model conformance                     ONNX's backend node tests, pass counts per supported op type
 
 One module per family of subcommands (ops.py, tune.py, farm.py, service.py, remote.py, model.py,
-model_tune.py, model_conformance.py), the helpers they share in
+model_tune.py, model_profile.py, model_export.py, model_conformance.py), the helpers they share in
 common.py. User errors (an unknown operator, a bad parameter or target) print one line and exit
 with status 2, never a traceback.
 """

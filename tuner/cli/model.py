@@ -1,13 +1,14 @@
-"""`tunefarm model tasks|tune|run|export MODEL.onnx` and `tunefarm model conformance`: whole models.
+"""`tunefarm model tasks|tune|run|profile|export MODEL.onnx` and `tunefarm model conformance`: whole models.
 
 `tasks` lists what tuning a model means: its unique fused workloads (name, shapes, flops, and the
 weight a task scheduler gives each: how many times the model runs it). `run` compiles the model
 with the best records of this target (the default schedules where there are none), runs it on
 random inputs and, when onnxruntime is installed, compares the outputs and the latency with it in
 the same process, the two timed interleaved on the same threads. `tune` (model_tune.py) tunes
-the tasks under one budget and stores the records `run` uses; `export` (model_export.py) writes
-the compiled model as a shared library with a C API; `conformance`
-(model_conformance.py) runs ONNX's backend node tests per supported op type.
+the tasks under one budget and stores the records `run` uses; `profile` (model_profile.py) times
+each fused kernel of a run, beside onnxruntime's profile of the same nodes with --compare;
+`export` (model_export.py) writes the compiled model as a shared library with a C API;
+`conformance` (model_conformance.py) runs ONNX's backend node tests per supported op type.
 """
 
 from __future__ import annotations
