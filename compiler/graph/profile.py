@@ -18,7 +18,7 @@ fused kernel on its own, with the data it really gets. `profile_model(module, in
 
 Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
 anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
-compiler's OpDefs use; the blocked layout's zero-padded channels count, since the kernel computes
+compiler's OpDefs use; zero-padded channels, where a layout has them, count: the kernel computes
 them), not estimated epilogue arithmetic; a kernel without an anchor gets GB/s of
 the bytes of its arguments (each input read once, the output written once: a lower bound on its
 memory traffic, never more than it moves).
