@@ -248,7 +248,7 @@ def test_a_dense_block_concatenates_normalizes_and_pools_blocked():
 def test_a_squeeze_excite_block_and_a_pad_before_a_conv_stay_blocked():
     """EfficientNet's squeeze-excite: a global average pool, two 1x1 convolutions on the pooled
     map, a sigmoid gate multiplied into the activation (broadcast over rows and columns), then
-    a Pad node before a 3x3 convolution. Channels that do not fill their blocks (1.5 blocks)
+    a Pad node before an average pool. Channels that do not fill their blocks (1.5 blocks)
     keep the padding channels finite: the gate multiplies them, Div is left NCHW."""
     C, S = B + B // 2, B
     p = {"w0": rand(RNG, (C, 3, 3, 3)), "wr": rand(RNG, (S, C, 1, 1)), "br": rand(RNG, (S,)),
@@ -264,12 +264,13 @@ def test_a_squeeze_excite_block_and_a_pad_before_a_conv_stay_blocked():
              helper.make_node("Sigmoid", ["e"], ["gate"]), helper.make_node("Mul", ["act", "gate"], ["scaled"]),
              helper.make_node("Add", ["scaled", "shift"], ["shifted"]),
              helper.make_node("Pad", ["shifted", "pads"], ["padded"]),
-             helper.make_node("Conv", ["padded", "w3"], ["c3"], kernel_shape=[3, 3]),
+             helper.make_node("AveragePool", ["padded"], ["pooled"], kernel_shape=[2, 2], strides=[1, 1]),
+             helper.make_node("Conv", ["pooled", "w3"], ["c3"], kernel_shape=[3, 3]),
              helper.make_node("Div", ["c3", "two"], ["y"])]
     m = model(nodes, {"x": ((1, 3, 8, 9), "float32")}, {"y": (None, "float32")}, p)
     graph = from_onnx(m)
     ops = [n.op_type for n in for_target(graph, TARGET).nodes]
-    assert ops.count("ConvNCHWc") == 4 and "GlobalPoolNCHWc" in ops and "Pad" in ops
+    assert ops.count("ConvNCHWc") == 4 and "GlobalPoolNCHWc" in ops and "Pad" in ops and "AveragePoolNCHWc" in ops
     assert ops.count("ToNCHWc") == 0 and ops.count("FromNCHWc") == 1 and ops.index("FromNCHWc") < ops.index("Div")
     x = rand(RNG, (1, 3, 8, 9))
     (y,) = build_model(graph).run(x=x)
@@ -278,4 +279,30 @@ def test_a_squeeze_excite_block_and_a_pad_before_a_conv_stay_blocked():
     z = np.maximum(np_conv(act.mean(axis=(2, 3), keepdims=True), p["wr"], p["br"]), 0)
     gate = 1 / (1 + np.exp(-np_conv(z, p["we"], p["be"])))
     shifted = np.pad(act * gate + p["shift"], ((0, 0), (0, 0), (1, 2), (2, 1)))
-    assert_close(y, np_conv(shifted, p["w3"]) / 2)
+    assert_close(y, np_conv(np_pool(shifted, (2, 2), (1, 1), (0, 0, 0, 0), "avg"), p["w3"]) / 2)
+
+
+@pytest.mark.parametrize("groups, cpg_blocks, fpg_blocks, k, stride", [(2, 1, 2, 3, (1, 1)), (3, 2, 1, 1, (2, 2)),
+                                                                       (4, 1, 1, 3, (2, 1))])
+def test_grouped_convolutions_of_whole_blocks_run_blocked_and_match_numpy(groups, cpg_blocks, fpg_blocks, k, stride):
+    """AlexNet's two groups, ResNeXt-like groups: every group's channels whole blocks, so the
+    convolution stays blocked (each output block reads its own group's input blocks), between
+    two dense layers, with a bias and a residual-free ReLU."""
+    C, F = groups * cpg_blocks * B, groups * fpg_blocks * B
+    p = {"w0": rand(RNG, (C, 3, 3, 3)), "wg": rand(RNG, (F, C // groups, k, k)), "bg": rand(RNG, (F,)),
+         "w2": rand(RNG, (B, F, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "wg", "bg"], ["g"], kernel_shape=[k, k], strides=list(stride),
+                              pads=[k // 2] * 4, group=groups),
+             helper.make_node("Relu", ["g"], ["gr"]),
+             helper.make_node("Conv", ["gr", "w2"], ["y"], kernel_shape=[1, 1])]
+    m = model(nodes, {"x": ((1, 3, 9, 11), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ConvNCHWc") == 3 and "Conv" not in ops and ops.count("FromNCHWc") == 1
+    x = rand(RNG, (1, 3, 9, 11))
+    (y,) = build_model(graph).run(x=x)
+    ar = np.maximum(np_conv(x, p["w0"], pads=(1, 1, 1, 1)), 0)
+    gr = np.maximum(np_conv(ar, p["wg"], p["bg"], stride, (k // 2,) * 4, groups=groups), 0)
+    assert_close(y, np_conv(gr, p["w2"]))

@@ -11,8 +11,9 @@ Emerald Rapids, 2 threads; ResNet's stride-2 layers need no de-interleaving copy
 max pool runs on whole vectors of channels: 0.15 ms against 0.4-0.5). A graph takes the layout
 when at least MIN_CONVS of its convolutions can (a lone one would pay both border copies).
 
-- every convolution with constant weights that is dense (one group) or depthwise (a group per
-  channel), whose output channels fill their blocks to at least 1/MAX_CHANNEL_PADDING, becomes
+- every convolution with constant weights that is dense (one group), depthwise (a group per
+  channel) or grouped in whole blocks (each group's input and output channels a whole number
+  of blocks), whose output channels fill their blocks to at least 1/MAX_CHANNEL_PADDING, becomes
   a ConvNCHWc: weights packed [F/B, C, KH, KW, B] and the bias [F/B, B], both zero-padded to
   whole blocks, its output blocked. Its data is the blocked value when there is one, else a
   ToNCHWc copy of it, except for data of fewer channels than a block (an RGB image), which it
@@ -88,7 +89,14 @@ def _convertible(graph: Graph, n: Node, block: int) -> bool:
     C, F = x.shape[1], w.shape[0]
     if -(-F // block) * block > MAX_CHANNEL_PADDING * F:
         return False
-    return groups == 1 or (groups == C == F and w.shape[1] == 1)
+    return groups == 1 or (groups == C == F and w.shape[1] == 1) or _whole_block_groups(C, F, groups, block)
+
+
+def _whole_block_groups(C: int, F: int, groups: int, block: int) -> bool:
+    """A grouped convolution whose every group reads and writes whole channel blocks (AlexNet's
+    two groups of 48 channels, ResNeXt's wide groups): blocked, each output block reads its
+    group's input blocks."""
+    return groups > 1 and C % groups == 0 and F % groups == 0 and (C // groups) % block == 0 and (F // groups) % block == 0
 
 
 class _Rewrite:
@@ -160,11 +168,12 @@ class _Rewrite:
         x, w = self.source.values[n.inputs[0]], self.source.values[n.inputs[1]]
         N, C, H, W = x.shape
         F, _, KH, KW = w.shape
-        depthwise = int(n.attrs.get("group", 1)) != 1
-        blocked_data = n.inputs[0] in self.blocked or C >= B or depthwise
+        groups = int(n.attrs.get("group", 1))
+        depthwise = groups != 1 and not _whole_block_groups(C, F, groups, B)
+        blocked_data = n.inputs[0] in self.blocked or C >= B or groups != 1
         if blocked_data:
             data = self._blocked_of(n.inputs[0])
-            cin = -(-C // B) * B
+            cin = -(-C // B) * B if groups == 1 else w.shape[1]
         else:   # fewer channels than a block (an RGB image): read as NCHW
             data = self._plain(n.inputs[0])
             cin = C

@@ -166,8 +166,10 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
     channels make no block). A register tile's channel vector then loads and stores whole lines,
     and the input of the next convolution needs no copy into blocks: what the channel-vector NCHW
     schedules spend per layer on transposing copies. `depthwise`: one filter per channel (F = C,
-    FB = CB). A model's channels are padded to whole blocks with zero weights
-    (compiler.graph.layout).
+    FB = CB). Blocked data may be read in groups (weights of C/groups input channels, each
+    group's input and output channels whole blocks, as onnxruntime's NCHWc takes them): output
+    block fo reads the input blocks of its group. A model's channels are padded to whole blocks
+    with zero weights (compiler.graph.layout).
 
     The weights are blocked as the reduction walks them (pack_conv_weight_nchwc): for blocked
     data [F/FB, C/CB, KH, KW, CB, FB] (oneDNN's OIhw8i8o), so that consecutive steps of the
@@ -196,8 +198,15 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
         if not blocked or CB != FB or data.shape[1] != FO or cpg != 1:
             raise ExprError(f"{op}: a depthwise convolution takes [N, C/B, H, W, B] data and [C/B, 1, KH, KW, B] "
                             f"weights, got {data.shape} and {weight.shape}")
+        groups = FO
+    elif blocked and cpg != C:   # grouped: each group's input and output channels are whole blocks
+        if cpg <= 0 or C % cpg or (C // cpg) < 2 or FO % (C // cpg):
+            raise ExprError(f"{op}: weights read {cpg} input channels of {C}, which is neither all of them nor "
+                            f"whole groups of them, with the {FO} output blocks split evenly among the groups")
+        groups = C // cpg
     else:
         _channel_check(op, "weight.shape[1] (input channels)", cpg, C)
+        groups = 1
     stride, pads, dil, OH, OW = conv_geometry(op, H, W, KH, KW, stride, padding, dilation)
     before, after = (0, 0, pads[0], pads[1]), (0, 0, pads[2], pads[3])
     padded = (pad_tensor(data, before + (0,) * blocked, after + (0,) * blocked) if any(pads) else data)
@@ -211,10 +220,12 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             v = padded[(n, fo, *at(y, x), fi)]
             return te_sum(_mul(v, weight[fo, 0, ry, rx, fi], out_dtype), axis=[ry, rx])
     elif blocked:
-        rco, rci = reduce_axis(C // CB, "rco"), reduce_axis(CB, "rci")
+        rco, rci = reduce_axis(cpg // CB, "rco"), reduce_axis(CB, "rci")
+        out_blocks, in_blocks = FO // groups, cpg // CB   # per group
 
         def body(n, fo, y, x, fi):
-            v = padded[(n, rco.var, *at(y, x), rci.var)]
+            block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
+            v = padded[(n, block, *at(y, x), rci.var)]
             return te_sum(_mul(v, weight[fo, rco.var, ry, rx, rci.var, fi], out_dtype), axis=[rco, ry, rx, rci])
     else:
         rc = reduce_axis(C, "rc")
@@ -224,7 +235,7 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             return te_sum(_mul(v, weight[fo, rc.var, ry, rx, fi], out_dtype), axis=[rc, ry, rx])
 
     attrs = dict(layout="NCHWc", stride=stride, padding=pads, dilation=dil, depthwise=bool(depthwise),
-                 block=FB, data_block=CB if blocked else 0)
+                 block=FB, data_block=CB if blocked else 0, groups=groups)
     return compute((N, FO, OH, OW, FB), body, name=name, tag=op, attrs=attrs)
 
 

@@ -153,6 +153,8 @@ def anchor_view(opdef) -> OpDef | None:
             params = dict(KH=KH, KW=KW, stride=tuple(attrs["stride"]), padding=tuple(attrs["padding"]),
                           dilation=tuple(attrs["dilation"]), depthwise=bool(attrs["depthwise"]),
                           block=int(attrs["block"]), data_block=int(attrs["data_block"]))
+            if int(attrs.get("groups", 1)) > 1 and not attrs["depthwise"]:
+                params["groups"] = int(attrs["groups"])
             flops = 2 * N * FO * OH * OW * FB * cpg * KH * KW
             return OpDef("conv2d_nchwc", [data, weight], anchor_t, params, flops, _no_reference)
         N, F, OH, OW = anchor.shape
