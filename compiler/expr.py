@@ -17,7 +17,7 @@ INDEX_DTYPE = "int64"
 BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL_OPS = ("and", "or")
-MATH_FUNCS = ("exp", "log", "sqrt", "tanh", "sigmoid", "erf", "abs", "floor", "ceil")
+MATH_FUNCS = ("exp", "log", "sqrt", "tanh", "sigmoid", "erf", "abs", "floor", "ceil", "sin", "cos", "round")
 
 
 class Expr:
@@ -306,6 +306,9 @@ def erf(x): return _math("erf", x)
 def floor(x): return _math("floor", x)
 def ceil(x): return _math("ceil", x)
 def abs(x): return _math("abs", x, int_ok=True)  # noqa: A001 - mirrors numpy's name
+def sin(x): return _math("sin", x)
+def cos(x): return _math("cos", x)
+def round(x): return _math("round", x)  # noqa: A001 - half to even, as numpy's round and ONNX's Round
 
 
 def power(x, y) -> Expr:

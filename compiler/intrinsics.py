@@ -107,7 +107,8 @@ def erf_f32(em, x):
 
 
 _FAST_F32 = {"exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32, "erf": erf_f32}
-_LLVM_INTRINSIC = {"sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "exp": "exp", "log": "log"}
+_LLVM_INTRINSIC = {"sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "exp": "exp", "log": "log",
+                   "sin": "sin", "cos": "cos", "round": "roundeven"}
 _LIBM = {"tanh": "tanh", "erf": "erf"}
 
 

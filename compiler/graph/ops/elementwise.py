@@ -68,6 +68,49 @@ _unary("HardSigmoid",
 _unary("HardSwish", lambda x, n: x * E.maximum(E.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
        lambda a, n: a * np.clip(a / 6.0 + 0.5, 0, 1))
 _unary("Softplus", lambda x, n: E.log(E.exp(x) + 1.0), lambda a, n: np.log1p(np.exp(a)))
+_unary("Softsign", lambda x, n: x / (E.abs(x) + 1.0), lambda a, n: a / (np.abs(a) + 1))
+_unary("ThresholdedRelu", lambda x, n: E.if_then_else(x > _f(n, "alpha", 1.0), x, 0.0),
+       lambda a, n: np.where(a > _f(n, "alpha", 1.0), a, 0))
+_unary("Sin", lambda x, n: E.sin(x), lambda a, n: np.sin(a))
+_unary("Cos", lambda x, n: E.cos(x), lambda a, n: np.cos(a))
+_unary("Round", lambda x, n: E.round(x), lambda a, n: np.round(a))   # half to even, both
+_unary("Sign", lambda x, n: E.if_then_else(x > 0, E.const(1, x.dtype), E.if_then_else(x < 0, E.const(-1, x.dtype), x)),
+       lambda a, n: np.sign(a), float_only=False)
+
+# SELU's constants as ONNX writes them (float32 values of the paper's alpha and lambda)
+SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+
+
+def _selu(x, node):
+    alpha, gamma = _f(node, "alpha", SELU_ALPHA), _f(node, "gamma", SELU_GAMMA)
+    return E.if_then_else(x > 0, x * gamma, (E.exp(x) * alpha - alpha) * gamma)
+
+
+def _np_selu(a, node):
+    alpha, gamma = _f(node, "alpha", SELU_ALPHA), _f(node, "gamma", SELU_GAMMA)
+    return np.where(a > 0, a * gamma, (np.exp(a) * alpha - alpha) * gamma)
+
+
+def _celu(x, node):
+    """max(0, x) + min(0, alpha · (exp(x / alpha) - 1))."""
+    alpha = _f(node, "alpha", 1.0)
+    return E.maximum(x, 0.0) + E.minimum((E.exp(x * (1.0 / alpha)) - 1.0) * alpha, 0.0)
+
+
+def _np_celu(a, node):
+    alpha = _f(node, "alpha", 1.0)
+    return np.maximum(a, 0) + np.minimum(alpha * (np.exp(a / alpha) - 1), 0)
+
+
+def _mish(x, node):
+    """x · tanh(softplus(x)), softplus as max(x, 0) + log(1 + exp(-|x|)): exp never overflows, so
+    a large x gives x, not x · tanh(log(inf))."""
+    return x * E.tanh(E.maximum(x, 0.0) + E.log(E.exp(-E.abs(x)) + 1.0))
+
+
+_unary("Selu", _selu, _np_selu)
+_unary("Celu", _celu, _np_celu)
+_unary("Mish", _mish, lambda a, n: a * np.tanh(np.logaddexp(a, 0)))
 
 
 def _gelu(x, node):
@@ -144,6 +187,27 @@ _variadic("Less", lambda a, b: a < b, np.less, infer=_infer_compare)
 _variadic("Greater", lambda a, b: a > b, np.greater, infer=_infer_compare)
 _variadic("LessOrEqual", lambda a, b: a <= b, np.less_equal, infer=_infer_compare)
 _variadic("GreaterOrEqual", lambda a, b: a >= b, np.greater_equal, infer=_infer_compare)
+
+def _prelu_infer(node, ins, opset):
+    """PRelu's slope broadcasts to the input's shape (unidirectionally: the output is X's shape);
+    exporters write a per-channel slope as [C, 1, 1]."""
+    x, slope = ins
+    if x.dtype not in FLOATS or slope.dtype != x.dtype:
+        raise ShapeError(f"PRelu node {node.name!r}: float input and slope of one dtype, got {x.dtype}, {slope.dtype}")
+    if broadcast_shapes(node, x.shape, slope.shape) != tuple(x.shape):
+        raise ShapeError(f"PRelu node {node.name!r}: slope {slope.shape} does not broadcast to the input {x.shape}")
+    return [(x.shape, x.dtype)]
+
+
+def _prelu_lower(node, xs, ins, opset):
+    x, slope = xs
+    s = broadcast(slope, x.shape)
+    return Lazy(x.shape, x.dtype, lambda idx: E.if_then_else(x.read(idx) < 0, x.read(idx) * s(idx), x.read(idx)))
+
+
+register("PRelu", Kind.BROADCAST, _prelu_infer, _prelu_lower,
+         lambda n, a, o: [np.where(a[0] < 0, a[0] * a[1], a[0]).astype(a[0].dtype)])
+
 
 def _mean_lower(node, xs, ins, opset):
     from .base import OPS
