@@ -82,13 +82,23 @@ class _Checker:
             return (0, 0)  # the guards never hold together: the read never happens
         if isinstance(idx, Binary) and idx.op == "floordiv" and isinstance(idx.b, Const) and idx.b.value > 0:
             inner = self._index_range(idx.a, guards)  # (r_o*16 + r_i) // 2 under r_o*16 + r_i < 36
-            return None if inner is None else (inner[0] // idx.b.value, inner[1] // idx.b.value)
+            by_inner = None if inner is None else (inner[0] // idx.b.value, inner[1] // idx.b.value)
+            # a guard on the quotient itself (a blocked concat read back as NCHW: c // 16 < 16)
+            by_guards = self._linear_range(idx, guards, ranges)
+            if by_inner is None or by_guards is None:
+                return by_inner or by_guards
+            return max(by_inner[0], by_guards[0]), min(by_inner[1], by_guards[1])
         if isinstance(idx, Binary) and idx.op in ("min", "max") and idx.dtype == INDEX_DTYPE:
             a, b = self._index_range(idx.a, guards), self._index_range(idx.b, guards)  # max(j - 1, 0) under j < 16
             if a is None or b is None:
                 return None
             pick = min if idx.op == "min" else max
             return pick(a[0], b[0]), pick(a[1], b[1])
+        return self._linear_range(idx, guards, ranges)
+
+    @staticmethod
+    def _linear_range(idx, guards: tuple, ranges: dict):
+        """The index's range from the variables' ranges, narrowed by each guard G >= 0."""
         base = arith.expr_range(idx, ranges)
         if base is None:
             return None

@@ -306,3 +306,22 @@ def test_grouped_convolutions_of_whole_blocks_run_blocked_and_match_numpy(groups
     ar = np.maximum(np_conv(x, p["w0"], pads=(1, 1, 1, 1)), 0)
     gr = np.maximum(np_conv(ar, p["wg"], p["bg"], stride, (k // 2,) * 4, groups=groups), 0)
     assert_close(y, np_conv(gr, p["w2"]))
+
+
+def test_a_blocked_concat_read_back_as_nchw_in_the_same_kernel():
+    """SqueezeNet's fire module ends in a Concat of two blocked convolutions; read back as NCHW
+    (here a graph output), the copy out and the concat are one kernel whose reads are guarded
+    by the quotient c // B (LoweringError before the bounds check used such guards)."""
+    p = {"w1": rand(RNG, (B, B, 1, 1)), "w2": rand(RNG, (B, B, 3, 3)), "w0": rand(RNG, (B, 3, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["s"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["s", "w1"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["s", "w2"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    m = model(nodes, {"x": ((1, 3, 5, 6), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ConvNCHWc") == 3 and ops[-2:] == ["Concat", "FromNCHWc"]
+    x = rand(RNG, (1, 3, 5, 6))
+    (y,) = build_model(graph).run(x=x)
+    s = np_conv(x, p["w0"])
+    assert_close(y, np.concatenate([np_conv(s, p["w1"]), np_conv(s, p["w2"], pads=(1, 1, 1, 1))], axis=1))
