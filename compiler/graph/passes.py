@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .canonical_ops import canonicalize
 from .errors import ShapeError
 from .ir import Graph, Node, Value
 from .ops import OPS
@@ -41,6 +42,7 @@ def simplify(graph: Graph) -> Graph:
     fold_batch_norm(graph)
     transpose_gemm_weights(graph)
     eliminate_dead_nodes(graph)
+    canonicalize(graph)
     return graph
 
 

@@ -1,7 +1,9 @@
 """Shape and data-movement operators.
 
 - The reshape family (Reshape, Flatten, Squeeze, Unsqueeze, Dropout at inference) moves no data:
-  ALIAS nodes, whose output the runtime gives the input's buffer.
+  ALIAS nodes, whose output the runtime gives the input's buffer. A Dropout's mask output, all
+  true at inference, becomes a constant (canonical_ops.constant_dropout_masks), so a model that
+  exports it (the onnx zoo's VGG, SqueezeNet, AlexNet) compiles whether or not anything reads it.
 - Shape, Size, Constant, ConstantOfShape and Range produce constants at compile time (shapes are
   static), so the Shape → Gather → Concat → Reshape chains of exported models fold away.
 - Gather, Concat, Transpose, Slice, Expand and Pad are injective: each output element reads one
@@ -97,25 +99,40 @@ def _alias(op_type):
     target = ALIAS_TARGETS[op_type]
 
     def infer(node, ins, opset):
-        if op_type == "Dropout" and len(ins) > 2 and ins[2] is not None:
-            training = const_input(node, ins, 2, "training_mode")
-            if bool(np.asarray(training).reshape(-1)[0]):
-                raise ShapeError(f"Dropout node {node.name!r}: training_mode=True is not supported (tunefarm "
-                                 "compiles inference, where Dropout passes its input through)")
         outs = [(target(node, ins, opset), ins[0].dtype)]
-        if op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
-            outs.append((ins[0].shape, "bool"))
+        if op_type == "Dropout":
+            _check_dropout_inference(node, ins)
+            if len(node.outputs) > 1 and node.outputs[1]:
+                outs.append((ins[0].shape, dropout_mask_dtype(ins[0].dtype, opset)))
         return outs
 
     def fold(node, arrays, opset):
-        return [arrays[0].reshape(target(node, _ConstView.of(arrays, node), opset))]
-
-    def check(node, opset):
+        out = [arrays[0].reshape(target(node, _ConstView.of(arrays, node), opset))]
         if op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
-            return "the mask output (training only)"
-        return None
+            out.append(np.ones(arrays[0].shape, dropout_mask_dtype(str(arrays[0].dtype), opset)))
+        return out
 
-    register(op_type, Kind.ALIAS, infer, None, fold, check=check)
+    register(op_type, Kind.ALIAS, infer, None, fold)
+
+
+def dropout_mask_dtype(dtype: str, opset: int) -> str:
+    """Dropout's mask is bool from opset 10, of the data's dtype before."""
+    return "bool" if opset >= 10 else dtype
+
+
+def _check_dropout_inference(node, ins):
+    """Dropout passes its input through and its mask is all true, at inference (no training_mode
+    input, or a constant false one) and when training with a constant ratio of 0 (nothing is
+    dropped); training with a non-zero ratio drops at random, which a compiled model does not."""
+    if len(ins) < 3 or ins[2] is None:
+        return
+    training = const_input(node, ins, 2, "training_mode")
+    if not bool(np.asarray(training).reshape(-1)[0]):
+        return
+    ratio = const_input(node, ins, 1, "ratio") if len(ins) > 1 and ins[1] is not None else None
+    if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+        raise ShapeError(f"Dropout node {node.name!r}: training_mode=True with a non-zero ratio is not supported "
+                         "(tunefarm compiles inference, where Dropout passes its input through)")
 
 
 class _ConstView:
@@ -461,4 +478,4 @@ def _pad_fold(node, arrays, opset):
 
 register("Pad", Kind.INJECTIVE, _pad_infer, _pad_lower, _pad_fold, check=_pad_check)
 
-__all__ = ["ALIAS_TARGETS", "shape_value", "split_sizes"]
+__all__ = ["ALIAS_TARGETS", "shape_value", "split_sizes", "dropout_mask_dtype"]

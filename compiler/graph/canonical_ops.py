@@ -1,0 +1,205 @@
+"""Graph → graph rewrites that put operators in the form the compiler handles best.
+
+Run at the end of passes.simplify (after constant folding and dead-code elimination); each is a
+small function of the graph, changed in place and returned:
+- constant_dropout_masks: a Dropout's mask output (all true at inference) becomes a constant,
+  and the node keeps only its data output, an alias of its input. Exporters keep the mask
+  output even when nothing reads it (the onnx zoo's VGG-19, SqueezeNet and AlexNet do).
+- resize_constant_inputs: a Resize reads its region of interest only in tf_crop_and_resize
+  mode, and that and its scales or sizes only at compile time: the unused and empty ones
+  (PyTorch exports an empty roi, and empty scales beside sizes) are dropped, since a kernel has
+  no zero-element arguments.
+- flatten_norm_spatial: InstanceNormalization and GroupNormalization of [N, C, H, W, ...] data
+  run on [N, C, H·W·...] between two Reshapes (aliases, no copies), so their statistics and
+  output stream each plane as one unit-stride run (ops/normalization.py).
+- einsum_to_matmul: an Einsum of two operands that is a (batched) matrix product up to
+  transposes ("bhid,bhjd->bhij", "bhij,bhjd->bhid", "bid,jd->bij", "ij,jk->ik") becomes
+  Transpose / Reshape nodes around a MatMul, which gets the GEMM schedules, its weight
+  pre-packed and its epilogue fused. Constant operands are transposed at compile time. Other
+  Einsums (traces, diagonals, a sum over one operand's axis) keep their direct lowering
+  (ops/einsum.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .ir import Graph, Node, Value
+from .ops.einsum import parse
+from .ops.shape import dropout_mask_dtype
+
+NORMS = ("InstanceNormalization", "GroupNormalization")
+
+
+def canonicalize(graph: Graph) -> Graph:
+    constant_dropout_masks(graph)
+    resize_constant_inputs(graph)
+    flatten_norm_spatial(graph)
+    einsum_to_matmul(graph)
+    return graph
+
+
+def constant_dropout_masks(graph: Graph) -> Graph:
+    for n in graph.nodes:
+        if n.op_type != "Dropout" or len(n.outputs) < 2 or not n.outputs[1]:
+            continue
+        mask, x = graph.values[n.outputs[1]], graph.values[n.inputs[0]]
+        dtype = dropout_mask_dtype(x.dtype, graph.opset)
+        graph.values[mask.name] = Value(mask.name, mask.shape, mask.dtype, np.ones(mask.shape, dtype))
+        n.outputs = [n.outputs[0]]
+    return graph
+
+
+def resize_constant_inputs(graph: Graph) -> Graph:
+    for n in graph.nodes:
+        if n.op_type != "Resize" or graph.opset < 11:
+            continue
+        crop = n.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+        for i in range(1, len(n.inputs)):
+            v = graph.values.get(n.inputs[i]) if n.inputs[i] else None
+            if v is not None and ((i == 1 and not crop) or v.size == 0):
+                n.inputs[i] = ""
+    return graph
+
+
+class _Builder:
+    """New values and nodes for a rewrite of `node`, named after it."""
+
+    def __init__(self, graph: Graph, node: Node):
+        self.graph, self.node, self.nodes = graph, node, []
+        self.count = 0
+
+    def name(self, what: str) -> str:
+        self.count += 1
+        name = f"{self.node.name}/{what}{self.count}"
+        while name in self.graph.values:
+            self.count += 1
+            name = f"{self.node.name}/{what}{self.count}"
+        return name
+
+    def const(self, what: str, array: np.ndarray) -> str:
+        name = self.name(what)
+        self.graph.values[name] = Value(name, tuple(array.shape), str(array.dtype), np.ascontiguousarray(array))
+        return name
+
+    def value(self, what: str, shape: tuple, dtype: str) -> str:
+        name = self.name(what)
+        self.graph.values[name] = Value(name, tuple(shape), dtype)
+        return name
+
+    def reshape(self, src: str, shape: tuple, out: str | None = None) -> str:
+        v = self.graph.values[src]
+        if tuple(v.shape) == tuple(shape) and out is None:
+            return src
+        if v.const is not None and out is None:
+            return self.const("reshaped", v.const.reshape(shape))
+        target = self.const("shape", np.array(shape, np.int64))
+        out = out or self.value("reshaped", shape, v.dtype)
+        self.nodes.append(Node("Reshape", self.name("reshape"), [src, target], [out]))
+        return out
+
+    def transpose(self, src: str, perm: list, out: str | None = None) -> str:
+        v = self.graph.values[src]
+        if list(perm) == list(range(len(perm))) and out is None:
+            return src
+        if v.const is not None and out is None:
+            return self.const("transposed", np.transpose(v.const, perm))
+        shape = tuple(v.shape[p] for p in perm)
+        out = out or self.value("transposed", shape, v.dtype)
+        self.nodes.append(Node("Transpose", self.name("transpose"), [src], [out], {"perm": list(perm)}))
+        return out
+
+
+def _replace(graph: Graph, rewrites: dict) -> None:
+    """Each node of `rewrites` (by id) replaced by its list of nodes, in place."""
+    graph.nodes = [m for n in graph.nodes for m in rewrites.get(id(n), [n])]
+
+
+def flatten_norm_spatial(graph: Graph) -> Graph:
+    rewrites = {}
+    for n in graph.nodes:
+        if n.op_type not in NORMS:
+            continue
+        x = graph.values[n.inputs[0]]
+        if len(x.shape) <= 3 or x.const is not None:
+            continue
+        b = _Builder(graph, n)
+        flat = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+        x3 = b.reshape(n.inputs[0], flat)
+        y3 = b.value("flat", flat, x.dtype)
+        b.nodes.append(Node(n.op_type, n.name, [x3, *n.inputs[1:]], [y3], dict(n.attrs)))
+        b.reshape(y3, x.shape, out=n.outputs[0])
+        rewrites[id(n)] = b.nodes
+    _replace(graph, rewrites)
+    return graph
+
+
+def matmul_form(spec):
+    """(batch, m, n, k) labels when a two-operand Einsum is a batched matrix product up to
+    transposes: every label in both operands (batch if kept, k if summed, at least one summed)
+    or in one operand and the output (m, n), each once per operand; else None."""
+    if len(spec.inputs) != 2:
+        return None
+    a, b = spec.inputs
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None     # a diagonal
+    out = spec.output
+    batch = [lab for lab in out if lab in a and lab in b]
+    m = [lab for lab in out if lab in a and lab not in b]
+    n = [lab for lab in out if lab in b and lab not in a]
+    k = [lab for lab in a if lab in b and lab not in out]
+    if len(batch) + len(m) + len(n) != len(out) or len(batch) + len(m) + len(k) != len(a) \
+            or len(batch) + len(n) + len(k) != len(b):
+        return None     # a label summed over one operand only
+    if not k:
+        return None     # nothing summed: an outer or elementwise product, no matrix product
+    return batch, m, n, k
+
+
+def einsum_to_matmul(graph: Graph) -> Graph:
+    rewrites = {}
+    for n in graph.nodes:
+        if n.op_type != "Einsum" or len(n.inputs) != 2:
+            continue
+        va, vb = graph.values[n.inputs[0]], graph.values[n.inputs[1]]
+        if va.dtype not in ("float32", "float64") or va.dtype != vb.dtype:
+            continue
+        spec = parse(n, [va.shape, vb.shape])
+        form = matmul_form(spec)
+        if form is None:
+            continue
+        labels_a, labels_b = spec.inputs
+        if any(s != spec.sizes[lab] for labels, v in ((labels_a, va), (labels_b, vb))
+               for lab, s in zip(labels, v.shape)):
+            continue    # a size-1 axis broadcast against a larger one
+        batch, m, nn, k = form
+        size = spec.sizes
+        b = _Builder(graph, n)
+        a2 = b.transpose(n.inputs[0], [labels_a.index(lab) for lab in batch + m + k])
+        b2 = b.transpose(n.inputs[1], [labels_b.index(lab) for lab in batch + k + nn])
+        bshape = tuple(size[lab] for lab in batch)
+        M, N, K = (math.prod(size[lab] for lab in group) for group in (m, nn, k))
+        a3 = b.reshape(a2, bshape + (M, K))
+        b3 = b.reshape(b2, bshape + (K, N))
+        prod = b.value("matmul", bshape + (M, N), va.dtype)
+        b.nodes.append(Node("MatMul", b.name("matmul"), [a3, b3], [prod]))
+        order = batch + m + nn
+        unflat = tuple(size[lab] for lab in order)
+        perm = [order.index(lab) for lab in spec.output]
+        out = n.outputs[0]
+        if perm == list(range(len(perm))):
+            if unflat == bshape + (M, N):
+                b.nodes[-1].outputs = [out]
+                graph.values.pop(prod)
+            else:
+                b.reshape(prod, unflat, out=out)
+        else:
+            b.transpose(b.reshape(prod, unflat), perm, out=out)
+        rewrites[id(n)] = b.nodes
+    _replace(graph, rewrites)
+    return graph
+
+
+__all__ = ["canonicalize", "constant_dropout_masks", "resize_constant_inputs", "flatten_norm_spatial", "einsum_to_matmul", "matmul_form"]
