@@ -12,6 +12,8 @@ anchor operator:
 - no reduction at all (a fused injective chain): every stage inlined into the output, which is
   scheduled like an elementwise operator;
 - one reduction as the output (a global average pool, a mean): schedule_reduce_stage;
+- the model operators schedule_graph_ops knows by their stages' tags (GroupNormalization,
+  ConvTranspose with its epilogue): their schedules there;
 - anything else: the naive schedule (correct, slow; the tuner's sketches do better).
 `anchor_view` gives the OpDef the anchor's schedule reads (its name, inputs, parameters).
 """
@@ -32,6 +34,7 @@ from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import schedule_conv_nchwc
 from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
+from .schedule_graph_ops import schedule_tagged
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -39,6 +42,9 @@ GEMM_TAGS = ("dense", "matmul", "batch_matmul")
 
 def schedule_by_structure(opdef, target=None) -> Schedule:
     target = resolve_target(target)
+    tagged = schedule_tagged(opdef, target)
+    if tagged is not None:
+        return tagged
     out = opdef.output
     computes = [op for op in topo_order([out]) if isinstance(op, ComputeOp)]
     reductions = [op for op in computes if op.reduce_axis]
