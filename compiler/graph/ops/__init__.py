@@ -6,7 +6,7 @@ channel-blocked layout's own (layout.py), which only compiler.graph.layout makes
 
 from __future__ import annotations
 
-from . import einsum, elementwise, layout, nn, normalization, shape  # noqa: F401 - registration
+from . import conv_transpose, einsum, elementwise, layout, nn, normalization, shape  # noqa: F401 - registration
 from .base import OPS, Kind, Lazy, OpSpec, materialize
 from .layout import INTERNAL_OPS
 
