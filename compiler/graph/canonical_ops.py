@@ -68,7 +68,8 @@ class _Builder:
     """New values and nodes for a rewrite of `node`, named after it."""
 
     def __init__(self, graph: Graph, node: Node):
-        self.graph, self.node, self.nodes = graph, node, []
+        self.graph, self.node = graph, node
+        self.nodes: list[Node] = []
         self.count = 0
 
     def name(self, what: str) -> str:

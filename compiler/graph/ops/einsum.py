@@ -86,21 +86,22 @@ def parse(node, shapes) -> EinsumSpec:
     if len(terms) != len(shapes):
         raise ShapeError(f"{where} has {len(terms)} operand(s), the node {len(shapes)}")
     allowed = set(string.ascii_letters)
-    split_terms = []
+    split_terms: list[tuple[list[str], bool, list[str]]] = []   # (letters before '...', '...'?, after)
     for term in terms + ([rhs] if arrow else []):
         if term.count(ELLIPSIS) > 1 or any(c not in allowed for c in term.replace(ELLIPSIS, "")):
             raise ShapeError(f"{where}: {term!r} is not letters with at most one '...'")
-        head, dots, tail = term.partition(ELLIPSIS)
-        split_terms.append((list(head), bool(dots), list(tail)))
+        before, dots, after = term.partition(ELLIPSIS)
+        split_terms.append((list(before), bool(dots), list(after)))
     # the ellipsis: as many axes as each operand has beyond its letters, right-aligned
     n_ell = 0
-    for (head, dots, tail), shape in zip(split_terms, shapes):
+    for (head, has_dots, tail), shape in zip(split_terms, shapes):
         extra = len(shape) - len(head) - len(tail)
-        if extra < 0 or (extra and not dots):
+        if extra < 0 or (extra and not has_dots):
             raise ShapeError(f"{where}: an operand of rank {len(shape)} does not match its labels")
         n_ell = max(n_ell, extra)
     ell = [str(d) for d in range(n_ell)]
-    inputs, sizes = [], {}
+    inputs: list[tuple[str, ...]] = []
+    sizes: dict[str, int] = {}
     for (head, _, tail), shape in zip(split_terms, shapes):
         extra = len(shape) - len(head) - len(tail)
         labels = head + ell[n_ell - extra:] + tail
@@ -110,20 +111,21 @@ def parse(node, shapes) -> EinsumSpec:
             if lab not in sizes or sizes[lab] == 1:
                 sizes[lab] = int(s)
         inputs.append(tuple(labels))
+    output: list[str]
     if arrow:
-        head, dots, tail = split_terms[-1]
-        if dots and not any(d for _, d, _ in split_terms[:-1]):
+        out_head, out_dots, out_tail = split_terms[-1]
+        if out_dots and not any(d for _, d, _ in split_terms[:-1]):
             raise ShapeError(f"{where}: '...' in the output but in no operand")
-        output = head + (ell if dots else []) + tail   # ellipsis axes left out are summed, as numpy does
+        output = out_head + (ell if out_dots else []) + out_tail   # ellipsis axes left out are summed, as numpy does
         if len(set(output)) != len(output):
             raise ShapeError(f"{where}: a label repeats in the output")
         missing = [lab for lab in output if lab not in sizes]
         if missing:
             raise ShapeError(f"{where}: output label(s) {', '.join(missing)} appear in no operand")
     else:
-        counts: dict = {}
-        for labels in inputs:
-            for lab in labels:
+        counts: dict[str, int] = {}
+        for used in inputs:
+            for lab in used:
                 counts[lab] = counts.get(lab, 0) + 1
         output = ell + sorted(lab for lab, c in counts.items() if c == 1 and lab not in ell)
     return EinsumSpec(tuple(inputs), tuple(output), sizes)

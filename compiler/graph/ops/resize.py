@@ -377,10 +377,8 @@ def _fold(node, arrays, opset):
                     "round_prefer_ceil": r >= 0.5}[spec.nearest]
             y = np.take(y, np.clip(fx.astype(np.int64) + bump, 0, a.size_in - 1), axis=d)
         else:
-            if spec.mode == "linear":
-                offsets, weights = (0, 1), [1 - r, r]
-            else:
-                offsets, weights = (-1, 0, 1, 2), cubic_coefficients(r, spec.cubic_a)
+            offsets: tuple[int, ...] = (0, 1) if spec.mode == "linear" else (-1, 0, 1, 2)
+            weights = [1 - r, r] if spec.mode == "linear" else cubic_coefficients(r, spec.cubic_a)
             taps = [fx.astype(np.int64) + k for k in offsets]
             if spec.exclude_outside:
                 weights = [np.where((i >= 0) & (i < a.size_in), w, 0.0) for i, w in zip(taps, weights)]
