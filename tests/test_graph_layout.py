@@ -287,7 +287,7 @@ def test_a_squeeze_excite_block_and_a_pad_before_a_conv_stay_blocked():
 def test_grouped_convolutions_of_whole_blocks_run_blocked_and_match_numpy(groups, cpg_blocks, fpg_blocks, k, stride):
     """AlexNet's two groups, ResNeXt-like groups: every group's channels whole blocks, so the
     convolution stays blocked (each output block reads its own group's input blocks), between
-    two dense layers, with a bias and a residual-free ReLU."""
+    two dense layers, with a bias and a per-channel PRelu."""
     C, F = groups * cpg_blocks * B, groups * fpg_blocks * B
     p = {"w0": rand(RNG, (C, 3, 3, 3)), "wg": rand(RNG, (F, C // groups, k, k)), "bg": rand(RNG, (F,)),
          "w2": rand(RNG, (B, F, 1, 1))}
@@ -295,8 +295,9 @@ def test_grouped_convolutions_of_whole_blocks_run_blocked_and_match_numpy(groups
              helper.make_node("Relu", ["a"], ["ar"]),
              helper.make_node("Conv", ["ar", "wg", "bg"], ["g"], kernel_shape=[k, k], strides=list(stride),
                               pads=[k // 2] * 4, group=groups),
-             helper.make_node("Relu", ["g"], ["gr"]),
+             helper.make_node("PRelu", ["g", "slope"], ["gr"]),
              helper.make_node("Conv", ["gr", "w2"], ["y"], kernel_shape=[1, 1])]
+    p["slope"] = rand(RNG, (F, 1, 1))
     m = model(nodes, {"x": ((1, 3, 9, 11), "float32")}, {"y": (None, "float32")}, p)
     graph = from_onnx(m)
     ops = [n.op_type for n in for_target(graph, TARGET).nodes]
@@ -304,7 +305,8 @@ def test_grouped_convolutions_of_whole_blocks_run_blocked_and_match_numpy(groups
     x = rand(RNG, (1, 3, 9, 11))
     (y,) = build_model(graph).run(x=x)
     ar = np.maximum(np_conv(x, p["w0"], pads=(1, 1, 1, 1)), 0)
-    gr = np.maximum(np_conv(ar, p["wg"], p["bg"], stride, (k // 2,) * 4, groups=groups), 0)
+    g = np_conv(ar, p["wg"], p["bg"], stride, (k // 2,) * 4, groups=groups)
+    gr = np.where(g < 0, g * p["slope"], g)
     assert_close(y, np_conv(gr, p["w2"]))
 
 
