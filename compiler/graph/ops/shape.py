@@ -131,8 +131,8 @@ def _check_dropout_inference(node, ins):
         return
     ratio = const_input(node, ins, 1, "ratio") if len(ins) > 1 and ins[1] is not None else None
     if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
-        raise ShapeError(f"Dropout node {node.name!r}: training_mode=True with a non-zero ratio is not supported "
-                         "(tunefarm compiles inference, where Dropout passes its input through)")
+        raise ShapeError(f"Dropout node {node.name!r}: training_mode=True with a non-zero ratio (only inference "
+                         "is compiled, where Dropout passes its input through)")
 
 
 class _ConstView:
