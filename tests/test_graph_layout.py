@@ -327,3 +327,47 @@ def test_a_blocked_concat_read_back_as_nchw_in_the_same_kernel():
     (y,) = build_model(graph).run(x=x)
     s = np_conv(x, p["w0"])
     assert_close(y, np.concatenate([np_conv(s, p["w1"]), np_conv(s, p["w2"], pads=(1, 1, 1, 1))], axis=1))
+
+
+@pytest.mark.parametrize("groups, cpg, fpg, k, stride", [(4, B + B // 2, B + B // 2, 1, (1, 1)),
+                                                         (3, B + B // 2, B, 3, (2, 1)),
+                                                         (2, 3 * B // 2 + 2, B, 1, (1, 1))])
+def test_grouped_convolutions_whose_groups_split_blocks_read_group_windows(groups, cpg, fpg, k, stride):
+    """ShuffleNet v1's groups (4 x 136 channels in blocks of 16): each output block reads a
+    window of input blocks holding its channels' groups, the weights zero outside each lane's
+    group; the data's channels need not fill whole blocks (the last case pads)."""
+    from compiler.graph.layout import _group_window
+    C, F = groups * cpg, groups * fpg
+    assert _group_window(C, F, groups, B) is not None
+    p = {"w0": rand(RNG, (C, 3, 1, 1)), "wg": rand(RNG, (F, cpg, k, k)), "bg": rand(RNG, (F,)),
+         "w2": rand(RNG, (B, F, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["a", "wg", "bg"], ["g"], kernel_shape=[k, k], strides=list(stride),
+                              pads=[k // 2] * 4, group=groups),
+             helper.make_node("Relu", ["g"], ["gr"]),
+             helper.make_node("Conv", ["gr", "w2"], ["y"], kernel_shape=[1, 1])]
+    m = model(nodes, {"x": ((1, 3, 7, 9), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    compiled = for_target(graph, TARGET)
+    assert [n.op_type for n in compiled.nodes].count("ConvNCHWc") == 3
+    assert any(n.attrs.get("group_window") == (fpg, cpg) for n in compiled.nodes)
+    x = rand(RNG, (1, 3, 7, 9))
+    (y,) = build_model(graph).run(x=x)
+    a = np_conv(x, p["w0"])
+    gr = np.maximum(np_conv(a, p["wg"], p["bg"], stride, (k // 2,) * 4, groups=groups), 0)
+    assert_close(y, np_conv(gr, p["w2"]))
+
+
+def test_group_window_weights_hold_each_lane_s_group_and_zeros():
+    groups, cpg, F = 4, B + B // 2, 4 * (B + B // 2)
+    w = rand(RNG, (F, cpg, 1, 1))
+    packed, window = fn.pack_group_window_weight(w, groups, B, groups * cpg)
+    assert packed.shape == (F // B, window, 1, 1, B, B) and window * B <= 2.25 * cpg
+    full = packed.transpose(0, 5, 1, 4, 2, 3).reshape(F, window * B)   # [f, window channel]
+    data_blocks = -(-groups * cpg // B)
+    for f in range(F):
+        start = fn.group_window_start(f // B, B, F // groups, cpg, data_blocks, window) * B
+        g = f // (F // groups)
+        lo = g * cpg - start
+        assert_close(full[f, lo:lo + cpg], w[f, :, 0, 0])
+        assert not full[f, :lo].any() and not full[f, lo + cpg:].any()

@@ -159,7 +159,19 @@ def _conv_nchw(op, data, weight, F, cpg, KH, KW, weight_at, stride, padding, dil
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
-def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False, name="conv2d_nchwc") -> Tensor:
+def group_window_start(fo, block: int, fpg: int, cpg: int, data_blocks: int, window_blocks: int):
+    """The first input block of output block `fo`'s window (an index expression or an int) in a
+    grouped convolution whose groups split channel blocks (conv2d_nchwc's `group_window`): the
+    block holding the first input channel of the group of the block's first output channel,
+    moved back so the window stays inside the data."""
+    first = fo * block // fpg * cpg // block
+    if isinstance(first, int):
+        return min(first, data_blocks - window_blocks)
+    return E.minimum(first, data_blocks - window_blocks)
+
+
+def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False, name="conv2d_nchwc",
+                 group_window: tuple | None = None) -> Tensor:
     """A convolution in the channel-blocked layout the libraries compute in (NCHWc): the output
     is [N, F/FB, OH, OW, FB] (channel f at [f // FB, ..., f % FB]) and the data is either blocked
     too, [N, C/CB, H, W, CB], or plain NCHW [N, C, H, W] (a network's first convolution, whose 3
@@ -168,8 +180,12 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
     schedules spend per layer on transposing copies. `depthwise`: one filter per channel (F = C,
     FB = CB). Blocked data may be read in groups (weights of C/groups input channels, each
     group's input and output channels whole blocks, as onnxruntime's NCHWc takes them): output
-    block fo reads the input blocks of its group. A model's channels are padded to whole blocks
-    with zero weights (compiler.graph.layout).
+    block fo reads the input blocks of its group. Groups that split blocks (ShuffleNet's 4 groups
+    of 136 channels in blocks of 16) take `group_window` = (output, input channels per group):
+    output block fo reads a window of weight.shape[1] input blocks from group_window_start(fo),
+    which holds the groups of all its channels, the weights zero outside each lane's own group
+    (pack_group_window_weight). A model's channels are padded to whole blocks with zero weights
+    (compiler.graph.layout).
 
     The weights are blocked as the reduction walks them (pack_conv_weight_nchwc): for blocked
     data [F/FB, C/CB, KH, KW, CB, FB] (oneDNN's OIhw8i8o), so that consecutive steps of the
@@ -199,6 +215,11 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             raise ExprError(f"{op}: a depthwise convolution takes [N, C/B, H, W, B] data and [C/B, 1, KH, KW, B] "
                             f"weights, got {data.shape} and {weight.shape}")
         groups = FO
+    elif group_window is not None:
+        if not blocked or cpg % CB or cpg > C:
+            raise ExprError(f"{op}: a group window reads blocked data, whole blocks of it: weights of {cpg} "
+                            f"input channels, data of {C}")
+        groups = 0
     elif blocked and cpg != C:   # grouped: each group's input and output channels are whole blocks
         if cpg <= 0 or C % cpg or (C // cpg) < 2 or FO % (C // cpg):
             raise ExprError(f"{op}: weights read {cpg} input channels of {C}, which is neither all of them nor "
@@ -221,10 +242,13 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             return te_sum(_mul(v, weight[fo, 0, ry, rx, fi], out_dtype), axis=[ry, rx])
     elif blocked:
         rco, rci = reduce_axis(cpg // CB, "rco"), reduce_axis(CB, "rci")
-        out_blocks, in_blocks = FO // groups, cpg // CB   # per group
+        out_blocks, in_blocks = (FO // groups, cpg // CB) if groups else (0, 0)   # per group
 
         def body(n, fo, y, x, fi):
-            block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
+            if group_window is not None:
+                block = group_window_start(fo, FB, *group_window, C // CB, cpg // CB) + rco.var
+            else:
+                block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
             v = padded[(n, block, *at(y, x), rci.var)]
             return te_sum(_mul(v, weight[fo, rco.var, ry, rx, rci.var, fi], out_dtype), axis=[rco, ry, rx, rci])
     else:
@@ -236,6 +260,8 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
 
     attrs = dict(layout="NCHWc", stride=stride, padding=pads, dilation=dil, depthwise=bool(depthwise),
                  block=FB, data_block=CB if blocked else 0, groups=groups)
+    if group_window is not None:
+        attrs["group_window"] = tuple(int(v) for v in group_window)
     return compute((N, FO, OH, OW, FB), body, name=name, tag=op, attrs=attrs)
 
 
@@ -263,6 +289,35 @@ def pack_conv_weight_nchwc(weight: np.ndarray, block: int, in_block: int = 0) ->
     F, C, KH, KW = weight.shape
     return np.ascontiguousarray(weight.reshape(F // block, block, C // in_block, in_block, KH, KW)
                                 .transpose(0, 2, 4, 5, 3, 1))
+
+
+def pack_group_window_weight(weight: np.ndarray, groups: int, block: int, data_channels: int) -> tuple:
+    """Grouped OIHW weights [F, C/groups, KH, KW] (F a whole number of blocks) as the windows of
+    conv2d_nchwc's `group_window`: [F/block, RB, KH, KW, block, block], RB input blocks per output
+    block, each lane's weights at its group's channels and zero elsewhere; with RB."""
+    F, cpg, KH, KW = weight.shape
+    fpg, data_blocks = F // groups, -(-data_channels // block)
+    window = group_window_blocks(F, cpg, groups, block, data_channels)
+    if window is None:
+        raise ValueError(f"no group window for {groups} groups of {cpg} channels in blocks of {block}")
+    full = np.zeros((F, window * block, KH, KW), weight.dtype)
+    for f in range(F):
+        at = (f // fpg) * cpg - group_window_start(f // block, block, fpg, cpg, data_blocks, window) * block
+        full[f, at:at + cpg] = weight[f]
+    return pack_conv_weight_nchwc(full, block, block), window
+
+
+def group_window_blocks(F: int, cpg: int, groups: int, block: int, data_channels: int) -> int | None:
+    """Input blocks every output block's window must span (the most any block's groups need);
+    None when F is not whole blocks or the window would not fit the data."""
+    if F % block or F % groups:
+        return None
+    fpg, data_blocks = F // groups, -(-data_channels // block)
+    need = 1
+    for fo in range(F // block):
+        g_lo, g_hi = fo * block // fpg, (fo * block + block - 1) // fpg
+        need = max(need, -(-((g_hi + 1) * cpg) // block) - (g_lo * cpg) // block)
+    return need if need <= data_blocks else None
 
 
 def conv2d_nhwc(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nhwc") -> Tensor:
@@ -424,6 +479,7 @@ def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadc
     return compute(data.shape, lambda *i: act(data[i] + bias[i[axis]]), name=name, tag=tag)
 
 
-__all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc", "nchwc_weight_geometry",
+__all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc", "pack_group_window_weight",
+           "group_window_blocks", "group_window_start", "nchwc_weight_geometry",
            "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
            "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]

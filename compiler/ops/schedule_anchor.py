@@ -161,6 +161,8 @@ def anchor_view(opdef) -> OpDef | None:
                           block=int(attrs["block"]), data_block=int(attrs["data_block"]))
             if int(attrs.get("groups", 1)) > 1 and not attrs["depthwise"]:
                 params["groups"] = int(attrs["groups"])
+            if attrs.get("group_window"):
+                params["group_window"] = tuple(attrs["group_window"])
             flops = 2 * N * FO * OH * OW * FB * cpg * KH * KW
             return OpDef("conv2d_nchwc", [data, weight], anchor_t, params, flops, _no_reference)
         N, F, OH, OW = anchor.shape

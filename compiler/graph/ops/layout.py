@@ -54,7 +54,9 @@ def _conv_infer(node, ins, opset):
 def _conv_lower(node, xs, ins, opset):
     x, w = materialize(xs[0], "data"), materialize(xs[1], "weight")
     a = node.attrs
-    out = fn.conv2d_nchwc(x, w, tuple(a["strides"]), tuple(a["pads"]), tuple(a["dilations"]), bool(a["depthwise"]))
+    window = tuple(a["group_window"]) if a.get("group_window") else None
+    out = fn.conv2d_nchwc(x, w, tuple(a["strides"]), tuple(a["pads"]), tuple(a["dilations"]), bool(a["depthwise"]),
+                          group_window=window)
     conv = Lazy.of(out)
     if len(xs) > 2 and xs[2] is not None:
         b = xs[2]
