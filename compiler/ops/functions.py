@@ -246,7 +246,8 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
 
         def body(n, fo, y, x, fi):
             if group_window is not None:
-                block = group_window_start(fo, FB, *group_window, C // CB, cpg // CB) + rco.var
+                fpg_w, cpg_w = group_window
+                block = group_window_start(fo, FB, fpg_w, cpg_w, C // CB, cpg // CB) + rco.var
             else:
                 block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
             v = padded[(n, block, *at(y, x), rci.var)]
