@@ -93,7 +93,12 @@ class _Checker:
             if a is None or b is None:
                 return None
             pick = min if idx.op == "min" else max
-            return pick(a[0], b[0]), pick(a[1], b[1])
+            by_arms = pick(a[0], b[0]), pick(a[1], b[1])
+            # a guard on the min itself (a Concat's branch test on ToNCHWc's clamped channel min(c, C - 1))
+            by_guards = self._linear_range(idx, guards, ranges)
+            if by_guards is None:
+                return by_arms
+            return max(by_arms[0], by_guards[0]), min(by_arms[1], by_guards[1])
         return self._linear_range(idx, guards, ranges)
 
     @staticmethod

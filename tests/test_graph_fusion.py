@@ -336,3 +336,22 @@ def test_batch1_dense_layers_stream_in_narrower_vectors_when_the_target_s_do_not
         x = rand(np.random.default_rng(seed), (1, K))
         (y,) = module.run(x=x)
         assert_close(y, x.astype(np.float64) @ w + b)
+
+
+@pytest.mark.parametrize("first", [5, 16])
+def test_a_concat_of_partial_blocks_between_blocked_convs_is_one_guarded_kernel(first):
+    """A Concat of 5 + 16 channels splits channel blocks, so it runs in NCHW between blocked convs;
+    FromNCHWc -> Concat -> ToNCHWc fuse into one kernel whose channel index is ToNCHWc's clamp
+    min(c, C - 1) under the Concat's branch test on it (LoweringError 'can leave the tensor' before
+    the bounds check used guards on a min; model_fuzz cnn seeds 10, 17, 28)."""
+    other = 21 - first
+    p = {"wa": rand(RNG, (first, 8, 1, 1)), "wb": rand(RNG, (other, 8, 3, 3)), "wc": rand(RNG, (16, 21, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "wb"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "wc"], ["y"], kernel_shape=[1, 1])]
+    m = model(nodes, {"x": ((1, 8, 5, 6), "float32")}, {"y": (None, "float32")}, p)
+    x = rand(RNG, (1, 8, 5, 6))
+    (y,) = build_model(from_onnx(m)).run(x=x)
+    c = np.concatenate([np_conv(x, p["wa"]), np_conv(x, p["wb"], pads=(1, 1, 1, 1))], axis=1)
+    assert_close(y, np_conv(c, p["wc"]))
