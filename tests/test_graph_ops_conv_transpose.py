@@ -1,6 +1,9 @@
 """ConvTranspose against a float64 numpy reference written here (each input position's window
 scattered into the output, then the padding cropped), on random non-zero inputs of odd shapes:
-strides, pads, output_padding, dilations, groups, bias, output_shape, auto_pad, 1-d and 3-d."""
+strides, pads, output_padding, dilations, groups, bias, output_shape, auto_pad, 1-d and 3-d.
+Each case runs both ways it compiles: with a constant weight (a 2-d layer without dilation
+becomes a Conv of its output phases, canonical_ops.conv_transpose_to_conv) and with the weight
+fed at run time (the direct lowering, ops/conv_transpose.py)."""
 
 from __future__ import annotations
 
@@ -57,8 +60,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("weight", ["constant", "input"])
 @pytest.mark.parametrize("cfg", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_conv_transpose(cfg):
+def test_conv_transpose(cfg, weight):
     x, w = rand(RNG, cfg["x"]), rand(RNG, cfg["w"])
     b = rand(RNG, (cfg["w"][1] * cfg.get("groups", 1),)) if cfg.get("bias") else None
     want = np_conv_transpose(x, w, b, cfg.get("strides"), cfg.get("pads"), cfg.get("dil"), cfg.get("groups", 1),
@@ -69,8 +73,14 @@ def test_conv_transpose(cfg):
             attrs[attr] = list(cfg[key])
     inits = {"w": w, **({"b": b} if b is not None else {})}
     node = helper.make_node("ConvTranspose", ["x", *inits], ["y"], **attrs)
-    m = model([node], {"x": (x.shape, "float32")}, {"y": (want.shape, "float32")}, inits)
-    (y,) = run(m, {"x": x})
+    inputs, feeds = {"x": (x.shape, "float32")}, {"x": x}
+    if weight == "input":
+        inputs["w"], feeds["w"] = (w.shape, "float32"), inits.pop("w")
+    m = model([node], inputs, {"y": (want.shape, "float32")}, inits)
+    ops = {n.op_type for n in from_onnx(m).nodes}
+    phases = weight == "constant" and len(cfg["x"]) == 4 and "dil" not in cfg and len(set(cfg.get("strides", (1,)))) == 1
+    assert ("Conv" in ops and "ConvTranspose" not in ops) == phases, ops
+    (y,) = run(m, feeds)
     assert_close(y, want)
 
 
@@ -93,14 +103,20 @@ def test_output_shape_and_auto_pad_place_the_output_as_the_spec_says():
     assert_close(y, np_conv_transpose(x, w, strides=(2, 2), pads=(1, 1, 0, 0)))
 
 
-def test_the_epilogue_fuses_into_the_transposed_convolution():
+@pytest.mark.parametrize("weight", ["constant", "input"])
+def test_the_epilogue_fuses(weight):
+    """Into the phase interleaving after the Conv, or into the direct lowering's kernel."""
     x, w, b = rand(RNG, (1, 4, 6, 5)), rand(RNG, (4, 3, 4, 4)), rand(RNG, (3,))
     nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]
-    m = model(nodes, {"x": (x.shape, "float32")}, {"y": ((1, 3, 12, 10), "float32")}, {"w": w, "b": b})
+    inputs, inits, feeds = {"x": (x.shape, "float32")}, {"w": w, "b": b}, {"x": x}
+    if weight == "input":
+        inputs["w"], feeds["w"] = (w.shape, "float32"), inits.pop("w")
+    m = model(nodes, inputs, {"y": ((1, 3, 12, 10), "float32")}, inits)
     graph = from_onnx(m)
-    assert [g.describe() for g in fuse(graph)] == ["ConvTranspose+Relu"]
-    (y,) = build_model(graph).run(x=x)
+    groups = ["Conv", "DepthToSpace+Slice+Relu"] if weight == "constant" else ["ConvTranspose+Relu"]
+    assert [g.describe() for g in fuse(graph)] == groups
+    (y,) = build_model(graph).run(**feeds)
     assert_close(y, np.maximum(np_conv_transpose(x, w, b, (2, 2), (1, 1, 1, 1)), 0))
 
 

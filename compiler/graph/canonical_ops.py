@@ -12,6 +12,11 @@ small function of the graph, changed in place and returned:
 - flatten_norm_spatial: InstanceNormalization and GroupNormalization of [N, C, H, W, ...] data
   run on [N, C, H·W·...] between two Reshapes (aliases, no copies), so their statistics and
   output stream each plane as one unit-stride run (ops/normalization.py).
+- conv_transpose_to_conv: a 2-d ConvTranspose with constant weights (stride s in both axes, no
+  dilation) becomes a Conv computing its s² output phases as s²·F channels (each phase's taps of
+  the flipped kernel, ceil(K/s) per axis), a DepthToSpace interleaving them and a Slice of the
+  padding: the convolution's register-tiled schedules and channel-blocked layout instead of a
+  gather per tap (the direct lowering, ops/conv_transpose.py, stays for the other cases).
 - einsum_to_matmul: an Einsum of two operands that is a (batched) matrix product up to
   transposes ("bhid,bhjd->bhij", "bhij,bhjd->bhid", "bid,jd->bij", "ij,jk->ik") becomes
   Transpose / Reshape nodes around a MatMul, which gets the GEMM schedules, its weight
@@ -26,7 +31,10 @@ import math
 
 import numpy as np
 
+from .errors import ShapeError
 from .ir import Graph, Node, Value
+from .ops import OPS
+from .ops.conv_transpose import geometry as conv_transpose_geometry
 from .ops.einsum import parse
 from .ops.shape import dropout_mask_dtype
 
@@ -37,6 +45,7 @@ def canonicalize(graph: Graph) -> Graph:
     constant_dropout_masks(graph)
     resize_constant_inputs(graph)
     flatten_norm_spatial(graph)
+    conv_transpose_to_conv(graph)
     einsum_to_matmul(graph)
     return graph
 
@@ -101,6 +110,27 @@ class _Builder:
         self.nodes.append(Node("Reshape", self.name("reshape"), [src, target], [out]))
         return out
 
+    def emit(self, op_type: str, inputs: list, attrs: dict, out: str | None = None) -> str:
+        """A node of `op_type`, its output's shape and dtype inferred by the operator's own rule."""
+        node = Node(op_type, self.name(op_type.lower()), list(inputs), [out or ""], dict(attrs))
+        ins = [self.graph.values[i] if i else None for i in inputs]
+        ((shape, dtype),) = OPS[op_type].infer(node, ins, self.graph.opset)
+        if out is None:
+            out = self.value(op_type.lower(), shape, dtype)
+            node.outputs = [out]
+        elif tuple(self.graph.values[out].shape) != tuple(shape):
+            raise ShapeError(f"{self.node.op_type} node {self.node.name!r}: rewritten to {shape}, inferred "
+                             f"{self.graph.values[out].shape}")
+        self.nodes.append(node)
+        return out
+
+    def slice(self, src: str, starts: list, ends: list, axes: list, out: str | None = None) -> str:
+        if self.graph.opset < 10:
+            return self.emit("Slice", [src], {"starts": starts, "ends": ends, "axes": axes}, out)
+        ins = [self.const(what, np.array(v, np.int64)) for what, v in (("starts", starts), ("ends", ends),
+                                                                          ("axes", axes))]
+        return self.emit("Slice", [src, *ins], {}, out)
+
     def transpose(self, src: str, perm: list, out: str | None = None) -> str:
         v = self.graph.values[src]
         if list(perm) == list(range(len(perm))) and out is None:
@@ -135,6 +165,70 @@ def flatten_norm_spatial(graph: Graph) -> Graph:
         rewrites[id(n)] = b.nodes
     _replace(graph, rewrites)
     return graph
+
+
+def conv_transpose_to_conv(graph: Graph) -> Graph:
+    rewrites = {}
+    for n in graph.nodes:
+        if n.op_type != "ConvTranspose":
+            continue
+        x, w = graph.values[n.inputs[0]], graph.values[n.inputs[1]]
+        bias = graph.values[n.inputs[2]] if len(n.inputs) > 2 and n.inputs[2] else None
+        if len(x.shape) != 4 or w.const is None or (bias is not None and bias.const is None):
+            continue
+        strides, dil, begin, out = conv_transpose_geometry(n, x.shape, w.shape)
+        if dil != (1, 1) or strides[0] != strides[1] or min(begin) < 0:
+            continue
+        b = _Builder(graph, n)
+        s = strides[0]
+        groups = int(n.attrs.get("group", 1))
+        weight, taps = phase_weights(w.const, s, groups)
+        inputs = [n.inputs[0], b.const("weight", weight)]
+        if bias is not None:
+            inputs.append(b.const("bias", np.repeat(bias.const, s * s)))
+        last = n.outputs[0]
+        attrs = {"kernel_shape": list(taps), "group": groups}
+        ends = [out[d] - x.shape[2 + d] - (taps[d] - 1 - begin[d]) + taps[d] - 1 for d in range(2)]
+        if s == 1 and max(begin) <= min(taps) - 1 and min(ends) >= 0:
+            # the flipped kernel's correlation, its padding the crop: no phases, no slice
+            b.emit("Conv", inputs, {**attrs, "pads": [taps[0] - 1 - begin[0], taps[1] - 1 - begin[1], *ends]}, last)
+            rewrites[id(n)] = b.nodes
+            continue
+        # rows m of each phase reach output row s·m + phase - begin: enough of them for the crop
+        rows = [max(0, -(-(b0 + o) // s) - i) for b0, o, i in zip(begin, out, x.shape[2:])]
+        z = b.emit("Conv", inputs, {**attrs, "pads": [taps[0] - 1, taps[1] - 1, rows[0], rows[1]]})
+        full = graph.values[z].shape[2:]
+        crop = [b0 != 0 or b0 + o != f * s for b0, o, f in zip(begin, out, full)]
+        if s > 1:
+            z = b.emit("DepthToSpace", [z], {"blocksize": s, "mode": "CRD"}, None if any(crop) else last)
+        if any(crop):
+            b.slice(z, list(begin), [b0 + o for b0, o in zip(begin, out)], [2, 3], last)
+        elif s == 1:
+            b.nodes[-1].outputs = [last]
+            graph.values.pop(z)
+        rewrites[id(n)] = b.nodes
+    _replace(graph, rewrites)
+    return graph
+
+
+def phase_weights(w: np.ndarray, s: int, groups: int) -> tuple:
+    """A ConvTranspose weight [C, F/g, KH, KW] as a Conv weight [F·s², C/g, JH, JW] (J = ceil(K/s))
+    computing the s² output phases: output channel f·s² + rh·s + rw is the phase (rh, rw) of
+    channel f, its tap (th, tw) the transposed kernel's tap (rh + s·(JH-1-th), rw + s·(JW-1-tw)),
+    zero past the kernel. Returns (weight, (JH, JW))."""
+    C, Fg, KH, KW = w.shape
+    Cg, F = C // groups, Fg * groups
+    JH, JW = -(-KH // s), -(-KW // s)
+    by_group = w.reshape(groups, Cg, Fg, KH, KW).transpose(0, 2, 1, 3, 4)    # [g, F/g, C/g, KH, KW]
+    out = np.zeros((F, s, s, Cg, JH, JW), w.dtype)
+    for rh in range(s):
+        for rw in range(s):
+            for th in range(JH):
+                for tw in range(JW):
+                    kh, kw = rh + s * (JH - 1 - th), rw + s * (JW - 1 - tw)
+                    if kh < KH and kw < KW:
+                        out[:, rh, rw, :, th, tw] = by_group[..., kh, kw].reshape(F, Cg)
+    return np.ascontiguousarray(out.reshape(F * s * s, Cg, JH, JW)), (JH, JW)
 
 
 def matmul_form(spec):
@@ -203,4 +297,5 @@ def einsum_to_matmul(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["canonicalize", "constant_dropout_masks", "resize_constant_inputs", "flatten_norm_spatial", "einsum_to_matmul", "matmul_form"]
+__all__ = ["canonicalize", "constant_dropout_masks", "resize_constant_inputs", "flatten_norm_spatial",
+           "conv_transpose_to_conv", "phase_weights", "einsum_to_matmul", "matmul_form"]

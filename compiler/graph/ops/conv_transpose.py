@@ -1,6 +1,10 @@
 """ConvTranspose (the decoder's upsampling convolution: DCGAN, U-Net, FCN, segmentation heads).
 
-Lowered as a direct compute over the output: each output position gathers the input positions
+A 2-d layer with constant weights, equal strides and no dilation (what exporters write) is
+rewritten before fusion into a Conv of its output phases and a DepthToSpace
+(canonical_ops.conv_transpose_to_conv), which runs at the convolution's speed. The rest
+(weights computed at run time, dilations, unequal strides, 1-d and 3-d) is lowered here as a
+direct compute over the output: each output position gathers the input positions
 whose transposed window covers it, so nothing is scattered and nothing is zero-inserted. Along
 one spatial axis, output o (p the leading padding, s the stride, d the dilation) receives input
 i through tap k when i·s + k·d = o + p:
