@@ -164,6 +164,10 @@ def test_opset_10_resize_and_upsample_use_asymmetric_coordinates():
               {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=9)
     (y,) = run(m, {"x": x})
     assert_close(y, np_resize(x, (6, 10), (2.0, 2.0), "linear", "asymmetric"))
+    node = helper.make_node("Upsample", ["x"], ["y"], mode="nearest", scales=[1.0, 1.0, 3.0, 2.0])   # opset 7: an attribute
+    m = model([node], {"x": (x.shape, "float32")}, {"y": ((1, 3, 9, 10), "float32")}, opset=7)
+    (y,) = run(m, {"x": x})
+    assert_close(y, x.repeat(3, axis=2).repeat(2, axis=3))
 
 
 def test_nearest_upsampling_fuses_with_the_concat_after_it():
