@@ -39,6 +39,8 @@ MATMUL_FORMS = [
     ("ij,jk", [(4, 5), (5, 3)], ()),                            # implicit output: ik
     ("ijk,jil->kl", [(3, 4, 5), (4, 3, 2)], ()),               # two labels summed, both operands transposed
     ("bij,bj->bi", [(2, 5, 7), (2, 7)], ()),                   # matrix · vector
+    ("ij,jk->ki", [(4, 5), (5, 3)], ()),                       # the product transposed after
+    ("bhij,bjhd->bihd", [(2, 3, 4, 5), (2, 5, 3, 6)], ()),     # heads moved back beside the features
 ]
 
 
