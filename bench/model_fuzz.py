@@ -365,8 +365,16 @@ def _block_upsample(g, rng, x, shape):
     """Nearest Resize x2 then Concat: a strided path (MaxPool 2/2 or a stride-2 conv) brought back up to
     x's size and concatenated with x (FPN / U-Net), or, at odd sizes, x and a 1x1 conv of x both upsampled."""
     N, C, H, W = shape
-    scales = g.const(np.array([1, 1, 2, 2], np.float32))
-    up = lambda t: g.node("Resize", [t, "", scales], mode="nearest")  # noqa: E731
+    style = str(rng.choice(["onnx", "pytorch", "sizes"]))   # ONNX's defaults, or torch's nearest (asymmetric, floor)
+    attrs = {"mode": "nearest"}
+    if style != "onnx":
+        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+    def up(t, c, h, w):
+        """`t` ([N, c, h / 2, w / 2]) upsampled to [N, c, h, w]."""
+        if style == "sizes":   # a sizes input (as a traced F.interpolate(size=...) writes it), not scales
+            return g.node("Resize", [t, "", "", g.const(np.array([N, c, h, w], np.int64))], **attrs)
+        return g.node("Resize", [t, "", g.const(np.array([1, 1, 2, 2], np.float32))], **attrs)
     F = int(rng.choice(CNN_CHANNELS))
     if H % 2 == 0 and W % 2 == 0:
         if rng.random() < 0.5:
@@ -374,10 +382,10 @@ def _block_upsample(g, rng, x, shape):
                              [N, C, H // 2, W // 2], F)
         else:
             down, ds = _conv(g, rng, x, shape, F, k=3, stride=2)
-        parts = [x, up(down)] if rng.random() < 0.5 else [up(down), x]
+        parts = [x, up(down, ds[1], H, W)] if rng.random() < 0.5 else [up(down, ds[1], H, W), x]
         return g.node("Concat", parts, axis=1), [N, C + ds[1], H, W]
     side, ss = _conv(g, rng, x, shape, F)
-    return g.node("Concat", [up(x), up(side)], axis=1), [N, C + ss[1], 2 * H, 2 * W]
+    return g.node("Concat", [up(x, C, 2 * H, 2 * W), up(side, F, 2 * H, 2 * W)], axis=1), [N, C + ss[1], 2 * H, 2 * W]
 
 
 def _block_dropout(g, rng, x, shape):
