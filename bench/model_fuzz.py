@@ -194,7 +194,7 @@ def cnn_graph(rng):
     x_shape, cur = list(shape), "x"
     for _ in range(int(rng.integers(1, 5))):
         block = str(rng.choice(["conv", "pad_conv", "grouped", "shuffle", "dense", "inception", "se", "act",
-                                "upsample", "dropout", "lrn"]))
+                                "upsample", "dropout", "lrn", "residual", "stem"]))
         cur, shape = CNN_BLOCKS[block](g, rng, cur, shape)
     if rng.random() < 0.25:   # a classifier head: the blocked layout's way back to NCHW
         pooled = g.node("GlobalAveragePool", [cur])
@@ -404,9 +404,41 @@ def _block_lrn(g, rng, x, shape):
     return out, shape
 
 
+def _block_residual(g, rng, x, shape):
+    """ResNet's basic block: Conv 3x3 -> BN -> Relu -> Conv 3x3 -> BN, plus x (or a strided 1x1 conv + BN of x
+    where the stride or channel count changes), -> Relu."""
+    N, C, H, W = shape
+    stride = 2 if rng.random() < 0.3 and min(H, W) >= 4 else 1
+    F = C if rng.random() < 0.6 else int(rng.choice(CNN_CHANNELS))
+    y, ys = _conv(g, rng, x, shape, F, k=3, stride=stride, bias=False)
+    y, ys = _conv(g, rng, g.node("Relu", [_bn(g, rng, y, F)]), ys, F, k=3, bias=False)
+    y = _bn(g, rng, y, F)
+    skip = x
+    if stride != 1 or F != C:
+        skip, _ = _conv(g, rng, x, shape, F, stride=stride, bias=False)
+        skip = _bn(g, rng, skip, F)
+    return g.node("Relu", [g.node("Add", [y, skip] if rng.random() < 0.7 else [skip, y])]), ys
+
+
+def _block_stem(g, rng, x, shape):
+    """ResNet's stem: Conv 7x7/2 pad 3 -> BN -> Relu -> MaxPool 3x3/2 pad 1 (ceil mode or not)."""
+    N, C, H, W = shape
+    y, ys = _conv(g, rng, x, shape, int(rng.choice([8, 16, 24, 32])), k=7, stride=2, bias=False)
+    y = g.node("Relu", [_bn(g, rng, y, ys[1])])
+    ceil = int(rng.random() < 0.3)
+
+    def out(n):
+        o = (n - 1 + (1 if ceil else 0)) // 2 + 1   # (n + 2 pads - 3) / 2 + 1, floored or ceiled
+        return o - 1 if ceil and (o - 1) * 2 >= n + 1 else o   # ONNX drops a window starting in the end pad
+    _, F, h, w = ys
+    oh, ow = out(h), out(w)
+    return g.node("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4, ceil_mode=ceil), [N, F, oh, ow]
+
+
 CNN_BLOCKS = {"conv": _block_conv, "pad_conv": _block_pad_conv, "grouped": _block_grouped, "shuffle": _block_shuffle,
               "dense": _block_dense, "inception": _block_inception, "se": _block_se, "act": _block_act,
-              "upsample": _block_upsample, "dropout": _block_dropout, "lrn": _block_lrn}
+              "upsample": _block_upsample, "dropout": _block_dropout, "lrn": _block_lrn, "residual": _block_residual,
+              "stem": _block_stem}
 
 
 GENERATORS = {"cnn": cnn_graph, "conv": conv_graph, "transformer": transformer_graph}
