@@ -210,6 +210,30 @@ def test_reshape_outputs_share_their_inputs_buffer():
     assert_close(y, np.maximum(x, 0).reshape(2, 12) @ w.T.astype(np.float64))
 
 
+@pytest.mark.parametrize("C, G, H, W", [(8, 2, 3, 5), (12, 3, 1, 4), (10, 5, 2, 1)])
+def test_a_channel_shuffle_between_injective_nodes_is_one_kernel(C, G, H, W):
+    """ShuffleNet's channel shuffle, Reshape → Transpose → Reshape, after a Transpose and before
+    an Add: the group reads through both reshapes as index maps, one kernel for all of it,
+    while a reshape nothing injective reads on either side stays an alias (no copy)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "split"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "merge"], ["m"]),
+             helper.make_node("Add", ["m", "bias"], ["a"]),
+             helper.make_node("Flatten", ["a"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["y"], transB=1)]
+    inits = {"split": np.array([1, G, C // G, H, W], np.int64), "merge": np.array([1, C, H, W], np.int64),
+             "bias": rand(RNG, (C, 1, 1)), "w": rand(RNG, (3, C * H * W))}
+    m = model(nodes, {"x": ((1, C, H, W), "float32")}, {"y": (None, "float32")}, inits)
+    module = build_model(from_onnx(m))
+    assert [s.group.group.describe() for s in module.steps] == ["Relu+Reshape+Transpose+Reshape+Add", "Gemm"]
+    assert module.plan.block_of["f"] == module.plan.block_of["a"]
+    x = rand(RNG, (1, C, H, W))
+    (y,) = module.run(x=x)
+    shuffled = np.maximum(x, 0).reshape(1, G, C // G, H, W).transpose(0, 2, 1, 3, 4).reshape(1, C, H, W)
+    assert_close(y, (shuffled + inits["bias"]).reshape(1, -1) @ inits["w"].T.astype(np.float64))
+
+
 @pytest.mark.parametrize("field", ["name", "shape", "dtype", "type"])
 def test_run_refuses_mismatched_inputs(field):
     from compiler.graph import InputError

@@ -8,7 +8,9 @@ The rules are TVM's FuseOps pattern rules, on chains:
   that follow it (a Transpose → Add → Cast chain is one pass over memory);
 - reductions and opaque operators (pools, Softmax, LayerNormalization, Reduce*) are a group of
   their own;
-- ALIAS nodes (the reshape family) belong to no group: they are not kernels.
+- ALIAS nodes (the reshape family) are not kernels: the runtime gives their output the input's
+  buffer, except where one sits between two nodes of an injective group, which then reads
+  through it as an index map (a channel shuffle's Reshape → Transpose → Reshape: one pass).
 A node joins its producer's group only when it is that value's only reader and the value is not
 a graph output, so every group has exactly one output and no intermediate escapes it. The one
 exception is a closed diamond: when the group's output has several readers that all fit and
@@ -84,13 +86,33 @@ def _grow(graph, nodes, kind, users, taken):
         if out in graph.outputs or not readers:
             return
         if len(readers) == 1:
-            grown = [readers[0]] if fits(readers[0]) else None
+            if kind <= Kind.INJECTIVE:
+                grown = _through_aliases(graph, readers[0], users, fits)
+            else:
+                grown = [readers[0]] if fits(readers[0]) else None
         else:
             grown = _closed_diamond(graph, nodes, users, fits)
         if not grown:
             return
         nodes.extend(grown)
         taken.update(id(u) for u in grown)
+
+
+def _through_aliases(graph, u, users, fits) -> list | None:
+    """[u] when it fits; for an ALIAS node (a Reshape), the chain of aliases from it up to and
+    with the first node that fits, each alias the only reader of the value before it: the group
+    reads through the reshape as an index map instead of materializing an output that is only
+    reshaped and read again (a channel shuffle's Reshape → Transpose → Reshape is one pass). A
+    chain that ends anywhere else stays a set of aliases, which cost nothing."""
+    chain = []
+    while OPS[u.op_type].kind == Kind.ALIAS:
+        outs = [o for o in u.outputs if o]
+        if (len(outs) != 1 or OPS[u.op_type].lower is None or outs[0] in graph.outputs
+                or len(users.get(outs[0], [])) != 1):
+            return None
+        chain.append(u)
+        u = users[outs[0]][0]
+    return chain + [u] if fits(u) else None
 
 
 def _closed_diamond(graph, nodes, users, fits) -> list | None:

@@ -112,7 +112,69 @@ def _alias(op_type):
             out.append(np.ones(arrays[0].shape, dropout_mask_dtype(str(arrays[0].dtype), opset)))
         return out
 
-    register(op_type, Kind.ALIAS, infer, None, fold)
+    def lower(node, xs, ins, opset):
+        return reshaped(xs[0], target(node, ins, opset))
+
+    register(op_type, Kind.ALIAS, infer, lower, fold)
+
+
+def reshaped(x: Lazy, shape: tuple) -> Lazy:
+    """x read under another shape of the same size (row-major), as an index map: used when an
+    ALIAS node sits inside a fused group (FromNCHWc → Reshape → Transpose → Reshape → ToNCHWc,
+    a channel shuffle, is one pass). The shapes are cut into runs of equal product, so only the
+    axes a run splits or merges pay a division (ShuffleNet's [N, C, H, W] → [N, G, C/G, H, W]:
+    the channel index alone)."""
+    shape = tuple(int(s) for s in shape)
+    if tuple(x.shape) == shape:
+        return x
+    runs = _equal_product_runs(tuple(x.shape), shape)
+
+    def read(idx):
+        src: list = []
+        for (i0, i1), (o0, o1) in runs:
+            if i1 - i0 == 1 and o1 - o0 == 1:
+                src.append(idx[o0])
+                continue
+            linear = None
+            for d in range(o0, o1):
+                if shape[d] == 1:
+                    continue
+                linear = idx[d] if linear is None else linear * shape[d] + idx[d]
+            for d in range(i0, i1):
+                if x.shape[d] == 1 or linear is None:
+                    src.append(0)
+                    continue
+                inner = math.prod(x.shape[d + 1:i1])
+                q = linear // inner if inner > 1 else linear
+                src.append(q % x.shape[d] if d > i0 else q)
+        return x.read(tuple(src))
+    return Lazy(shape, x.dtype, read)
+
+
+def _equal_product_runs(a: tuple, b: tuple) -> list:
+    """((a_start, a_end), (b_start, b_end)) runs of two shapes of one size whose products match,
+    each as short as possible."""
+    if 0 in a or 0 in b:
+        return [((0, len(a)), (0, len(b)))]
+    runs, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        i0, j0 = i, j
+        pa = a[i] if i < len(a) else 1
+        pb = b[j] if j < len(b) else 1
+        i, j = min(i + 1, len(a)), min(j + 1, len(b))
+        while pa != pb:
+            if pa < pb:
+                pa *= a[i]
+                i += 1
+            else:
+                pb *= b[j]
+                j += 1
+        while i < len(a) and a[i] == 1 and (j >= len(b) or b[j] != 1):   # trailing ones join the run
+            i += 1
+        while j < len(b) and b[j] == 1 and (i >= len(a) or a[i] != 1):
+            j += 1
+        runs.append(((i0, i), (j0, j)))
+    return runs
 
 
 def dropout_mask_dtype(dtype: str, opset: int) -> str:
