@@ -12,8 +12,9 @@ fused groups at shapes no test names. Three generators:
   channels) and depthwise ones, Inception's Concat of conv branches and an AveragePool / MaxPool
   branch, squeeze-excite (GlobalAveragePool -> 1x1 Conv -> act -> 1x1 Conv -> Sigmoid or
   HardSigmoid -> Mul), PRelu / LeakyRelu / HardSwish / Swish activations, nearest Resize x2
-  followed by a Concat, a Dropout with an unread mask output, LRN; maybe a GlobalAveragePool ->
-  Flatten -> Gemm head;
+  (ONNX's or PyTorch's coordinates, scales or sizes) followed by a Concat, a Dropout with an unread
+  mask output, LRN, ResNet basic blocks (projection skip, residual Add) and its 7x7/2 stem with a
+  ceil-mode MaxPool; maybe a GlobalAveragePool -> Flatten -> Gemm head;
 - `conv`: 1-3 layers of Conv (plain, grouped, depthwise; kernels 1-7, strides, dilations,
   asymmetric pads, odd channel counts, batch 1 or 2), MaxPool or AveragePool, each conv with
   or without a bias and followed by Relu, Clip, Sigmoid or a broadcast Add;
