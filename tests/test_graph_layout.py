@@ -331,11 +331,13 @@ def test_a_blocked_concat_read_back_as_nchw_in_the_same_kernel():
 
 @pytest.mark.parametrize("groups, cpg, fpg, k, stride", [(4, B + B // 2, B + B // 2, 1, (1, 1)),
                                                          (3, B + B // 2, B, 3, (2, 1)),
-                                                         (2, 3 * B // 2 + 2, B, 1, (1, 1))])
+                                                         (2, 3 * B // 2 + 2, B, 1, (1, 1)),
+                                                         (4, 2 * B + 2, 2 * B + 2, 1, (1, 1))])
 def test_grouped_convolutions_whose_groups_split_blocks_read_group_windows(groups, cpg, fpg, k, stride):
     """ShuffleNet v1's groups (4 x 136 channels in blocks of 16): each output block reads a
     window of input blocks holding its channels' groups, the weights zero outside each lane's
-    group; the data's channels need not fill whole blocks (the last case pads)."""
+    group; the data's channels need not fill whole blocks, nor the output's (the last two cases
+    pad)."""
     from compiler.graph.layout import _group_window
     C, F = groups * cpg, groups * fpg
     assert _group_window(C, F, groups, B) is not None

@@ -293,15 +293,15 @@ def pack_conv_weight_nchwc(weight: np.ndarray, block: int, in_block: int = 0) ->
 
 
 def pack_group_window_weight(weight: np.ndarray, groups: int, block: int, data_channels: int) -> tuple:
-    """Grouped OIHW weights [F, C/groups, KH, KW] (F a whole number of blocks) as the windows of
-    conv2d_nchwc's `group_window`: [F/block, RB, KH, KW, block, block], RB input blocks per output
+    """Grouped OIHW weights [F, C/groups, KH, KW] as the windows of conv2d_nchwc's
+    `group_window`: [ceil(F/block), RB, KH, KW, block, block], RB input blocks per output
     block, each lane's weights at its group's channels and zero elsewhere; with RB."""
     F, cpg, KH, KW = weight.shape
     fpg, data_blocks = F // groups, -(-data_channels // block)
     window = group_window_blocks(F, cpg, groups, block, data_channels)
     if window is None:
         raise ValueError(f"no group window for {groups} groups of {cpg} channels in blocks of {block}")
-    full = np.zeros((F, window * block, KH, KW), weight.dtype)
+    full = np.zeros((-(-F // block) * block, window * block, KH, KW), weight.dtype)   # padding channels: zeros
     for f in range(F):
         at = (f // fpg) * cpg - group_window_start(f // block, block, fpg, cpg, data_blocks, window) * block
         full[f, at:at + cpg] = weight[f]
@@ -310,13 +310,14 @@ def pack_group_window_weight(weight: np.ndarray, groups: int, block: int, data_c
 
 def group_window_blocks(F: int, cpg: int, groups: int, block: int, data_channels: int) -> int | None:
     """Input blocks every output block's window must span (the most any block's groups need);
-    None when F is not whole blocks or the window would not fit the data."""
-    if F % block or F % groups:
+    None when the window would not fit the data. F need not fill its last block (its padding
+    channels have zero weights)."""
+    if F % groups:
         return None
     fpg, data_blocks = F // groups, -(-data_channels // block)
     need = 1
-    for fo in range(F // block):
-        g_lo, g_hi = fo * block // fpg, (fo * block + block - 1) // fpg
+    for fo in range(-(-F // block)):
+        g_lo, g_hi = fo * block // fpg, (min(fo * block + block, F) - 1) // fpg
         need = max(need, -(-((g_hi + 1) * cpg) // block) - (g_lo * cpg) // block)
     return need if need <= data_blocks else None
 
