@@ -251,7 +251,14 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             else:
                 block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
             v = padded[(n, block, *at(y, x), rci.var)]
-            return te_sum(_mul(v, weight[fo, rco.var, ry, rx, rci.var, fi], out_dtype), axis=[rco, ry, rx, rci])
+            where = None
+            if group_window is not None:
+                fpg_w, cpg_w = group_window
+                g_hi = (fo * FB + FB - 1) // fpg_w
+                hi = E.minimum((g_hi + 1) * cpg_w + CB - 1, C) // CB
+                where = rco.var < hi - group_window_start(fo, FB, fpg_w, cpg_w, C // CB, cpg // CB)
+            return te_sum(_mul(v, weight[fo, rco.var, ry, rx, rci.var, fi], out_dtype), axis=[rco, ry, rx, rci],
+                          where=where)
     else:
         rc = reduce_axis(C, "rc")
 
