@@ -47,7 +47,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ops.functions import group_window_blocks, pack_conv_weight_nchwc, pack_group_window_weight
+from ..ops.functions import group_window_blocks, group_window_needs, pack_conv_weight_nchwc, pack_group_window_weight
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops import OPS, Kind
@@ -96,8 +96,8 @@ def _convertible(graph: Graph, n: Node, block: int) -> bool:
 
 def _group_window(C: int, F: int, groups: int, block: int) -> int | None:
     """Input blocks of a group window (conv2d_nchwc's `group_window`) for a grouped convolution
-    whose groups split channel blocks, when the window costs at most MAX_GROUP_WINDOW times the
-    group's own reduction; else None. ShuffleNet v1's 4 groups of 136 channels in blocks of 16
+    whose groups split channel blocks, when the blocks the output blocks read (their groups'
+    blocks, on average) cost at most MAX_GROUP_WINDOW times the group's own reduction; else None. ShuffleNet v1's 4 groups of 136 channels in blocks of 16
     need 17 blocks (2x), its 4 groups of 34 five blocks (2.35x): blocked tiles ran 215-227
     GFLOPS counting the window's zeros, the NCHW schedule 38-74 on those layers (7 of 16 lanes
     on 7-wide rows), and the blocked layer needs no copies around it (znver4, 2 threads)."""
@@ -105,7 +105,10 @@ def _group_window(C: int, F: int, groups: int, block: int) -> int | None:
         return None
     cpg = C // groups
     window = group_window_blocks(F, cpg, groups, block, C)
-    return window if window is not None and window * block <= MAX_GROUP_WINDOW * cpg else None
+    if window is None:
+        return None
+    needs = group_window_needs(F, cpg, groups, block)
+    return window if sum(needs) * block <= MAX_GROUP_WINDOW * cpg * len(needs) else None
 
 
 def _whole_block_groups(C: int, F: int, groups: int, block: int) -> bool:

@@ -319,14 +319,23 @@ def group_window_blocks(F: int, cpg: int, groups: int, block: int, data_channels
     """Input blocks every output block's window must span (the most any block's groups need);
     None when the window would not fit the data. F need not fill its last block (its padding
     channels have zero weights)."""
-    if F % groups:
+    needs = group_window_needs(F, cpg, groups, block)
+    if not needs or max(needs) > -(-data_channels // block):
         return None
-    fpg, data_blocks = F // groups, -(-data_channels // block)
-    need = 1
+    return max(needs)
+
+
+def group_window_needs(F: int, cpg: int, groups: int, block: int) -> list:
+    """Input blocks each output block's groups reach (what its window reads: the rest of the
+    window is skipped); [] when F is not split evenly into groups."""
+    if F % groups:
+        return []
+    fpg = F // groups
+    needs = []
     for fo in range(-(-F // block)):
         g_lo, g_hi = fo * block // fpg, (min(fo * block + block, F) - 1) // fpg
-        need = max(need, -(-((g_hi + 1) * cpg) // block) - (g_lo * cpg) // block)
-    return need if need <= data_blocks else None
+        needs.append(-(-((g_hi + 1) * cpg) // block) - (g_lo * cpg) // block)
+    return needs
 
 
 def conv2d_nhwc(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nhwc") -> Tensor:
@@ -489,6 +498,6 @@ def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadc
 
 
 __all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc", "pack_group_window_weight",
-           "group_window_blocks", "group_window_start", "nchwc_weight_geometry",
+           "group_window_blocks", "group_window_needs", "group_window_start", "nchwc_weight_geometry",
            "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
            "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]
