@@ -97,10 +97,12 @@ def _convertible(graph: Graph, n: Node, block: int) -> bool:
 def _group_window(C: int, F: int, groups: int, block: int) -> int | None:
     """Input blocks of a group window (conv2d_nchwc's `group_window`) for a grouped convolution
     whose groups split channel blocks, when the blocks the output blocks read (their groups'
-    blocks, on average) cost at most MAX_GROUP_WINDOW times the group's own reduction; else None. ShuffleNet v1's 4 groups of 136 channels in blocks of 16
-    need 17 blocks (2x), its 4 groups of 34 five blocks (2.35x): blocked tiles ran 215-227
-    GFLOPS counting the window's zeros, the NCHW schedule 38-74 on those layers (7 of 16 lanes
-    on 7-wide rows), and the blocked layer needs no copies around it (znver4, 2 threads)."""
+    blocks, on average; the rest of the window is skipped) cost at most MAX_GROUP_WINDOW times
+    the group's own reduction; else None. ShuffleNet v1's 4 groups of 136 channels in blocks
+    of 16 read 9 blocks (17 at the groups' seams), its 4 groups of 34 about 3.3: blocked tiles
+    ran 215-227 GFLOPS counting the window's zeros, the NCHW schedule 38-74 on those layers (7
+    of 16 lanes on 7-wide rows), and the blocked layer needs no copies around it (znver4, 2
+    threads)."""
     if groups < 2 or C % groups or F % groups or C < block:
         return None
     cpg = C // groups
