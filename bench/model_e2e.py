@@ -151,11 +151,18 @@ def export(name: str, directory: str) -> str:
 
 
 def export_here(name: str, path: str) -> None:
-    """Random weights; BatchNorm statistics and LayerNorm's scale and shift randomized too, so
-    folding them is not a no-op."""
+    """Random weights (torch's initialization, seeded), exported by export_module."""
     import torch
     torch.manual_seed(0)
     module, shape = torch_models()[name]
+    export_module(module, shape, path)
+
+
+def export_module(module, shape: tuple, path: str) -> None:
+    """`module` at opset 17 by the TorchScript exporter, its BatchNorm statistics and LayerNorm's
+    scale and shift randomized first, so folding them is not a no-op (bench/model_zoo.py exports
+    its networks this way too)."""
+    import torch
     g = torch.Generator().manual_seed(1)
     for m in module.modules():
         if isinstance(m, torch.nn.BatchNorm2d):

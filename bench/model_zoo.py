@@ -468,25 +468,11 @@ def torch_networks():
 
 
 def export_torch_here(name: str, path: str) -> None:
-    """Random weights (BatchNorm statistics and LayerNorm affines randomized too); the TorchScript
-    exporter at opset 17, as model_e2e.py exports."""
+    """Random weights (torch's initialization, seeded), exported as model_e2e.py exports."""
     import torch
     torch.manual_seed(0)
     module, shape = torch_networks()[name]
-    g = torch.Generator().manual_seed(1)
-    for m in module.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1, generator=g)
-            m.running_var.uniform_(0.5, 1.5, generator=g)
-            m.weight.data.uniform_(0.5, 1.5, generator=g)
-            m.bias.data.uniform_(-0.1, 0.1, generator=g)
-        if isinstance(m, torch.nn.LayerNorm):
-            m.weight.data.uniform_(0.5, 1.5, generator=g)
-            m.bias.data.uniform_(-0.1, 0.1, generator=g)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.randn(*shape),), path, dynamo=False, opset_version=17,
-                          input_names=["input"], output_names=["output"])
+    model_e2e.export_module(module, shape, path)
 
 
 def make_model(name: str, directory: str) -> str:
