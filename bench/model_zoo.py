@@ -20,7 +20,8 @@ Models, batch 1:
 
 Each is imported with `compiler.graph.from_onnx` and built untuned (default schedules), checked
 against onnxruntime on the same input, and both are timed alternately for `--rounds` rounds on
-`--threads` threads each (the protocol of model_e2e.py). `--tune TRIALS` first tunes each model's
+`--threads` threads each (the protocol of model_e2e.py); a ratio is the median of the rounds'
+ratios (model_e2e.round_ratio), so a host that slows down between rounds moves both sides of it. `--tune TRIALS` first tunes each model's
 fused workloads with that many trials (fresh SQLite records), then times tuned, untuned and
 onnxruntime in the same rounds.
 
@@ -498,7 +499,7 @@ def geomean(values) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per model")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per model")
     ap.add_argument("--threads", type=int, default=2, help="threads of both runtimes")
     ap.add_argument("--tune", type=int, default=None, metavar="TRIALS",
                     help="tune each model first with this many trials (fresh records), then time tuned and untuned")
@@ -573,17 +574,18 @@ def main() -> int:
             timed = model_e2e.time_interleaved(runs, args.rounds)
             ours, theirs = timed["ours"][0], timed["onnxruntime"][0]
             report["tunefarm_ms"][name], report["onnxruntime_ms"][name] = ours, theirs
-            report["ratio_vs_onnxruntime"][name] = round(theirs / ours, 3)
+            report["ratio_vs_onnxruntime"][name] = round(model_e2e.round_ratio(timed, "onnxruntime", "ours"), 3)
             report["disturbed"][name] = any(t[1] for t in timed.values())
-            line = (f"{name:<22} tunefarm {ours:9.3f} ms   onnxruntime {theirs:9.3f} ms   ratio {theirs / ours:5.2f}x"
+            line = (f"{name:<22} tunefarm {ours:9.3f} ms   onnxruntime {theirs:9.3f} ms   ratio "
+                    f"{report['ratio_vs_onnxruntime'][name]:5.2f}x"
                     f"   max rel. error {report['max_rel_error'][name]:.1e}   {len(module.steps)} kernels, "
                     f"{report['workloads'][name]} workloads, built in {report['build_seconds'][name]} s")
             if untuned is not None:
                 u = timed["untuned"][0]
                 report["tunefarm_untuned_ms"][name] = u
-                report["untuned_ratio_vs_onnxruntime"][name] = round(theirs / u, 3)
-                line += (f"\n{'':<22} untuned  {u:9.3f} ms   ratio {theirs / u:5.2f}x   tuned {trials} trials over "
-                         f"{n_tasks} workloads in {report['tuning_seconds'][name]} s")
+                report["untuned_ratio_vs_onnxruntime"][name] = round(model_e2e.round_ratio(timed, "onnxruntime", "untuned"), 3)
+                line += (f"\n{'':<22} untuned  {u:9.3f} ms   ratio {report['untuned_ratio_vs_onnxruntime'][name]:5.2f}x"
+                         f"   tuned {trials} trials over {n_tasks} workloads in {report['tuning_seconds'][name]} s")
             if report["disturbed"][name]:
                 line += "   DISTURBED"
             print(line, flush=True)
