@@ -373,3 +373,20 @@ def test_group_window_weights_hold_each_lane_s_group_and_zeros():
         lo = g * cpg - start
         assert_close(full[f, lo:lo + cpg], w[f, :, 0, 0])
         assert not full[f, :lo].any() and not full[f, lo + cpg:].any()
+
+
+def test_an_expand_of_a_blocked_value_stays_nchw():
+    """Expand takes its target shape as a 4-d input, which a blocked value's 5-d shape does not
+    fit (a shape of four elements looked like a per-column constant to the elementwise rule)."""
+    p = {"w0": rand(RNG, (B, 3, 1, 1)), "w1": rand(RNG, (B, B, 1, 1)), "shape": np.array([1, 1, 1, 4], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Expand", ["b", "shape"], ["e"]),
+             helper.make_node("Relu", ["e"], ["y"])]
+    m = model(nodes, {"x": ((1, 3, 3, 4), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.index("FromNCHWc") < ops.index("Expand")
+    x = rand(RNG, (1, 3, 3, 4))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, np.maximum(np_conv(np_conv(x, p["w0"]), p["w1"]), 0))

@@ -57,8 +57,9 @@ from .ops.nn import pool_geometry, window_geometry
 # elementwise operators that keep finite inputs finite: kept in the blocked layout
 ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
                     "HardSwish", "Neg", "Abs", "PRelu", "Elu", "Selu", "Celu", "Softsign", "Max", "Min")
-# broadcast operators whose lowering reads the channel axis by position (not by numpy broadcasting)
-CHANNEL_AWARE = ("BatchNormalization",)
+# broadcast operators the blocked layout leaves NCHW: their lowering reads the channel axis by
+# position (BatchNormalization) or takes a 4-d shape as an input (Expand)
+CHANNEL_AWARE = ("BatchNormalization", "Expand")
 MIN_BLOCK = 4
 MIN_CONVS = 2   # a lone convolution would pay both border copies for nothing
 MAX_CHANNEL_PADDING = 1.5   # padded / real output channels of a convolution that goes blocked
