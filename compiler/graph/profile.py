@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,8 +39,16 @@ from ..ops.schedule_anchor import CONV_TAGS, GEMM_TAGS
 from ..tensor import ComputeOp, topo_order
 from ..timing import Timing, TimingOptions, time_samples
 
-if TYPE_CHECKING:  # runtime.py imports this module for GraphModule.profile
-    from .runtime import GraphModule
+
+class ProfiledModule(Protocol):
+    """What a profile reads of a built model (runtime.GraphModule, which imports this module for
+    its `profile` method, so this one names the shape instead of importing it back)."""
+
+    graph: Any
+    steps: list
+    sources: dict
+
+    def run(self, **inputs) -> list: ...
 
 # reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around
 ANCHOR_TAGS = frozenset(CONV_TAGS + GEMM_TAGS + ("conv2d_nhwc", "depthwise_conv2d_nchw"))
@@ -141,7 +149,7 @@ def default_options(repeat: int) -> TimingOptions:
     return TimingOptions(min_samples=repeat, max_samples=max(repeat, 200), min_seconds=0.02, max_seconds=0.5)
 
 
-def profile_model(module: GraphModule, inputs: dict, repeat: int = 10, options: TimingOptions | None = None,
+def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, options: TimingOptions | None = None,
                   lock: bool = True) -> ModelProfile:
     """Time each kernel of `module` on `inputs` ({input name: array}) and the whole run (see the
     module docstring). `repeat`: clean samples per timing at least (ignored when `options` is
