@@ -53,6 +53,7 @@ from .ir import Graph, Node, Value
 from .ops import OPS, Kind
 from .ops.layout import blocked_shape
 from .ops.nn import pool_geometry, window_geometry
+from .passes import spatial_constant_pads
 
 # elementwise operators that keep finite inputs finite: kept in the blocked layout
 ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
@@ -268,26 +269,15 @@ class _Rewrite:
 
     def _pad(self, n: Node) -> bool:
         """Constant padding of the spatial axes only (the channel padding stays what it was)."""
-        x = self._logical(n.inputs[0])
-        if len(x) != 4 or n.attrs.get("mode", "constant") != "constant" or (self.g.opset >= 18 and len(n.inputs) > 3
-                                                                              and n.inputs[3]):
+        found = spatial_constant_pads(self.g, n)
+        if found is None:
             return False
-        if self.g.opset < 11:
-            pads, value = list(n.attrs.get("pads") or ()), float(n.attrs.get("value", 0.0))
-        else:
-            pv = self.g.values[n.inputs[1]].const
-            cv = self.g.values[n.inputs[2]].const if len(n.inputs) > 2 and n.inputs[2] else None
-            if pv is None or (len(n.inputs) > 2 and n.inputs[2] and cv is None):
-                return False
-            pads, value = [int(p) for p in pv], (0.0 if cv is None else float(cv.reshape(-1)[0]))
-        if len(pads) != 8 or any(pads[i] for i in (0, 1, 4, 5)) or any(p < 0 for p in pads):
-            return False
+        (top, left, bottom, right), value = found
         if value != 0.0 and self._logical(n.inputs[0])[1] % self.block:
             return False   # the padding channels would take a non-zero value
         data = self.g.values[self.blocked[n.inputs[0]]]
-        blocked_pads = [0, 0, pads[2], pads[3], 0, 0, 0, pads[6], pads[7], 0]
-        shape = (data.shape[0], data.shape[1], data.shape[2] + pads[2] + pads[6], data.shape[3] + pads[3] + pads[7],
-                 self.block)
+        blocked_pads = [0, 0, top, left, 0, 0, 0, bottom, right, 0]
+        shape = (data.shape[0], data.shape[1], data.shape[2] + top + bottom, data.shape[3] + left + right, self.block)
         if self.g.opset < 11:   # the pads and the value are attributes
             self._emit(n, "Pad", [data.name], shape, data.dtype, {"mode": "constant", "pads": blocked_pads, "value": value})
             return True

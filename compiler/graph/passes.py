@@ -228,9 +228,10 @@ def fold_pad_into_conv(graph: Graph) -> Graph:
     from .ops.nn import window_geometry
     users = graph.consumers()
     for n in graph.nodes:
-        amounts = _spatial_zero_pads(graph, n)
-        if amounts is None or n.outputs[0] in graph.outputs:
+        found = spatial_constant_pads(graph, n)
+        if found is None or found[1] != 0.0 or n.outputs[0] in graph.outputs:
             continue
+        amounts = found[0]
         readers = users.get(n.outputs[0], [])
         if not readers or any(r.op_type != "Conv" or r.inputs[0] != n.outputs[0] or n.outputs[0] in r.inputs[1:]
                               for r in readers):
@@ -248,9 +249,10 @@ def fold_pad_into_conv(graph: Graph) -> Graph:
     return eliminate_dead_nodes(graph)
 
 
-def _spatial_zero_pads(graph: Graph, n: Node) -> tuple | None:
-    """(top, left, bottom, right) of a Pad node that pads only the rows and columns of 4-d data
-    with zeros; None for anything else."""
+def spatial_constant_pads(graph: Graph, n: Node) -> tuple | None:
+    """((top, left, bottom, right), value) of a Pad node that pads only the rows and columns of
+    4-d data with a constant known at compile time; None for anything else (another mode, batch
+    or channel padding, an axes input, computed pads or value)."""
     if n.op_type != "Pad" or n.attrs.get("mode", "constant") != "constant" or len(graph.values[n.inputs[0]].shape) != 4:
         return None
     if graph.opset < 11:
@@ -267,9 +269,9 @@ def _spatial_zero_pads(graph: Graph, n: Node) -> tuple | None:
             if c is None:
                 return None
             value = float(c.reshape(-1)[0])
-    if pads is None or len(pads) != 8 or value != 0.0 or any(pads[i] for i in (0, 1, 4, 5)) or min(pads) < 0:
+    if pads is None or len(pads) != 8 or any(pads[i] for i in (0, 1, 4, 5)) or min(pads) < 0:
         return None
-    return (int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7]))
+    return (int(pads[2]), int(pads[3]), int(pads[6]), int(pads[7])), value
 
 
 def fold_batch_norm(graph: Graph) -> Graph:
@@ -337,6 +339,6 @@ def eliminate_dead_nodes(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["simplify", "fold_constants", "fold_pad_into_conv", "fold_node", "transpose_gemm_weights",
+__all__ = ["simplify", "fold_constants", "fold_pad_into_conv", "spatial_constant_pads", "fold_node", "transpose_gemm_weights",
            "prepack_conv_weights", "prepack_matmul_weights", "pack_matmul_weight", "fold_batch_norm",
            "eliminate_dead_nodes"]
