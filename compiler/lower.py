@@ -326,8 +326,13 @@ class _Lowering:
             acc = Load(buf, store_idx)
             src = self._to_loads(substitute(body.source, subst), clamp)
             combined = arith.simplify(_combine(body.combiner, acc, src), self.var_range)
+            where_guard = None
             if body.where is not None:
-                combined = Select(self._to_loads(substitute(body.where, subst), clamp), combined, acc)
+                where = self._to_loads(substitute(body.where, subst), clamp)
+                if self._guardable_where(where, lvars, kinds):
+                    where_guard = where
+                else:
+                    combined = Select(where, combined, acc)
             init = Store(buf, store_idx, Const(reduce_identity(body.combiner, op.dtype), op.dtype))
             update = Store(buf, store_idx, combined)
             first_red = next(i for i, iv in enumerate(leaves) if iv.kind == "reduce")
@@ -342,6 +347,8 @@ class _Lowering:
                     upd_conds.append(c)
                     if not (arith_vars(c) & red_vars):
                         init_conds.append(c)
+            if where_guard is not None:
+                upd_conds.append(where_guard)
             init_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in spatial_inner],
                                    init, init_conds, attach=False)
             upd_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i])
@@ -356,6 +363,16 @@ class _Lowering:
         if st.auto_unroll_max_step:
             nest = _auto_unroll(nest, st.auto_unroll_max_step)
         return nest
+
+    def _guardable_where(self, where, lvars, kinds) -> bool:
+        """A reduction's condition that reads no tensor and no vectorized loop variable skips the
+        update as a guard at the loop of the innermost variable it reads (a group window's steps
+        past the block's groups: the whole step skipped), instead of a Select that computes every
+        term and blends it into the accumulator."""
+        if any(isinstance(n, Load) for n in walk(where)):
+            return False
+        used = arith_vars(where)
+        return not any(k == "vectorized" and v in used for v, k in zip(lvars, kinds))
 
     def _check_vector_placement(self, st: Stage, kinds):
         if "vectorized" not in kinds:

@@ -352,7 +352,7 @@ def test_grouped_convolutions_whose_groups_split_blocks_read_group_windows(group
     graph = from_onnx(m)
     compiled = for_target(graph, TARGET)
     assert [n.op_type for n in compiled.nodes].count("ConvNCHWc") == 3
-    assert any(n.attrs.get("group_window") == (fpg, cpg) for n in compiled.nodes)
+    assert any(n.attrs.get("group_window") == (fpg, cpg, groups) for n in compiled.nodes)
     x = rand(RNG, (1, 3, 7, 9))
     (y,) = build_model(graph).run(x=x)
     a = np_conv(x, p["w0"])
@@ -361,18 +361,30 @@ def test_grouped_convolutions_whose_groups_split_blocks_read_group_windows(group
 
 
 def test_group_window_weights_hold_each_lane_s_group_and_zeros():
-    groups, cpg, F = 4, B + B // 2, 4 * (B + B // 2)
+    """A block of one group reduces over that group's channels only; one across two groups over
+    both, each lane's weights at its own group's channels and zero at the other's."""
+    groups, cpg, fpg = 4, B + B // 2 + 2, B + B // 2 + 2
+    F = groups * fpg
     w = rand(RNG, (F, cpg, 1, 1))
-    packed, window = fn.pack_group_window_weight(w, groups, B, groups * cpg)
-    assert packed.shape == (F // B, window, 1, 1, B, B) and window * B <= 2.25 * cpg
-    full = packed.transpose(0, 5, 1, 4, 2, 3).reshape(F, window * B)   # [f, window channel]
-    data_blocks = -(-groups * cpg // B)
-    for f in range(F):
-        start = fn.group_window_start(f // B, B, F // groups, cpg, data_blocks, window) * B
-        g = f // (F // groups)
-        lo = g * cpg - start
+    packed = fn.pack_group_window_weight(w, groups, B)
+    unit = fn.group_window_unit(cpg)
+    FO, steps = -(-F // B), packed.shape[1]
+    assert packed.shape == (FO, steps, 1, 1, unit, B) and steps * unit == 2 * cpg
+    full = packed.transpose(0, 5, 1, 4, 2, 3).reshape(FO * B, steps * unit)   # [f, window channel]
+    window = steps * unit
+    for f in range(FO * B):
+        first, span = fn.group_window_span(f // B, B, fpg, cpg, groups, window)
+        assert 0 <= first and first + window <= groups * cpg and span <= window   # every read inside the data
+        if f >= F:
+            assert not full[f].any()
+            continue
+        lo = (f // fpg) * cpg - first
+        assert lo + cpg <= span
         assert_close(full[f, lo:lo + cpg], w[f, :, 0, 0])
         assert not full[f, :lo].any() and not full[f, lo + cpg:].any()
+    reduced = [span - (fo * B // fpg * cpg - first)
+               for fo, (first, span) in enumerate(fn.group_window_span(fo, B, fpg, cpg, groups, window) for fo in range(FO))]
+    assert set(reduced) == {cpg, 2 * cpg}
 
 
 def test_an_expand_of_a_blocked_value_stays_nchw():

@@ -386,6 +386,26 @@ def test_reduction_where(mode):
     np.testing.assert_allclose(tri_sum, [x[i, :i].sum() for i in range(I)], rtol=1e-5, atol=1e-6)
 
 
+def test_a_reduction_condition_on_loop_variables_skips_the_step_and_one_on_data_selects():
+    """A `where` that reads only loop variables (a triangle, a group window's span) becomes a
+    guard on the loop it names: the skipped steps cost nothing. One that reads data stays a
+    Select (the lanes of a vector may disagree)."""
+    from compiler.loop_ir import format_stmt
+    I, J = 9, 13
+    x = _red_data((I, J), "float32", seed=9)
+    X = C.placeholder((I, J), "float32", "X")
+    k1, k2 = C.reduce_axis(J, "k1"), C.reduce_axis(J, "k2")
+    tri = C.compute((I,), lambda i: C.sum(X[i, k1], axis=k1, where=k1.var < i), name="tri")
+    pos = C.compute((I,), lambda i: C.sum(X[i, k2], axis=k2, where=X[i, k2] > 0.0), name="pos")
+    tri_text = format_stmt(C.lower(C.create_schedule(tri), [X, tri]).body)
+    pos_text = format_stmt(C.lower(C.create_schedule(pos), [X, pos]).body)
+    assert "if (" in tri_text and "select" not in tri_text
+    assert "select" in pos_text
+    tri_out, pos_out = run([X], [tri, pos], [x], "scalar")
+    np.testing.assert_allclose(tri_out, [x[i, :i].sum() for i in range(I)], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pos_out, np.where(x > 0, x, 0).sum(1), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_reduce_axis_nonzero_lower_bound(mode):
     I, J = 10, 23

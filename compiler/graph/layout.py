@@ -12,10 +12,11 @@ max pool runs on whole vectors of channels: 0.15 ms against 0.4-0.5). A graph ta
 when at least MIN_CONVS of its convolutions can (a lone one would pay both border copies).
 
 - every convolution with constant weights that is dense (one group), depthwise (a group per
-  channel) or grouped in whole blocks (each group's input and output channels a whole number
-  of blocks), whose output channels fill their blocks to at least 1/MAX_CHANNEL_PADDING, becomes
-  a ConvNCHWc: weights packed [F/B, C, KH, KW, B] and the bias [F/B, B], both zero-padded to
-  whole blocks, its output blocked. Its data is the blocked value when there is one, else a
+  channel), grouped in whole blocks (each group's input and output channels a whole number
+  of blocks) or grouped across blocks at a bounded cost (_group_window), whose output
+  channels fill their blocks to at least 1/MAX_CHANNEL_PADDING, becomes a ConvNCHWc: weights
+  packed [F/B, C, KH, KW, B] and the bias [F/B, B], both zero-padded to whole blocks, its
+  output blocked. Its data is the blocked value when there is one, else a
   ToNCHWc copy of it, except for data of fewer channels than a block (an RGB image), which it
   reads as NCHW;
 - every other node whose input is blocked stays blocked when a rule of its kind allows, so
@@ -47,7 +48,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ops.functions import group_window_blocks, group_window_needs, pack_conv_weight_nchwc, pack_group_window_weight
+from ..ops.functions import group_window_channels, group_window_span, pack_conv_weight_nchwc, pack_group_window_weight
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops import OPS, Kind
@@ -96,23 +97,21 @@ def _convertible(graph: Graph, n: Node, block: int) -> bool:
             or _group_window(C, F, groups, block) is not None)
 
 
-def _group_window(C: int, F: int, groups: int, block: int) -> int | None:
-    """Input blocks of a group window (conv2d_nchwc's `group_window`) for a grouped convolution
-    whose groups split channel blocks, when the blocks the output blocks read (their groups'
-    blocks, on average; the rest of the window is skipped) cost at most MAX_GROUP_WINDOW times
-    the group's own reduction; else None. ShuffleNet v1's 4 groups of 136 channels in blocks
-    of 16 read 9 blocks (17 at the groups' seams), its 4 groups of 34 about 3.3: blocked tiles
-    ran 215-227 GFLOPS counting the window's zeros, the NCHW schedule 38-74 on those layers (7
-    of 16 lanes on 7-wide rows), and the blocked layer needs no copies around it (znver4, 2
-    threads)."""
+def _group_window(C: int, F: int, groups: int, block: int) -> tuple | None:
+    """conv2d_nchwc's `group_window` (output, input channels per group, groups) for a grouped
+    convolution whose groups split channel blocks, when the channels its output blocks reduce
+    over (the groups of each block's lanes, group_window_span) cost at most MAX_GROUP_WINDOW
+    times the group's own reduction; else None (the convolution stays NCHW). ShuffleNet v1's 4
+    groups of 34 channels in blocks of 16: a block of one group reduces over its 34 channels, a
+    block across two over 68, 1.33x on average; blocked, those layers need no copies around
+    them, and the NCHW schedule ran them at 38-74 GFLOPS (7 of 16 lanes on 7-wide rows)."""
     if groups < 2 or C % groups or F % groups or C < block:
         return None
-    cpg = C // groups
-    window = group_window_blocks(F, cpg, groups, block, C)
-    if window is None:
-        return None
-    needs = group_window_needs(F, cpg, groups, block)
-    return window if sum(needs) * block <= MAX_GROUP_WINDOW * cpg * len(needs) else None
+    cpg, fpg = C // groups, F // groups
+    blocks, window = -(-F // block), group_window_channels(F, block, cpg, groups)
+    spans = [group_window_span(fo, block, fpg, cpg, groups, window) for fo in range(blocks)]
+    reduced = sum(span - (fo * block // fpg * cpg - first) for fo, (first, span) in enumerate(spans))
+    return (fpg, cpg, groups) if reduced <= MAX_GROUP_WINDOW * cpg * blocks else None
 
 
 def _whole_block_groups(C: int, F: int, groups: int, block: int) -> bool:
@@ -204,8 +203,8 @@ class _Rewrite:
         fout = -(-F // B) * B
         attrs: dict = {}
         if window is not None:
-            packed, _ = pack_group_window_weight(np.asarray(w.const, np.float32), groups, B, C)
-            attrs["group_window"] = (F // groups, C // groups)
+            packed = pack_group_window_weight(np.asarray(w.const, np.float32), groups, B)
+            attrs["group_window"] = window
         else:
             weight = np.zeros((fout, 1 if depthwise else cin, KH, KW), np.float32)
             weight[:F, :w.shape[1]] = w.const

@@ -159,15 +159,34 @@ def _conv_nchw(op, data, weight, F, cpg, KH, KW, weight_at, stride, padding, dil
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
-def group_window_start(fo, block: int, fpg: int, cpg: int, data_blocks: int, window_blocks: int):
-    """The first input block of output block `fo`'s window (an index expression or an int) in a
+def group_window_span(fo, block: int, fpg: int, cpg: int, groups: int, window: int) -> tuple:
+    """(first input channel, channels from it to reduce over) of output block `fo`'s window in a
     grouped convolution whose groups split channel blocks (conv2d_nchwc's `group_window`): the
-    block holding the first input channel of the group of the block's first output channel,
-    moved back so the window stays inside the data."""
-    first = fo * block // fpg * cpg // block
-    if isinstance(first, int):
-        return min(first, data_blocks - window_blocks)
-    return E.minimum(first, data_blocks - window_blocks)
+    input channels of the groups of the block's lanes, which are consecutive groups, the first
+    moved back where the `window` channels every block's reduction walks would run past the
+    data's last group (the steps are skipped, not their reads). `fo` is an index expression or
+    an int; a padded last block's lanes past the last group take that group."""
+    g_lo = fo * block // fpg
+    g_hi = (fo * block + block - 1) // fpg
+    if isinstance(fo, int):
+        first = min(g_lo * cpg, groups * cpg - window)
+        return first, (min(g_hi, groups - 1) + 1) * cpg - first
+    first = E.minimum(g_lo * cpg, groups * cpg - window)
+    return first, (E.minimum(g_hi, groups - 1) + 1) * cpg - first
+
+
+def group_window_channels(F: int, block: int, cpg: int, groups: int) -> int:
+    """Input channels the widest block's groups hold: the window every block's reduction walks."""
+    fpg = F // groups
+    return max(((min((fo * block + block - 1) // fpg, groups - 1)) - fo * block // fpg + 1) * cpg
+               for fo in range(-(-F // block)))
+
+
+def group_window_unit(cpg: int) -> int:
+    """Input channels per step of a group window's reduction: 2 where a group's channels are even
+    (each window is whole steps), else 1; the step is unrolled, and its index arithmetic (a
+    channel's block and lane) is repeated per channel and column of the tile."""
+    return 2 if cpg % 2 == 0 else 1
 
 
 def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False, name="conv2d_nchwc",
@@ -181,10 +200,13 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
     FB = CB). Blocked data may be read in groups (weights of C/groups input channels, each
     group's input and output channels whole blocks, as onnxruntime's NCHWc takes them): output
     block fo reads the input blocks of its group. Groups that split blocks (ShuffleNet's 4 groups
-    of 136 channels in blocks of 16) take `group_window` = (output, input channels per group):
-    output block fo reads a window of weight.shape[1] input blocks from group_window_start(fo),
-    which holds the groups of all its channels, the weights zero outside each lane's own group
-    (pack_group_window_weight). A model's channels are padded to whole blocks with zero weights
+    of 34 channels in blocks of 16) take `group_window` = (output, input channels per group,
+    groups) and weights [F/FB, steps, KH, KW, U, FB]: output block fo reduces over the input
+    channels of its lanes' groups, group_window_span(fo), U channels a step, each channel read
+    where it lies in the blocked data, the weights zero outside each lane's own group
+    (pack_group_window_weight); steps past the block's span are skipped. A block of one group
+    reads that group's channels and no more; one that straddles two reads both. A model's
+    channels are padded to whole blocks with zero weights
     (compiler.graph.layout).
 
     The weights are blocked as the reduction walks them (pack_conv_weight_nchwc): for blocked
@@ -204,7 +226,7 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
     CB = data.shape[4] if blocked else 1
     C = data.shape[1] * CB
     dense_blocked = blocked and not depthwise
-    if weight.ndim != (6 if dense_blocked else 5) or (dense_blocked and weight.shape[4] != CB):
+    if weight.ndim != (6 if dense_blocked else 5) or (dense_blocked and group_window is None and weight.shape[4] != CB):
         want = ("[F/FB, C/CB, KH, KW, CB, FB] with CB = the data's block" if dense_blocked
                 else "[F/FB, C or 1, KH, KW, FB]")
         raise ExprError(f"{op}: weights for {'blocked' if blocked else 'NCHW'} data must be {want}, "
@@ -216,9 +238,17 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
                             f"weights, got {data.shape} and {weight.shape}")
         groups = FO
     elif group_window is not None:
-        if not blocked or cpg % CB or cpg > C:
-            raise ExprError(f"{op}: a group window reads blocked data, whole blocks of it: weights of {cpg} "
-                            f"input channels, data of {C}")
+        if not blocked or len(group_window) != 3:
+            raise ExprError(f"{op}: a group window (output, input channels per group, groups) reads blocked data, "
+                            f"got {group_window} for data of shape {data.shape}")
+        fpg_w, cpg_w, groups_w = (int(v) for v in group_window)
+        unit, steps = weight.shape[4], weight.shape[1]
+        if (cpg_w * groups_w > C or fpg_w * groups_w > FO * FB or fpg_w * groups_w <= (FO - 1) * FB
+                or cpg_w % unit or steps * unit != group_window_channels(fpg_w * groups_w, FB, cpg_w, groups_w)):
+            raise ExprError(f"{op}: a group window of {groups_w} groups of {cpg_w} input and {fpg_w} output channels "
+                            f"needs data of at least {cpg_w * groups_w} channels and weights [F/FB, steps, KH, KW, U, FB] "
+                            f"with U dividing {cpg_w} and steps * U the widest block's channels; got data {data.shape}, "
+                            f"weights {weight.shape}")
         groups = 0
     elif blocked and cpg != C:   # grouped: each group's input and output channels are whole blocks
         if cpg <= 0 or C % cpg or (C // cpg) < 2 or FO % (C // cpg):
@@ -241,22 +271,19 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
             v = padded[(n, fo, *at(y, x), fi)]
             return te_sum(_mul(v, weight[fo, 0, ry, rx, fi], out_dtype), axis=[ry, rx])
     elif blocked:
-        rco, rci = reduce_axis(cpg // CB, "rco"), reduce_axis(CB, "rci")
+        rco, rci = reduce_axis(weight.shape[1], "rco"), reduce_axis(weight.shape[4], "rci")
         out_blocks, in_blocks = (FO // groups, cpg // CB) if groups else (0, 0)   # per group
 
         def body(n, fo, y, x, fi):
-            if group_window is not None:
-                fpg_w, cpg_w = group_window
-                block = group_window_start(fo, FB, fpg_w, cpg_w, C // CB, cpg // CB) + rco.var
-            else:
-                block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
-            v = padded[(n, block, *at(y, x), rci.var)]
             where = None
             if group_window is not None:
-                fpg_w, cpg_w = group_window
-                g_hi = (fo * FB + FB - 1) // fpg_w
-                hi = E.minimum((g_hi + 1) * cpg_w + CB - 1, C) // CB
-                where = rco.var < hi - group_window_start(fo, FB, fpg_w, cpg_w, C // CB, cpg // CB)
+                first, span = group_window_span(fo, FB, fpg_w, cpg_w, groups_w, weight.shape[1] * weight.shape[4])
+                channel = first + rco.var * weight.shape[4] + rci.var
+                v = padded[(n, channel // CB, *at(y, x), channel % CB)]
+                where = rco.var < span // weight.shape[4]
+            else:
+                block = rco.var if groups == 1 else fo // out_blocks * in_blocks + rco.var
+                v = padded[(n, block, *at(y, x), rci.var)]
             return te_sum(_mul(v, weight[fo, rco.var, ry, rx, rci.var, fi], out_dtype), axis=[rco, ry, rx, rci],
                           where=where)
     else:
@@ -299,43 +326,21 @@ def pack_conv_weight_nchwc(weight: np.ndarray, block: int, in_block: int = 0) ->
                                 .transpose(0, 2, 4, 5, 3, 1))
 
 
-def pack_group_window_weight(weight: np.ndarray, groups: int, block: int, data_channels: int) -> tuple:
-    """Grouped OIHW weights [F, C/groups, KH, KW] as the windows of conv2d_nchwc's
-    `group_window`: [ceil(F/block), RB, KH, KW, block, block], RB input blocks per output
-    block, each lane's weights at its group's channels and zero elsewhere; with RB."""
+def pack_group_window_weight(weight: np.ndarray, groups: int, block: int) -> np.ndarray:
+    """Grouped OIHW weights [F, C/groups, KH, KW] as conv2d_nchwc's `group_window` reads them:
+    [ceil(F/block), steps, KH, KW, U, block], U = group_window_unit, each output block's steps
+    walking its group_window_span; each lane's weights at its own group's channels, zero at the
+    other groups' channels and past the block's span (and in padding lanes)."""
     F, cpg, KH, KW = weight.shape
-    fpg, data_blocks = F // groups, -(-data_channels // block)
-    window = group_window_blocks(F, cpg, groups, block, data_channels)
-    if window is None:
-        raise ValueError(f"no group window for {groups} groups of {cpg} channels in blocks of {block}")
-    full = np.zeros((-(-F // block) * block, window * block, KH, KW), weight.dtype)   # padding channels: zeros
+    fpg, unit = F // groups, group_window_unit(cpg)
+    FO, window = -(-F // block), group_window_channels(F, block, cpg, groups)
+    steps = window // unit
+    full = np.zeros((FO, block, window, KH, KW), weight.dtype)
     for f in range(F):
-        at = (f // fpg) * cpg - group_window_start(f // block, block, fpg, cpg, data_blocks, window) * block
-        full[f, at:at + cpg] = weight[f]
-    return pack_conv_weight_nchwc(full, block, block), window
-
-
-def group_window_blocks(F: int, cpg: int, groups: int, block: int, data_channels: int) -> int | None:
-    """Input blocks every output block's window must span (the most any block's groups need);
-    None when the window would not fit the data. F need not fill its last block (its padding
-    channels have zero weights)."""
-    needs = group_window_needs(F, cpg, groups, block)
-    if not needs or max(needs) > -(-data_channels // block):
-        return None
-    return max(needs)
-
-
-def group_window_needs(F: int, cpg: int, groups: int, block: int) -> list:
-    """Input blocks each output block's groups reach (what its window reads: the rest of the
-    window is skipped); [] when F is not split evenly into groups."""
-    if F % groups:
-        return []
-    fpg = F // groups
-    needs = []
-    for fo in range(-(-F // block)):
-        g_lo, g_hi = fo * block // fpg, (min(fo * block + block, F) - 1) // fpg
-        needs.append(-(-((g_hi + 1) * cpg) // block) - (g_lo * cpg) // block)
-    return needs
+        fo, lane = divmod(f, block)
+        at = (f // fpg) * cpg - group_window_span(fo, block, fpg, cpg, groups, window)[0]   # the lane's group
+        full[fo, lane, at:at + cpg] = weight[f]
+    return np.ascontiguousarray(full.reshape(FO, block, steps, unit, KH, KW).transpose(0, 2, 4, 5, 3, 1))
 
 
 def conv2d_nhwc(data, weight, stride=1, padding=0, dilation=1, groups=1, name="conv2d_nhwc") -> Tensor:
@@ -498,6 +503,6 @@ def bias_add(data, bias, axis=1, activation="none", name="bias_add", tag="broadc
 
 
 __all__ = ["conv2d_nchw", "conv2d_nchw_packed", "pack_conv_weight", "pack_conv_weight_nchwc", "pack_group_window_weight",
-           "group_window_blocks", "group_window_needs", "group_window_start", "nchwc_weight_geometry",
+           "group_window_channels", "group_window_span", "group_window_unit", "nchwc_weight_geometry",
            "conv2d_nhwc", "depthwise_conv2d_nchw", "matmul", "batch_matmul", "dense",
            "add", "multiply", "relu", "gelu", "bias_add", "pad_tensor", "ACTIVATIONS"]

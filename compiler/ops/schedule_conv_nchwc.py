@@ -58,6 +58,13 @@ def nchwc_tile(opdef, target) -> tuple:
     weight = opdef.inputs[1]
     block_bytes = math.prod(weight.shape[1:]) * np.dtype(weight.dtype).itemsize
     blocks = max(1, min(MAX_TILE_BLOCKS, target.capabilities.l2 // block_bytes))
+    if opdef.params.get("group_window"):
+        # each block walks its own window (its skipped steps whole steps of the tile): one block,
+        # its accumulators from columns and rows (a 7x7 map's 7 columns alone leave FMAs idle)
+        dims = [(OW, 16, True), (OH, 4, True)]
+        cost = lambda r, c: (c[0] * c[1] + r, c[0] * c[1])   # noqa: E731
+        _, (XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
+        return 1, XB, YB
     dims = [(FO, blocks, False), (OW, 8, True)]
     cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
     _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
