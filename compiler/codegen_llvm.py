@@ -5,7 +5,12 @@
   the lane become masks (masked loads/stores), uniform values stay scalar and are broadcast.
 - An `unrolled` loop is emitted once per iteration with its variable a constant.
 - A `parallel` loop is outlined into a function run by libgomp's GOMP_parallel, each thread taking
-  a contiguous chunk of iterations (static schedule).
+  a contiguous chunk of iterations (static schedule). Its team is sized to the work, not the
+  cores: at most one thread per iteration and per MIN_WORK_PER_THREAD elements its body stores
+  (vector lanes counted; a reduction's accumulator updates at a quarter), at most
+  omp_get_max_threads(). A kernel of a few microseconds
+  on 16 cores otherwise spent longer starting and joining 16 threads than computing (a batch-1
+  MLP ran 0.53x onnxruntime on a 16-core Xeon, whose thread pool sizes each call to its work).
 - Kernel arguments are `noalias`; scratch buffers are 64-byte aligned.
 - Scratch buffers are allocated once per function, at its entry (the kernel, or each thread's
   outlined chunk), however often the loop that declares them runs or is unrolled: small ones on
@@ -33,6 +38,11 @@ STACK_LIMIT_BYTES = 32 * 1024    # largest buffer placed on the stack
 STACK_BUDGET_BYTES = 128 * 1024  # all stack buffers of one function (thread stacks are >= 2 MiB)
 FAST = ("contract",)
 KERNEL_OK = 0
+# stored elements (vector lanes counted) a parallel loop gives each thread at least: half the
+# work at which the default schedules go parallel (ops.schedule_common.PARALLEL_MIN_WORK), so a
+# loop they make parallel runs on two threads
+MIN_WORK_PER_THREAD = 1 << 14
+ACCUMULATE_WORK = 0.25   # an accumulator update's share of MIN_WORK_PER_THREAD against a stored element's
 KERNEL_OUT_OF_MEMORY = 1
 
 _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -238,7 +248,10 @@ class FunctionEmitter:
         for i, val in enumerate(values):
             b.store(val, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
         gomp = mb.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
-        b.call(gomp, [fn, slot, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        cap = ir.Constant(I32, parallel_team_cap(s))
+        most = b.call(mb.declare("omp_get_max_threads", I32, []), [])
+        team = b.select(b.icmp_signed("<", cap, most), cap, most)
+        b.call(gomp, [fn, slot, team, ir.Constant(I32, 0)])
         failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, KERNEL_OK))
         after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
         b.cbranch(failed, self.fail_block(), after)
@@ -686,3 +699,29 @@ def _buffers_of(s: Stmt) -> set:
 def generate(func: LoweredFunc, target) -> ir.Module:
     """LLVM IR module for a lowered function."""
     return ModuleBuilder(func, target).build()
+
+
+def parallel_team_cap(loop: For) -> int:
+    """The most threads parallel `loop` may use: one per iteration, and one per
+    MIN_WORK_PER_THREAD units of the whole loop's work (_work; at least one)."""
+    return max(1, min(loop.extent, int(loop.extent * _work(loop.body)) // MIN_WORK_PER_THREAD))
+
+
+def _work(s: Stmt) -> float:
+    """Work of one run of `s` in stored elements (loops multiplied out, vector lanes counted,
+    the longer branch of an if); an accumulator's update (a store of a value that reads the
+    element it writes: one multiply-add in registers) counts ACCUMULATE_WORK. A batch-1 layer of
+    784 x 512 multiply-adds then takes 6 threads, as onnxruntime's GEMM gives it (64K
+    multiply-adds a thread), and an elementwise kernel one thread per 16K elements."""
+    if isinstance(s, For):
+        return s.extent * _work(s.body)
+    if isinstance(s, Seq):
+        return sum(_work(c) for c in s.stmts)
+    if isinstance(s, (Allocate, LetStmt)):
+        return _work(s.body)
+    if isinstance(s, IfThenElse):
+        return max(_work(s.then), _work(s.else_) if s.else_ is not None else 0.0)
+    if isinstance(s, Store):
+        updates = any(isinstance(n, Load) and n.buffer is s.buffer for n in walk(s.value))
+        return ACCUMULATE_WORK if updates else 1.0
+    return 0.0

@@ -91,6 +91,42 @@ def test_parallel_loop_is_outlined_to_libgomp():
     np.testing.assert_allclose(o, a + 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows, cols, team", [(8, 16, 1), (64, 4096, 16), (3, 1 << 16, 3)])
+def test_a_parallel_loop_s_team_follows_its_work(rows, cols, team):
+    """One thread per MIN_WORK_PER_THREAD stored elements and per iteration of the loop, at
+    most omp_get_max_threads() at run time: 128 additions run on one thread, not on every core
+    (the team a 16-core host started for a microsecond kernel cost more than the kernel); the
+    results are the same whatever the team."""
+    from compiler.codegen_llvm import MIN_WORK_PER_THREAD, parallel_team_cap
+    from compiler.loop_ir import For, walk_stmts
+    A = C.placeholder((rows, cols), name="A")
+    out = C.compute((rows, cols), lambda i, j: A[i, j] * 2.0 + 1.0, name="out")
+    s = C.create_schedule(out)
+    s[out].parallel(s[out].op.axis[0])
+    f = C.lower(s, [A, out])
+    loop = next(n for n in walk_stmts(f.body) if isinstance(n, For) and n.kind == "parallel")
+    assert parallel_team_cap(loop) == team == min(max(1, rows * cols // MIN_WORK_PER_THREAD), rows)
+    assert "omp_get_max_threads" in _ir(s, [A, out])
+    a = np.random.default_rng(rows).standard_normal((rows, cols)).astype("f4")
+    o = np.full_like(a, np.nan)
+    C.build(s, [A, out])(a, o)
+    np.testing.assert_allclose(o, a * 2.0 + 1.0, rtol=1e-6)
+
+
+def test_a_reduction_s_team_counts_its_multiply_adds_at_a_quarter():
+    """A batch-1 layer of 784 x 512 multiply-adds parallel over its 512 outputs takes 6 threads
+    (onnxruntime's GEMM gives it about as many), not every core."""
+    from compiler.codegen_llvm import parallel_team_cap
+    from compiler.loop_ir import For, walk_stmts
+    X, W = C.placeholder((784,), name="X"), C.placeholder((512, 784), name="W")
+    k = C.reduce_axis(784, "k")
+    out = C.compute((512,), lambda j: C.sum(X[k] * W[j, k], axis=k), name="out")
+    s = C.create_schedule(out)
+    s[out].parallel(s[out].op.axis[0])
+    loop = next(n for n in walk_stmts(C.lower(s, [X, W, out]).body) if isinstance(n, For) and n.kind == "parallel")
+    assert parallel_team_cap(loop) == 6
+
+
 def test_gemm_micro_kernel_is_fmas_on_registers():
     """The packed register tile must compile to FMAs with unit-stride loads, no gathers."""
     import llvmlite.binding as llvm
