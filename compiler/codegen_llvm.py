@@ -8,9 +8,9 @@
   a contiguous chunk of iterations (static schedule). Its team is sized to the work, not the
   cores: at most one thread per iteration and per MIN_WORK_PER_THREAD elements its body stores
   (vector lanes counted; a reduction's accumulator updates at a quarter), at most
-  omp_get_max_threads(). A kernel of a few microseconds
-  on 16 cores otherwise spent longer starting and joining 16 threads than computing (a batch-1
-  MLP ran 0.53x onnxruntime on a 16-core Xeon, whose thread pool sizes each call to its work).
+  omp_get_max_threads(). A kernel of a few microseconds on 16 cores otherwise spent longer
+  starting and joining 16 threads than computing (a batch-1 MLP ran 0.53x onnxruntime on a
+  16-core Xeon; onnxruntime's GEMM takes one thread per 64K multiply-adds).
 - Kernel arguments are `noalias`; scratch buffers are 64-byte aligned.
 - Scratch buffers are allocated once per function, at its entry (the kernel, or each thread's
   outlined chunk), however often the loop that declares them runs or is unrolled: small ones on
@@ -711,8 +711,8 @@ def _work(s: Stmt) -> float:
     """Work of one run of `s` in stored elements (loops multiplied out, vector lanes counted,
     the longer branch of an if); an accumulator's update (a store of a value that reads the
     element it writes: one multiply-add in registers) counts ACCUMULATE_WORK. A batch-1 layer of
-    784 x 512 multiply-adds then takes 6 threads, as onnxruntime's GEMM gives it (64K
-    multiply-adds a thread), and an elementwise kernel one thread per 16K elements."""
+    784 x 512 multiply-adds then takes 6 threads (onnxruntime's GEMM, one per 64K multiply-adds
+    plus one, gives it 7), and an elementwise kernel one thread per 16K elements."""
     if isinstance(s, For):
         return s.extent * _work(s.body)
     if isinstance(s, Seq):
