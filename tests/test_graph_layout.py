@@ -329,6 +329,31 @@ def test_a_blocked_concat_read_back_as_nchw_in_the_same_kernel():
     assert_close(y, np.concatenate([np_conv(s, p["w1"]), np_conv(s, p["w2"], pads=(1, 1, 1, 1))], axis=1))
 
 
+def test_a_concat_whose_last_input_part_fills_a_block_stays_blocked():
+    """ShuffleNet v1 concatenates a grouped conv's 112 channels with a pool's 24: the inputs but
+    the last fill whole blocks, so the concat of the blocks is the blocked concat, the last
+    input's padding channels the output's; the Relu and the conv after it read it blocked, and
+    nothing changes in the values."""
+    half = B + B // 2
+    p = {"w0": rand(RNG, (2 * B, 3, 1, 1)), "w1": rand(RNG, (half, 3, 1, 1)), "w2": rand(RNG, (B, 2 * B + half, 3, 3))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "w1"], ["b0"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["b0"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    m = model(nodes, {"x": ((1, 3, 6, 7), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    compiled = for_target(graph, TARGET)
+    ops = [n.op_type for n in compiled.nodes]
+    assert "FromNCHWc" not in ops[:-1] and ops.count("ToNCHWc") == 0
+    assert len(compiled.values[next(n for n in compiled.nodes if n.op_type == "Concat").outputs[0]].shape) == 5
+    x = rand(RNG, (1, 3, 6, 7))
+    (y,) = build_model(graph).run(x=x)
+    c = np.concatenate([np_conv(x, p["w0"]), np.maximum(np_conv(x, p["w1"]), 0)], axis=1)
+    assert_close(y, np_conv(np.maximum(c, 0), p["w2"], pads=(1, 1, 1, 1)))
+
+
 @pytest.mark.parametrize("groups, cpg, fpg, k, stride", [(4, B + B // 2, B + B // 2, 1, (1, 1)),
                                                          (3, B + B // 2, B, 3, (2, 1)),
                                                          (2, 3 * B // 2 + 2, B, 1, (1, 1)),

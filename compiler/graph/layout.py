@@ -25,8 +25,9 @@ when at least MIN_CONVS of its convolutions can (a lone one would pay both borde
     zero with the count ONNX divides by), GlobalAveragePool and GlobalMaxPool (GlobalPoolNCHWc:
     the pooled [N, C/B, 1, 1, B] stays blocked for a squeeze-excite's 1x1 convolutions and its
     gate);
-  - Concat along the channels when every input's channels fill whole blocks (the concatenated
-    blocks are the blocks of the concatenation; DenseNet, Inception, ShuffleNet's halves);
+  - Concat along the channels when every input's channels but the last one's fill whole blocks
+    (the concatenated blocks are the blocks of the concatenation; DenseNet, Inception,
+    ShuffleNet's halves and its 112 + 24 channels);
   - constant Pad of the rows and columns only;
   - elementwise and broadcast nodes whose output has a blocked input's shape: the other inputs
     are blocked values (an [N, C, 1, 1] gate included), scalars, or constants broadcast against
@@ -254,11 +255,14 @@ class _Rewrite:
         return True
 
     def _concat(self, n: Node) -> bool:
-        """Concat along channels of whole blocks: the blocked concat is the concat of the blocks."""
+        """Concat along channels where every input but the last fills whole blocks: the blocked
+        concat is the concat of the blocks, the last input's padding channels the output's
+        (finite, as every value's padding is). ShuffleNet v1's 112 + 24 channels of a stage's
+        first unit stay blocked, with no copies out and back around it."""
         shapes = [self._logical(i) for i in n.inputs]
         if any(len(s) != 4 for s in shapes) or int(n.attrs.get("axis", 0)) % 4 != 1:
             return False
-        if any(s[1] % self.block for s in shapes):
+        if any(s[1] % self.block for s in shapes[:-1]):
             return False
         inputs = [self._blocked_of(i) for i in n.inputs]
         out = self._logical(n.outputs[0])
