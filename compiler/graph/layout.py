@@ -49,7 +49,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ops.functions import group_window_channels, group_window_span, pack_conv_weight_nchwc, pack_group_window_weight
+from ..ops.functions import group_window_span, pack_conv_weight_nchwc, pack_group_window_weight
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops import OPS, Kind
@@ -108,10 +108,8 @@ def _group_window(C: int, F: int, groups: int, block: int) -> tuple | None:
     them, and the NCHW schedule ran them at 38-74 GFLOPS (7 of 16 lanes on 7-wide rows)."""
     if groups < 2 or C % groups or F % groups or C < block:
         return None
-    cpg, fpg = C // groups, F // groups
-    blocks, window = -(-F // block), group_window_channels(F, block, cpg, groups)
-    spans = [group_window_span(fo, block, fpg, cpg, groups, window) for fo in range(blocks)]
-    reduced = sum(span - (fo * block // fpg * cpg - first) for fo, (first, span) in enumerate(spans))
+    cpg, fpg, blocks = C // groups, F // groups, -(-F // block)
+    reduced = sum(group_window_span(fo, block, fpg, cpg, groups)[1] for fo in range(blocks))
     return (fpg, cpg, groups) if reduced <= MAX_GROUP_WINDOW * cpg * blocks else None
 
 

@@ -159,27 +159,21 @@ def _conv_nchw(op, data, weight, F, cpg, KH, KW, weight_at, stride, padding, dil
     return compute((N, F, OH, OW), body, name=name, tag=op, attrs=attrs)
 
 
-def group_window_span(fo, block: int, fpg: int, cpg: int, groups: int, window: int) -> tuple:
-    """(first input channel, channels from it to reduce over) of output block `fo`'s window in a
-    grouped convolution whose groups split channel blocks (conv2d_nchwc's `group_window`): the
-    input channels of the groups of the block's lanes, which are consecutive groups, the first
-    moved back where the `window` channels every block's reduction walks would run past the
-    data's last group (the steps are skipped, not their reads). `fo` is an index expression or
-    an int; a padded last block's lanes past the last group take that group."""
+def group_window_span(fo, block: int, fpg: int, cpg: int, groups: int) -> tuple:
+    """(first input channel, channels from it) of output block `fo`'s window in a grouped
+    convolution whose groups split channel blocks (conv2d_nchwc's `group_window`): the input
+    channels of the groups of the block's lanes, which are consecutive groups. `fo` is an index
+    expression or an int; a padded last block's lanes past the last group take that group."""
     g_lo = fo * block // fpg
     g_hi = (fo * block + block - 1) // fpg
-    if isinstance(fo, int):
-        first = min(g_lo * cpg, groups * cpg - window)
-        return first, (min(g_hi, groups - 1) + 1) * cpg - first
-    first = E.minimum(g_lo * cpg, groups * cpg - window)
-    return first, (E.minimum(g_hi, groups - 1) + 1) * cpg - first
+    g_hi = min(g_hi, groups - 1) if isinstance(fo, int) else E.minimum(g_hi, groups - 1)
+    return g_lo * cpg, (g_hi - g_lo + 1) * cpg
 
 
 def group_window_channels(F: int, block: int, cpg: int, groups: int) -> int:
-    """Input channels the widest block's groups hold: the window every block's reduction walks."""
-    fpg = F // groups
-    return max(((min((fo * block + block - 1) // fpg, groups - 1)) - fo * block // fpg + 1) * cpg
-               for fo in range(-(-F // block)))
+    """Input channels the widest block's groups hold: the steps every block's reduction has,
+    those past its own span skipped."""
+    return max(group_window_span(fo, block, F // groups, cpg, groups)[1] for fo in range(-(-F // block)))
 
 
 def group_window_unit(cpg: int) -> int:
@@ -277,8 +271,9 @@ def conv2d_nchwc(data, weight, stride=1, padding=0, dilation=1, depthwise=False,
         def body(n, fo, y, x, fi):
             where = None
             if group_window is not None:
-                first, span = group_window_span(fo, FB, fpg_w, cpg_w, groups_w, weight.shape[1] * weight.shape[4])
-                channel = first + rco.var * weight.shape[4] + rci.var
+                first, span = group_window_span(fo, FB, fpg_w, cpg_w, groups_w)
+                # the steps past the span are skipped; clamped, their reads stay inside the data
+                channel = E.minimum(first + rco.var * weight.shape[4] + rci.var, cpg_w * groups_w - 1)
                 v = padded[(n, channel // CB, *at(y, x), channel % CB)]
                 where = rco.var < span // weight.shape[4]
             else:
@@ -338,7 +333,7 @@ def pack_group_window_weight(weight: np.ndarray, groups: int, block: int) -> np.
     full = np.zeros((FO, block, window, KH, KW), weight.dtype)
     for f in range(F):
         fo, lane = divmod(f, block)
-        at = (f // fpg) * cpg - group_window_span(fo, block, fpg, cpg, groups, window)[0]   # the lane's group
+        at = (f // fpg) * cpg - group_window_span(fo, block, fpg, cpg, groups)[0]   # the lane's group
         full[fo, lane, at:at + cpg] = weight[f]
     return np.ascontiguousarray(full.reshape(FO, block, steps, unit, KH, KW).transpose(0, 2, 4, 5, 3, 1))
 
