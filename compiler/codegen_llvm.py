@@ -94,6 +94,20 @@ class ModuleBuilder:
         return self.module
 
 
+def _emit_thread_entry(entry: ir.Function, body: ir.Function, struct_t, first_buffer: int, n_buffers: int):
+    """What GOMP_parallel runs on each thread: the captured buffer pointers loaded from the
+    closure and passed to the chunk's body as `noalias` arguments. Loaded inside the body they
+    would carry no aliasing facts (an outlined loop is a different function from the kernel whose
+    arguments are noalias), and LLVM would keep every accumulator that lives in an output buffer
+    in memory: a max pool's 9 taps per vector went through store-to-load forwarding, 2.2x slower."""
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    data = entry.args[0]
+    ptrs = [b.load(b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, first_buffer + j)], source_etype=struct_t), typ=PTR)
+            for j in range(n_buffers)]
+    b.call(body, [data, *ptrs])
+    b.ret_void()
+
+
 class FunctionEmitter:
     """Emits statements into one LLVM function."""
 
@@ -235,8 +249,13 @@ class FunctionEmitter:
         captured_bufs = [bf for bf in self.buffers if bf in used_bufs]
         fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs) + [PTR]
         struct_t = ir.LiteralStructType(fields)
-        fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=f"{self.fn.name}_par{mb.n_outlined}")
+        name = f"{self.fn.name}_par{mb.n_outlined}"
+        fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(captured_bufs))), name=name + "_body")
         fn.linkage = "internal"
+        for a in fn.args[1:]:
+            a.add_attribute("noalias")
+        thread_entry = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+        thread_entry.linkage = "internal"
         # pack the captured values
         b = self.builder
         with b.goto_block(self.entry):
@@ -251,7 +270,7 @@ class FunctionEmitter:
         cap = ir.Constant(I32, parallel_team_cap(s))
         most = b.call(mb.declare("omp_get_max_threads", I32, []), [])
         team = b.select(b.icmp_signed("<", cap, most), cap, most)
-        b.call(gomp, [fn, slot, team, ir.Constant(I32, 0)])
+        b.call(gomp, [thread_entry, slot, team, ir.Constant(I32, 0)])
         failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, KERNEL_OK))
         after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
         b.cbranch(failed, self.fail_block(), after)
@@ -265,10 +284,8 @@ class FunctionEmitter:
         for i, v in enumerate(captured_vars):
             child.vars[v] = cb.load(cb.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t),
                                     typ=fields[i])
-        for j, bf in enumerate(captured_bufs):
-            k = len(captured_vars) + j
-            child.buffers[bf] = cb.load(cb.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=struct_t),
-                                        typ=PTR)
+        child.buffers.update(zip(captured_bufs, fn.args[1:]))
+        _emit_thread_entry(thread_entry, fn, struct_t, len(captured_vars), len(captured_bufs))
         tid = cb.sext(cb.call(mb.declare("omp_get_thread_num", I32, []), []), I64)
         nth = cb.sext(cb.call(mb.declare("omp_get_num_threads", I32, []), []), I64)
         ext = ir.Constant(I64, s.extent)

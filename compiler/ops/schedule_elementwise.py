@@ -26,10 +26,11 @@ import numpy as np
 
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
-from .schedule_common import lanes, largest_divisor, parallel_loop, vectorize_inner, want_parallel
+from .schedule_common import accumulator_factor, lanes, largest_divisor, parallel_loop, vectorize_inner, want_parallel
 
 TRANSPOSE_TILE = 32
 ROW_CHAINS = 8
+TILE_CHAINS = 6  # most units of a reduction's accumulator tile (_accumulator_tile)
 
 
 def schedule_injective(opdef, target=None) -> Schedule:
@@ -125,12 +126,71 @@ def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target):
         lo, li = stage.split(last, factor=f) if f < last.extent else (None, last)
         stage.reorder(*keep, *([lo] if lo is not None else []), *rax, li)
         stage.unroll(li)
-    else:
-        vl = lanes(target, op.dtype)
-        lo = vectorize_inner(stage, last, vl, max_vectors=4, carried=True)
-        li = last if lo is None else _inner_of(stage, lo)
-        stage.reorder(*keep, *([lo] if lo is not None else []), *rax, li)
-    return parallel_loop(stage, keep, lo, target, work)
+        return parallel_loop(stage, keep, lo, target, work)
+    return _accumulator_tile(stage, spatial, target, work)
+
+
+def _accumulator_tile(stage, spatial: list, target, work: int):
+    """A reduction that keeps its innermost axis (a pool's window, a sum over rows): the
+    accumulators of a tile, vectors of the last axis times up to TILE_CHAINS units of the spatial
+    axis before it, in a local cache (cache_write) that LLVM keeps in registers, the reduction
+    loops outside the tile's unrolled units, so each tap updates several independent chains.
+    One vector accumulated in the output buffer was one serial chain through memory: SqueezeNet's
+    3x3/2 max pools ran 2.2x onnxruntime's time; 5 columns in registers: 1.75x faster."""
+    target = resolve_target(target)
+    op = stage.op
+    last_pos = list(op.axis).index(spatial[-1])
+    tile_pos = list(op.axis).index(spatial[-2]) if len(spatial) > 1 else None
+    vl = lanes(target, op.dtype)
+    f = accumulator_factor(spatial[-1].extent, vl, max_vectors=4)
+    vectors = -(-f // vl)
+    cache = stage.schedule.cache_write(stage.tensor, "local")
+    cs = stage.schedule[cache]
+    axes = list(stage.op.axis)   # the copy out of the cache, the stage's tensor now
+    last = axes[last_pos]
+    lo, li = stage.split(last, factor=f) if f < last.extent else (None, last)
+    to = ti = None
+    if tile_pos is not None:
+        units = _tile_units(axes[tile_pos].extent, max(1, min(TILE_CHAINS, target.capabilities.accumulator_registers // 2)
+                                                         // vectors))
+        if units > 1:
+            to, ti = stage.split(axes[tile_pos], factor=units)
+    outer = [a for i, a in enumerate(axes) if i not in (last_pos, tile_pos)]
+    if tile_pos is not None and ti is None:
+        outer.append(axes[tile_pos])
+    inner_outer = [a for a in (to, lo) if a is not None]
+    stage.reorder(*outer, *inner_outer, *([ti] if ti is not None else []), li)
+    stage.vectorize(li)
+    if ti is not None:
+        stage.unroll(ti)
+    attach = inner_outer[-1] if inner_outer else (outer[-1] if outer else None)
+    loop = parallel_loop(stage, outer, inner_outer[0] if inner_outer else None, target, work)
+    if attach is None or attach not in stage.leaf_iter_vars:
+        attach = loop
+    if attach is None:
+        return loop
+    cs.compute_at(stage, attach)
+    c_axes = list(cs.op.axis)
+    c_tile = [c_axes[tile_pos]] if ti is not None else []
+    c_rest = [a for i, a in enumerate(c_axes) if i != last_pos and not (ti is not None and i == tile_pos)]
+    c_last = c_axes[last_pos]
+    c_lo = None
+    if lo is not None:
+        c_lo, c_last = cs.split(c_last, factor=f)
+    cs.reorder(*c_rest, *([c_lo] if c_lo is not None else []), *cs.op.reduce_axis, *c_tile, c_last)
+    cs.vectorize(c_last)
+    if c_tile:
+        cs.unroll(c_tile[0])
+    return loop
+
+
+def _tile_units(extent: int, most: int) -> int:
+    """Units of the tile axis per register tile: a divisor of `extent` up to `most`, unless the
+    best divisor is under half of it (a prime 13 columns), then `most` with a guarded tail."""
+    if extent <= most:
+        return extent
+    d = largest_divisor(extent, most)
+    return d if 2 * d > most else most
 
 
 def _inner_of(stage, outer):
