@@ -22,6 +22,8 @@ class MemoryPlan:
 
     block_of: dict = field(default_factory=dict)
     block_bytes: list = field(default_factory=list)
+    # value -> byte offset inside its block (a Concat's input placed in its output; 0 if absent)
+    offset_of: dict = field(default_factory=dict)
     # bytes the values would take with one buffer each (what the plan saves is the difference)
     unshared_bytes: int = 0
 
@@ -41,16 +43,27 @@ def storage_roots(graph: Graph, steps) -> dict:
     return root
 
 
-def plan_memory(graph: Graph, steps) -> MemoryPlan:
-    """Plan the buffers of `steps` ((output value, [value read])), run in order."""
+def plan_memory(graph: Graph, steps, placements: dict | None = None) -> MemoryPlan:
+    """Plan the buffers of `steps` ((output value, [value read])), run in order. `placements`
+    ({value: (value holding it, byte offset)}, concat_in_place) put values inside others'
+    storage: such a storage is live from the first step that writes any value in it to the last
+    that reads or writes one."""
     roots = storage_roots(graph, steps)
+    placements = placements or {}
+
+    def locate(v) -> tuple:
+        r, offset = roots.get(v, v), 0
+        while r in placements:
+            holder, at = placements[r]
+            r, offset = roots.get(holder, holder), offset + at
+        return r, offset
 
     def root(v):
-        return roots.get(v, v)
+        return locate(v)[0]
 
     last_use: dict = {}
-    for i, (_, reads) in enumerate(steps):
-        for r in reads:
+    for i, (out, reads) in enumerate(steps):
+        for r in [*reads, out]:
             last_use[root(r)] = i
     pinned = {root(v) for v in graph.outputs} | {root(v) for v in graph.inputs}
     plan = MemoryPlan()
@@ -59,35 +72,35 @@ def plan_memory(graph: Graph, steps) -> MemoryPlan:
         plan.block_of[v] = _new_block(plan, graph.values[v].nbytes)
         plan.unshared_bytes += graph.values[v].nbytes
     for i, (out, reads) in enumerate(steps):
-        need = graph.values[out].nbytes
-        plan.unshared_bytes += need
+        plan.unshared_bytes += graph.values[out].nbytes
         r = root(out)
-        if r != out:   # cannot happen for a kernel's output; kept for clarity
-            plan.block_of[out] = plan.block_of[r]
-            continue
-        if r in pinned:
-            plan.block_of[out] = _new_block(plan, need)
-        else:
-            fits = [b for b in free if plan.block_bytes[b] >= need]
-            if fits:
-                b = min(fits, key=lambda b: plan.block_bytes[b])
-            elif free:   # grow the largest free block rather than add one
-                b = max(free, key=lambda b: plan.block_bytes[b])
-                plan.block_bytes[b] = need
-            else:
-                b = None
-            if b is None:
-                b = _new_block(plan, need)
-            else:
-                free.remove(b)
-            plan.block_of[out] = b
-        for s in {root(x) for x in reads}:
+        if r not in plan.block_of:   # else a value placed in a storage an earlier step started
+            need = graph.values[r].nbytes
+            plan.block_of[r] = _new_block(plan, need) if r in pinned else _reuse_block(plan, free, need)
+        for s in {root(x) for x in [*reads, out]}:
             if last_use.get(s) == i and s not in pinned and s in plan.block_of:
                 free.append(plan.block_of[s])
-    for v, r in roots.items():
+    for v in {*roots, *placements, *(out for out, _ in steps)}:
+        r, offset = locate(v)
         if r in plan.block_of:
             plan.block_of[v] = plan.block_of[r]
+            if offset:
+                plan.offset_of[v] = offset
     return plan
+
+
+def _reuse_block(plan: MemoryPlan, free: list, need: int) -> int:
+    """The smallest free block that holds `need` bytes, else the largest grown to it, else a new one."""
+    fits = [b for b in free if plan.block_bytes[b] >= need]
+    if fits:
+        b = min(fits, key=lambda b: plan.block_bytes[b])
+    elif free:   # grow the largest free block rather than add one
+        b = max(free, key=lambda b: plan.block_bytes[b])
+        plan.block_bytes[b] = need
+    else:
+        return _new_block(plan, need)
+    free.remove(b)
+    return b
 
 
 def _new_block(plan: MemoryPlan, nbytes: int) -> int:

@@ -47,6 +47,7 @@ class ProfiledModule(Protocol):
     graph: Any
     steps: list
     sources: dict
+    in_place_nodes: list   # nodes that run no kernel (concat_in_place)
 
     def run(self, **inputs) -> list: ...
 
@@ -100,6 +101,7 @@ class ModelProfile:
     run_seconds: float     # median of whole run() calls
     threads: int
     run_timing: Timing | None = field(default=None, repr=False)
+    in_place: list = field(default_factory=list)   # nodes computed where their output lives: no kernel
 
     @property
     def kernel_seconds(self) -> float:
@@ -123,7 +125,7 @@ class ModelProfile:
     def to_dict(self) -> dict:
         return {"model": self.model, "threads": self.threads, "run_ms": self.run_seconds * 1e3,
                 "kernels_ms": self.kernel_seconds * 1e3, "overhead_ms": self.overhead_seconds * 1e3,
-                "disturbed": self.disturbed, "kernels": [k.to_dict() for k in self.kernels]}
+                "disturbed": self.disturbed, "kernels": [k.to_dict() for k in self.kernels], "in_place": self.in_place}
 
 
 def anchor_flops(opdef) -> int | None:
@@ -180,7 +182,7 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
         module.run(**inputs)
         run_timing = time_samples(run_batch, opts)
     return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=run_timing.median,
-                        threads=get_max_threads(), run_timing=run_timing)
+                        threads=get_max_threads(), run_timing=run_timing, in_place=list(module.in_place_nodes))
 
 
 def _time_step(step, opts: TimingOptions) -> Timing:

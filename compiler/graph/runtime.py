@@ -23,6 +23,7 @@ from ..buffers import aligned_empty
 from ..ops import OpDef, default_schedule
 from ..runtime import Kernel, build
 from ..target import resolve_target
+from .concat_in_place import place_concats
 from .errors import InputError
 from .fuse import fuse
 from .ir import Graph
@@ -73,8 +74,7 @@ def extract_tasks(graph: Graph, target=None) -> list:
     layouts, and so some keys, depend on it)."""
     graph = for_target(graph, target)
     tasks: dict = {}
-    for group in fuse(graph):
-        gk = lower_group(graph, group)
+    for gk in place_concats(graph, [lower_group(graph, g) for g in fuse(graph)])[0]:
         key = gk.key
         if key in tasks:
             tasks[key].weight += 1
@@ -123,14 +123,17 @@ def build_model(graph: Graph, target=None, records=None) -> "GraphModule":
     target = resolve_target(target)
     t0 = time.perf_counter()
     graph = for_target(graph, target)
-    kernels = [lower_group(graph, g) for g in fuse(graph)]
+    groups = [lower_group(graph, g) for g in fuse(graph)]
+    kernels, placements = place_concats(graph, groups)
     built: dict = {}
     for gk in kernels:
         _kernel_for(gk.opdef, target, records, built)
     steps_io = [(gk.output, [a for a in gk.args if isinstance(a, str) and graph.values[a].const is None])
                 for gk in kernels]
-    plan = plan_memory(graph, steps_io)
+    plan = plan_memory(graph, steps_io, placements)
     module = GraphModule(graph, target, kernels, built, plan)
+    kept = {id(gk) for gk in kernels}
+    module.in_place_nodes = [n.name for gk in groups if id(gk) not in kept for n in gk.group.nodes]
     module.build_seconds = time.perf_counter() - t0
     return module
 
@@ -143,6 +146,7 @@ class GraphModule:
         self.target = target
         self.plan = plan
         self.build_seconds = 0.0
+        self.in_place_nodes: list = []   # nodes that run no kernel: Concats computed in place
         self.sources = {k: src for k, (_, src) in built.items()}
         self._blocks = [aligned_empty(max(n, 1), np.uint8) for n in plan.block_bytes]
         self._consts: dict = {}
@@ -164,8 +168,9 @@ class GraphModule:
 
     def _view(self, value, shape, dtype) -> np.ndarray:
         block = self._blocks[self.plan.block_of[value]]
+        start = self.plan.offset_of.get(value, 0)
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return block[:n].view(dtype).reshape(tuple(shape) or ())
+        return block[start:start + n].view(dtype).reshape(tuple(shape) or ())
 
     def _array(self, arg, shape, dtype) -> np.ndarray:
         const = arg_array(self.graph, arg)

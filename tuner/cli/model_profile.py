@@ -110,13 +110,17 @@ def _print_table(module, profile, theirs, matched, top) -> None:
     print(f"tunefarm:    kernels {_ms(profile.kernel_seconds)} (sum), whole run {_ms(profile.run_seconds)} (median), "
           f"outside kernels {_ms(overhead)}"
           + (f" ({overhead / profile.run_seconds:.1%} of the run)" if profile.run_seconds > 0 else ""))
+    if profile.in_place:
+        print(f"in place:    {len(profile.in_place)} Concat nodes run no kernel (their inputs are written where the "
+              f"output keeps them): " + ", ".join(profile.in_place))
     if profile.disturbed:
         print("* the host was busy during this timing (other processes took CPU time from it): rerun on a quiet host")
     if theirs is not None and matched is not None:
         unmatched = sorted(matched.unmatched, key=lambda n: -n.seconds)
         print(f"onnxruntime: nodes {_ms(theirs.node_seconds)} (sum, mean of {theirs.runs} profiled runs after warm-up; "
               f"the profiled run {_ms(theirs.run_seconds)}), unmatched nodes {_ms(matched.unmatched_seconds)}"
-              + (": " + ", ".join(f"{n.name} ({n.op_type}) {_ms(n.seconds)}" for n in unmatched[:8]) if unmatched else "")
+              + (": " + ", ".join(f"{n.name} ({n.op_type}{', in place here' if n.name in profile.in_place else ''}) "
+                                  f"{_ms(n.seconds)}" for n in unmatched[:8]) if unmatched else "")
               + (f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else ""))
         if theirs.plain_run_seconds is not None:
             line = f"onnxruntime: whole run {_ms(theirs.plain_run_seconds)} (median, not profiling)"
