@@ -131,6 +131,20 @@ def test_exp_family_exact_points(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_erf_dense_grid(mode):
+    """float32 erf within 1e-6 relative of the float64 one on a dense grid through every regime
+    (tiny, the Taylor-like core, the tail where it reaches 1), odd, never beyond [-1, 1]."""
+    pos = np.concatenate([np.geomspace(1e-30, 1e-2, 300), np.linspace(1e-2, 7.0, 20011)]).astype(np.float32)
+    x = np.concatenate([pos, -pos])
+    ins, out = ew(C.erf, ["float32"])(x.size)
+    (y,) = run(ins, out, [x], mode)
+    ref = _erf(x.astype(np.float64))
+    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=1e-6, atol=0)
+    assert np.max(np.abs(y)) <= 1.0
+    np.testing.assert_array_equal(y[:pos.size], -y[pos.size:])
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", INTS)
 def test_integer_abs(dtype, mode):
     info = np.iinfo(dtype)
