@@ -171,8 +171,9 @@ def _accumulator_tile(stage, spatial: list, target, work: int):
         return loop
     cs.compute_at(stage, attach)
     c_axes = list(cs.op.axis)
-    c_tile = [c_axes[tile_pos]] if ti is not None else []
-    c_rest = [a for i, a in enumerate(c_axes) if i != last_pos and not (ti is not None and i == tile_pos)]
+    tiled = tile_pos if ti is not None else None
+    c_tile = [c_axes[tiled]] if tiled is not None else []
+    c_rest = [a for i, a in enumerate(c_axes) if i not in (last_pos, tiled)]
     c_last = c_axes[last_pos]
     c_lo = None
     if lo is not None:
