@@ -11,10 +11,21 @@ anchor operator:
   schedule_conv_nchwc, schedule_gemm), the register tiles stored through the epilogue;
 - no reduction at all (a fused injective chain): every stage inlined into the output, which is
   scheduled like an elementwise operator;
-- one reduction as the output (a global average pool, a mean): schedule_reduce_stage;
+- one reduction as the output (a global average pool, a mean, a user's Aᵀ·B): schedule_reduce_stage;
+- one reduction followed by elementwise stages of its shape (a user's matmul + bias, Q·Kᵀ·scale):
+  the epilogue inlined into the output, tiled as the reduction alone would be, the reduction
+  computed at the tile;
 - the model operators schedule_graph_ops knows by their stages' tags (GroupNormalization,
   ConvTranspose with its epilogue): their schedules there;
-- anything else: the naive schedule (correct, slow; the tuner's sketches do better).
+- anything else (several reductions, RMSNorm's statistic then its rows): the elementwise stages
+  inlined, every reduction computed whole at the root by schedule_reduce_stage, the output as an
+  elementwise or reduction stage.
+A reduction is vectors of its output's last axis (the accumulator tile) when every read is
+unit-stride along it or independent of it, or can be made so by packing (`vector_packing`: an
+input the last axis walks along another of its axes, reused across another output axis, copied
+into blocks of the vector as GEMM packs B), else interleaved scalar chains where its innermost
+read is reduced, else vectors with gathers. This is the zero-trial schedule of a compute nobody
+wrote a schedule for; the tuner's sketches start from it and do better.
 `anchor_view` gives the OpDef the anchor's schedule reads (its name, inputs, parameters).
 """
 
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+from ..arith import to_lin
 from ..errors import ScheduleError
 from ..expr import walk
 from ..lower import lower
@@ -32,7 +44,7 @@ from .base import OpDef
 from .functions import nchwc_weight_geometry
 from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import schedule_conv_nchwc
-from .schedule_elementwise import schedule_injective_stage, schedule_reduce_stage
+from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
 
@@ -73,9 +85,118 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
             if isinstance(st.op, ComputeOp) and st.op is not out.op:
                 st.compute_inline()
         if any(a.extent > 1 for a in out.op.axis):
-            schedule_reduce_stage(s[out], _reduced_input_shape(out.op), _inner_reduced(out.op), target)
+            schedule_reduce_stage(s[out], _reduced_input_shape(out.op), _chains_not_vectors(out.op), target,
+                                  pack=vector_packing(out.op) or ())
         return s
-    return create_schedule(out)
+    if len(reductions) == 1 and _is_epilogue_of(out.op, reductions[0], computes):
+        return _reduction_with_epilogue(out, reductions[0], target)
+    return _stages_at_root(out, computes, target)
+
+
+def _reduction_with_epilogue(out, red, target) -> Schedule:
+    """One reduction and elementwise stages after it of its shape (a bias, a scale, an
+    activation): the epilogue inlined into the output, which is tiled as the reduction alone
+    would be, the reduction computed at its tile; where the reduction makes serial chains (its
+    innermost read reduced), the reduction at the root and the output elementwise."""
+    s = create_schedule(out)
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp) and st.op is not out.op and st.op is not red:
+            st.compute_inline()
+    if not any(a.extent > 1 for a in out.op.axis):
+        return s
+    work = math.prod(_reduced_input_shape(red))
+    if _chains_not_vectors(red):
+        schedule_reduce_stage(s[red.output], _reduced_input_shape(red), True, target)
+        schedule_injective_stage(s[out], target)
+        return s
+    spatial = [a for a in out.op.axis if a.extent > 1]
+    accumulator_tile(s[out], spatial, target, work, acc_stage=s[red.output], pack=vector_packing(red) or ())
+    return s
+
+
+def _stages_at_root(out, computes, target) -> Schedule:
+    """Any other DAG of reductions and elementwise stages: the elementwise stages inlined into
+    their readers, each reduction computed whole at the root with schedule_reduce_stage, the
+    output scheduled as what it is (RMSNorm: the sum of squares per row, then the scaled rows).
+    Not the best schedule, but vectors, chains and threads everywhere instead of the naive nest."""
+    s = create_schedule(out)
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp) and st.op is not out.op and not st.op.reduce_axis:
+            st.compute_inline()
+    for op in computes:
+        if op.reduce_axis and any(a.extent > 1 for a in op.axis):
+            schedule_reduce_stage(s[op.output], _reduced_input_shape(op), _chains_not_vectors(op), target,
+                                  pack=vector_packing(op) or ())
+    if not out.op.reduce_axis:
+        schedule_injective_stage(s[out], target)
+    return s
+
+
+def _is_epilogue_of(out_op, red, computes) -> bool:
+    """Whether every compute but `red` is elementwise after it at its shape: each reads `red`
+    only at its own output point, and the output has red's shape."""
+    if tuple(out_op.shape) != tuple(red.shape):
+        return False
+    for op in computes:
+        if op is red:
+            continue
+        if tuple(op.shape) != tuple(red.shape) and any(t.op is red for t in op.input_tensors()):
+            return False
+        own = [a.var for a in op.axis]
+        for n in walk(op.body):
+            if isinstance(n, TensorRead) and n.tensor.op is red and list(n.indices) != own:
+                return False
+    return True
+
+
+def _chains_not_vectors(op) -> bool:
+    """Whether a reduction is computed as interleaved scalar chains (its innermost read reduced
+    and its output's last axis not read with unit stride, even after packing), not as vectors
+    of its last axis."""
+    return vector_packing(op) is None and _inner_reduced(op)
+
+
+def vector_packing(op) -> list | None:
+    """The reads to pack so that vectors of `op`'s last axis load whole vectors: [(placeholder,
+    its axis that the last axis walks)], [] when every read already is unit-stride or
+    independent of it (conv1d's X[c, t + r] along t), None when some read cannot be made so.
+    A placeholder that the last axis walks along another of its axes (Bᵀ in exp(A)·Bᵀ, K in
+    Q·Kᵀ) is copied into blocks of that axis (cache_read with a block) at the root, as the GEMM
+    schedule packs its panels."""
+    if not op.axis or op.axis[-1].extent <= 1:
+        return None
+    var = op.axis[-1].var
+    pack: list = []
+    for n in walk(op.body):
+        if not isinstance(n, TensorRead):
+            continue
+        where = [p for p, i in enumerate(n.indices) if var in walk(i)]
+        if not where:
+            continue
+        if len(where) > 1 or not _unit_step(n.indices[where[0]], var):
+            return None
+        if where[0] != len(n.indices) - 1:
+            if not isinstance(n.tensor.op, PlaceholderOp) or not _reused(op, n):
+                return None
+            if (n.tensor, where[0]) not in pack:
+                pack.append((n.tensor, where[0]))
+    if len({id(t) for t, _ in pack}) != len(pack):
+        return None   # one tensor walked along two of its axes
+    return pack
+
+
+def _reused(op, read) -> bool:
+    """Whether each element `read` loads serves several outputs (an output axis it does not
+    depend on): only then does a packed copy pay for itself (B of a matmul serves every row;
+    RMSNorm's rows serve one output each, and are summed along their unit-stride axis)."""
+    used = {v for i in read.indices for v in walk(i)}
+    return any(a.extent > 1 and a.var not in used for a in op.axis)
+
+
+def _unit_step(index, var) -> bool:
+    """Whether `index` is var + terms without var."""
+    lin = to_lin(index, {})
+    return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())
 
 
 def _one_row(view, target) -> int | None:

@@ -1,0 +1,101 @@
+"""The schedule a user's compute gets with no record and no hand-written default
+(compiler/ops/schedule_anchor.py): vectors, threads and register tiles derived from the compute
+alone, never the naive loop nest, and results equal to float64 numpy on odd sizes that divide no
+tile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compiler as C
+from compiler.lower import lower
+from compiler.ops import build_op, default_schedule
+from compiler.ops.custom import custom_op
+from compiler.verify import poisoned
+
+RNG = np.random.default_rng(5)
+
+
+def exp_matmul_bias(M=37, N=45, K=19):
+    A, B, D = C.placeholder((M, K), "float32", "A"), C.placeholder((N, K), "float32", "B"), C.placeholder((M,), "float32", "D")
+    k = C.reduce_axis(K, "k")
+    P = C.compute((M, N), lambda i, j: C.sum(C.exp(A[i, k]) * B[j, k], axis=k), name="exp_matmul")
+    out = C.compute((M, N), lambda i, j: P[i, j] + D[i], name="exp_matmul_bias")
+    return [A, B, D], out, lambda a, b, d: np.exp(a) @ b.T + d[:, None]
+
+
+def matmul_at_b(M=33, N=70, K=21):
+    A, B = C.placeholder((K, M), "float32", "A"), C.placeholder((K, N), "float32", "B")
+    k = C.reduce_axis(K, "k")
+    return [A, B], C.compute((M, N), lambda i, j: C.sum(A[k, i] * B[k, j], axis=k), name="at_b"), lambda a, b: a.T @ b
+
+
+def conv1d(Ci=7, Co=11, L=53, KW=3):
+    X, W = C.placeholder((1, Ci, L + KW - 1), "float32", "X"), C.placeholder((Co, Ci, KW), "float32", "W")
+    c, r = C.reduce_axis(Ci, "c"), C.reduce_axis(KW, "r")
+    out = C.compute((1, Co, L), lambda n, f, t: C.sum(X[n, c, t + r] * W[f, c, r], axis=[c, r]), name="conv1d")
+    return [X, W], out, lambda x, w: sum(np.einsum("ct,fc->ft", x[0, :, r:r + L], w[:, :, r]) for r in range(KW))[None]
+
+
+def attention_scores(H=3, S=29, D=12):
+    Q, K = C.placeholder((H, S, D), "float32", "Q"), C.placeholder((H, S, D), "float32", "K")
+    d = C.reduce_axis(D, "d")
+    qk = C.compute((H, S, S), lambda h, i, j: C.sum(Q[h, i, d] * K[h, j, d], axis=d), name="qk")
+    out = C.compute((H, S, S), lambda h, i, j: qk[h, i, j] * 0.125, name="scores")
+    return [Q, K], out, lambda q, k: q @ k.transpose(0, 2, 1) * 0.125
+
+
+def rmsnorm(R=37, H=50):
+    X, G = C.placeholder((R, H), "float32", "X"), C.placeholder((H,), "float32", "G")
+    h = C.reduce_axis(H, "h")
+    ss = C.compute((R,), lambda i: C.sum(X[i, h] * X[i, h], axis=h), name="sumsq")
+    out = C.compute((R, H), lambda i, j: X[i, j] / C.sqrt(ss[i] / H + 1e-6) * G[j], name="rmsnorm")
+    return [X, G], out, lambda x, g: x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * g
+
+
+def column_mean_abs(R=301, H=83):
+    X = C.placeholder((R, H), "float32", "X")
+    r = C.reduce_axis(R, "r")
+    total = C.compute((H,), lambda j: C.sum(C.abs(X[r, j]), axis=r), name="col_sum_abs")
+    return [X], C.compute((H,), lambda j: total[j] * (1.0 / R), name="col_mean_abs"), lambda x: np.abs(x).mean(axis=0)
+
+
+def grouped_matmul(G=3, M=17, K=23, N=40):
+    A, B = C.placeholder((G, M, K), "float32", "A"), C.placeholder((G, K, N), "float32", "B")
+    k = C.reduce_axis(K, "k")
+    return [A, B], C.compute((G, M, N), lambda g, i, j: C.sum(A[g, i, k] * B[g, k, j], axis=k), name="gmm"), lambda a, b: a @ b
+
+
+CASES = {f.__name__: f for f in (exp_matmul_bias, matmul_at_b, conv1d, attention_scores, rmsnorm, column_mean_abs,
+                                 grouped_matmul)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_users_compute_gets_vectors_and_threads_and_is_right(name):
+    inputs, out, reference = CASES[name]()
+    op = custom_op(name, inputs, out)
+    target = C.Target.host()
+    text = str(lower(default_schedule(op, target), op.tensors))
+    assert "vectorized for" in text, text   # not the naive nest
+    arrays = [RNG.uniform(-1.0, 1.0, t.shape).astype(t.dtype) for t in op.inputs]
+    got = poisoned(op.output.shape, op.output.dtype, 0)
+    build_op(op, target)(*arrays, got)
+    want = np.asarray(reference(*[a.astype(np.float64) for a in arrays])).reshape(got.shape)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * float(np.max(np.abs(want))))
+
+
+@pytest.mark.parametrize("name, packed", [("exp_matmul_bias", "B_packed"), ("attention_scores", "K_packed")])
+def test_an_operand_walked_across_its_rows_is_packed(name, packed):
+    """Bᵀ and Kᵀ: the output's last axis walks the operand's leading axis; the operand is copied
+    into blocks of the vector first (as the GEMM's panels), not gathered in the inner loop."""
+    inputs, out, _ = CASES[name]()
+    op = custom_op(name, inputs, out)
+    assert any(st.name == packed for st in default_schedule(op, C.Target.host()).stages)
+
+
+def test_rows_summed_along_their_unit_stride_axis_are_not_packed():
+    """RMSNorm's rows serve one output each: no copy, the sum runs along the row."""
+    inputs, out, _ = rmsnorm()
+    op = custom_op("rmsnorm", inputs, out)
+    assert not any(st.name.endswith("_packed") for st in default_schedule(op, C.Target.host()).stages)
