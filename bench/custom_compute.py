@@ -1,0 +1,277 @@
+"""Computes a user writes, not in the operator inventory: the zero-trial schedule, then tuned,
+against PyTorch's CPU build and numpy in the same process.
+
+Each case is written with the public tensor-expression API the way a user writes one (a fused
+matmul with an elementwise prologue, a transposed-operand matmul, conv1d, a depthwise temporal
+conv, batched attention scores, RMSNorm, a 3-D convolution, an einsum-style contraction, a
+grouped matmul, a row-wise reduction with a prologue, ...), at a realistic size. For each:
+- zero trials: `build_op` with no record, the schedule tunefarm derives from the compute alone;
+- tuned: `tuner.tune` with the sketch space for `--trials` measurements in a fresh SQLite store
+  (its wall time is `tune_seconds`), then `build_op` under apply-best;
+- both checked against a float64 numpy reference on random inputs (poisoned outputs);
+- timed in alternating rounds with torch (2 threads by default) and numpy on the same inputs,
+  a pause before each side so the other runtime's threads stop spinning.
+
+Last line JSON: per case `zero_trial_vs_torch`, `tuned_vs_torch` ({case: torch's time / ours}),
+`tuned_over_zero_trial`, `vs_numpy` (tuned), `tune_seconds`, and the geomeans
+`zero_trial_vs_torch_geomean`, `tuned_vs_torch_geomean`. Needs the `bench` extra (torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Case:
+    """One compute: `define()` -> (placeholders in argument order, output tensor); `reference`
+    the float64 numpy result from the input arrays; `torch_fn` the same in torch (float32)."""
+
+    define: Callable
+    reference: Callable
+    torch_fn: Callable
+    numpy_fn: Callable
+
+
+def _cases() -> dict:
+    import compiler as C
+
+    def exp_matmul_bias():
+        M = N = K = 512
+        A, B, D = C.placeholder((M, K), "float32", "A"), C.placeholder((N, K), "float32", "B"), C.placeholder((M,), "float32", "D")
+        k = C.reduce_axis(K, "k")
+        P = C.compute((M, N), lambda i, j: C.sum(C.exp(A[i, k]) * B[j, k], axis=k), name="exp_matmul")
+        return [A, B, D], C.compute((M, N), lambda i, j: P[i, j] + D[i], name="exp_matmul_bias")
+
+    def matmul_at_b():
+        M = N = K = 512
+        A, B = C.placeholder((K, M), "float32", "A"), C.placeholder((K, N), "float32", "B")
+        k = C.reduce_axis(K, "k")
+        return [A, B], C.compute((M, N), lambda i, j: C.sum(A[k, i] * B[k, j], axis=k), name="matmul_at_b")
+
+    def conv1d():
+        Ci, Co, L, KW = 256, 256, 1024, 3
+        X, W = C.placeholder((1, Ci, L + KW - 1), "float32", "X"), C.placeholder((Co, Ci, KW), "float32", "W")
+        c, r = C.reduce_axis(Ci, "c"), C.reduce_axis(KW, "r")
+        return [X, W], C.compute((1, Co, L), lambda n, f, t: C.sum(X[n, c, t + r] * W[f, c, r], axis=[c, r]), name="conv1d")
+
+    def depthwise_temporal():
+        Ch, T, KW = 768, 2048, 4
+        X, W = C.placeholder((1, Ch, T + KW - 1), "float32", "X"), C.placeholder((Ch, KW), "float32", "W")
+        r = C.reduce_axis(KW, "r")
+        return [X, W], C.compute((1, Ch, T), lambda n, c, t: C.sum(X[n, c, t + r] * W[c, r], axis=r), name="dw_temporal")
+
+    def attention_scores():
+        H, S, D = 12, 128, 64
+        Q, K = C.placeholder((H, S, D), "float32", "Q"), C.placeholder((H, S, D), "float32", "K")
+        d = C.reduce_axis(D, "d")
+        QK = C.compute((H, S, S), lambda h, i, j: C.sum(Q[h, i, d] * K[h, j, d], axis=d), name="qk")
+        return [Q, K], C.compute((H, S, S), lambda h, i, j: QK[h, i, j] * 0.125, name="attn_scores")
+
+    def rmsnorm():
+        R, H = 2048, 768
+        X, G = C.placeholder((R, H), "float32", "X"), C.placeholder((H,), "float32", "G")
+        h = C.reduce_axis(H, "h")
+        ss = C.compute((R,), lambda i: C.sum(X[i, h] * X[i, h], axis=h), name="sumsq")
+        return [X, G], C.compute((R, H), lambda i, j: X[i, j] / C.sqrt(ss[i] / H + 1e-6) * G[j], name="rmsnorm")
+
+    def conv3d():
+        Ci, Co, Dd, HW, KK = 32, 32, 16, 28, 3
+        X = C.placeholder((1, Ci, Dd + 2, HW + 2, HW + 2), "float32", "X")
+        W = C.placeholder((Co, Ci, KK, KK, KK), "float32", "W")
+        c, rz, ry, rx = (C.reduce_axis(e, n) for e, n in ((Ci, "c"), (KK, "rz"), (KK, "ry"), (KK, "rx")))
+        return [X, W], C.compute((1, Co, Dd, HW, HW), lambda n, f, z, y, x: C.sum(
+            X[n, c, z + rz, y + ry, x + rx] * W[f, c, rz, ry, rx], axis=[c, rz, ry, rx]), name="conv3d")
+
+    def einsum_contraction():
+        # "bihl,hlk->bik": a projection over two axes at once (heads x head dim -> model dim)
+        B, I, Hh, L, K = 4, 128, 12, 64, 768
+        X, W = C.placeholder((B, I, Hh, L), "float32", "X"), C.placeholder((Hh, L, K), "float32", "W")
+        h, l_ = C.reduce_axis(Hh, "h"), C.reduce_axis(L, "l")
+        return [X, W], C.compute((B, I, K), lambda b, i, k: C.sum(X[b, i, h, l_] * W[h, l_, k], axis=[h, l_]), name="einsum_bihl_hlk")
+
+    def grouped_matmul():
+        G, M, K, N = 8, 256, 256, 128
+        A, B = C.placeholder((G, M, K), "float32", "A"), C.placeholder((G, K, N), "float32", "B")
+        k = C.reduce_axis(K, "k")
+        return [A, B], C.compute((G, M, N), lambda g, i, j: C.sum(A[g, i, k] * B[g, k, j], axis=k), name="grouped_matmul")
+
+    def rowwise_logsumexp_prologue():
+        R, H = 4096, 1024
+        X = C.placeholder((R, H), "float32", "X")
+        h = C.reduce_axis(H, "h")
+        return [X], C.compute((R,), lambda i: C.sum(C.exp(X[i, h] * 0.5), axis=h), name="row_sum_exp")
+
+    def column_mean_abs():
+        R, H = 4096, 1024
+        X = C.placeholder((R, H), "float32", "X")
+        r = C.reduce_axis(R, "r")
+        total = C.compute((H,), lambda j: C.sum(C.abs(X[r, j]), axis=r), name="col_sum_abs")
+        return [X], C.compute((H,), lambda j: total[j] * (1.0 / R), name="col_mean_abs")
+
+    import torch
+    F = torch.nn.functional
+
+    def conv3d_np(x, w):
+        out = np.zeros((1, w.shape[0], x.shape[2] - 2, x.shape[3] - 2, x.shape[4] - 2))
+        for dz in range(3):
+            for dy in range(3):
+                for dx in range(3):
+                    patch = x[0, :, dz:dz + out.shape[2], dy:dy + out.shape[3], dx:dx + out.shape[4]]
+                    out[0] += np.einsum("cdhw,fc->fdhw", patch, w[:, :, dz, dy, dx])
+        return out
+
+    def conv1d_np(x, w):
+        L = x.shape[2] - w.shape[2] + 1
+        return sum(np.einsum("ct,fc->ft", x[0, :, r:r + L], w[:, :, r]) for r in range(w.shape[2]))[None]
+
+    def dw_np(x, w):
+        T = x.shape[2] - w.shape[1] + 1
+        return sum(x[0, :, r:r + T] * w[:, r:r + 1] for r in range(w.shape[1]))[None]
+
+    def rms_np(x, g):
+        return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * g
+
+    return {
+        "exp_matmul_bias": Case(exp_matmul_bias, lambda a, b, d: np.exp(a) @ b.T + d[:, None],
+                                lambda a, b, d: torch.exp(a) @ b.T + d[:, None], lambda a, b, d: np.exp(a) @ b.T + d[:, None]),
+        "matmul_at_b": Case(matmul_at_b, lambda a, b: a.T @ b, lambda a, b: a.T @ b, lambda a, b: a.T @ b),
+        "conv1d": Case(conv1d, conv1d_np, lambda x, w: F.conv1d(x, w), conv1d_np),
+        "dw_temporal": Case(depthwise_temporal, dw_np, lambda x, w: F.conv1d(x, w[:, None, :], groups=w.shape[0]), dw_np),
+        "attn_scores": Case(attention_scores, lambda q, k: q @ k.transpose(0, 2, 1) * 0.125,
+                            lambda q, k: q @ k.transpose(1, 2) * 0.125, lambda q, k: q @ k.transpose(0, 2, 1) * 0.125),
+        "rmsnorm": Case(rmsnorm, rms_np, lambda x, g: x * torch.rsqrt((x * x).mean(dim=1, keepdim=True) + 1e-6) * g, rms_np),
+        "conv3d": Case(conv3d, conv3d_np, lambda x, w: F.conv3d(x, w), conv3d_np),
+        "einsum_bihl_hlk": Case(einsum_contraction, lambda x, w: np.einsum("bihl,hlk->bik", x, w),
+                                lambda x, w: torch.einsum("bihl,hlk->bik", x, w),
+                                lambda x, w: np.einsum("bihl,hlk->bik", x, w, optimize=True)),
+        "grouped_matmul": Case(grouped_matmul, lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b),
+        "row_sum_exp": Case(rowwise_logsumexp_prologue, lambda x: np.exp(x * 0.5).sum(axis=1),
+                            lambda x: torch.exp(x * 0.5).sum(dim=1), lambda x: np.exp(x * 0.5).sum(axis=1)),
+        "col_mean_abs": Case(column_mean_abs, lambda x: np.abs(x).mean(axis=0), lambda x: x.abs().mean(dim=0),
+                             lambda x: np.abs(x).mean(axis=0)),
+    }
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def pause() -> None:
+    time.sleep(0.05)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=64, help="tuning measurements per case (0: zero-trial only)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per case")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cases", nargs="+", default=None, help="a subset of the cases (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("needs PyTorch's CPU build: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    from blas_info import blas_line
+
+    import compiler
+    from compiler.ops import build_op
+    from compiler.verify import poisoned
+    from tuner.apply_best import ApplyHistoryBest
+    from tuner.numpy_baselines import time_callable
+    from tuner.records import open_store
+    from tuner.tune import tune
+    from tuner.workload import Task, Workload
+
+    cases = _cases()
+    names = args.cases or list(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        ap.error(f"unknown cases {unknown}; known: {list(cases)}")
+    target = compiler.Target.host()
+    torch.set_num_threads(args.threads)
+    compiler.set_num_threads(args.threads)
+    print(f"host target: -mcpu={target.cpu}, {args.threads} threads; torch {torch.__version__}; {blas_line()}")
+    print(f"sketch space, {args.trials} trials per case; {args.rounds} alternating rounds\n", flush=True)
+
+    report: dict = {k: {} for k in ("zero_trial_vs_torch", "tuned_vs_torch", "tuned_over_zero_trial", "vs_numpy",
+                                    "tune_seconds", "max_rel_error")}
+    rows = []
+    rng = np.random.default_rng(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            case = cases[name]
+            placeholders, output = case.define()
+            workload = Workload.from_compute(output, placeholders, name=name)
+            opdef = workload.opdef()
+            arrays = [rng.uniform(-1.0, 1.0, t.shape).astype(t.dtype) for t in opdef.inputs]
+            zero = build_op(opdef, target)
+            tuned, seconds = zero, 0.0
+            if args.trials > 0:
+                store = open_store(f"sqlite:///{tmp}/{name}.db")
+                t0 = time.perf_counter()
+                tune(Task.create(workload), store, space="sketch", trials=args.trials, batch_size=8, seed=args.seed)
+                seconds = time.perf_counter() - t0
+                with ApplyHistoryBest(store):
+                    tuned = build_op(opdef, target)
+                store.close()
+            ref = np.asarray(case.reference(*[a.astype(np.float64) for a in arrays]), np.float64).reshape(opdef.output.shape)
+            errs = []
+            for kernel in (zero, tuned):
+                out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
+                kernel(*arrays, out)
+                errs.append(rel_err(out, ref))
+            if max(errs) > 1e-4:
+                print(f"{name}: WRONG RESULT (relative error zero-trial {errs[0]:.2e}, tuned {errs[1]:.2e})", file=sys.stderr)
+                return 1
+            tensors = [torch.from_numpy(a) for a in arrays]
+            out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
+            t_zero, t_tuned, t_torch, t_numpy = [], [], [], []
+            with torch.no_grad():
+                for _ in range(args.rounds):
+                    t_zero.append(pause() or zero.measure(*arrays, out).median)
+                    t_tuned.append(pause() or tuned.measure(*arrays, out).median)
+                    t_torch.append(pause() or time_callable(case.torch_fn, tensors).median)
+                    t_numpy.append(pause() or time_callable(case.numpy_fn, arrays).median)
+            z, t, o, n = (statistics.median(v) for v in (t_zero, t_tuned, t_torch, t_numpy))
+            report["zero_trial_vs_torch"][name] = round(o / z, 3)
+            report["tuned_vs_torch"][name] = round(o / t, 3)
+            report["tuned_over_zero_trial"][name] = round(z / t, 3)
+            report["vs_numpy"][name] = round(n / t, 3)
+            report["tune_seconds"][name] = round(seconds, 1)
+            report["max_rel_error"][name] = max(errs)
+            gf = [f"{opdef.flops / sec / 1e9:.1f}" for sec in (z, t, o, n)]
+            row = (name, *gf, f"{o / z:.3f}", f"{o / t:.3f}", f"{seconds:.0f}", f"{max(errs):.1e}")
+            rows.append(row)
+            print("  " + "  ".join(row), file=sys.stderr, flush=True)
+
+    head = ("case", "zero-trial GF", "tuned GF", "torch GF", "numpy GF", "zero/torch", "tuned/torch", "tune s", "rel err")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    report["zero_trial_vs_torch_geomean"] = round(geomean(report["zero_trial_vs_torch"].values()), 3)
+    report["tuned_vs_torch_geomean"] = round(geomean(report["tuned_vs_torch"].values()), 3)
+    report.update(trials=args.trials, rounds=args.rounds, threads=args.threads, cpu=target.cpu)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
