@@ -99,3 +99,26 @@ def test_rows_summed_along_their_unit_stride_axis_are_not_packed():
     inputs, out, _ = rmsnorm()
     op = custom_op("rmsnorm", inputs, out)
     assert not any(st.name.endswith("_packed") for st in default_schedule(op, C.Target.host()).stages)
+
+
+@pytest.mark.parametrize("rows, length", [(13, 70), (4, 33), (1, 257), (9, 32)])
+@pytest.mark.parametrize("kind", ["sum_exp", "max"])
+def test_rows_reduced_along_their_unit_stride_axis_keep_lane_partials(rows, length, kind):
+    """A row sum of exp and a row maximum: partial results per vector lane, four rows in flight,
+    then each row's lanes combined; lengths that leave a tail of the vector, row counts that
+    leave a tail of four."""
+    X = C.placeholder((rows, length), "float32", "X")
+    h = C.reduce_axis(length, "h")
+    if kind == "sum_exp":
+        out = C.compute((rows,), lambda i: C.sum(C.exp(X[i, h] * 0.5), axis=h), name="row_sum_exp")
+    else:
+        out = C.compute((rows,), lambda i: C.max(X[i, h], axis=h), name="row_max")
+    op = custom_op(kind, [X], out)
+    target = C.Target.host()
+    lane_partials = rows > 1 and length >= 2 * target.vector_lanes()   # one row: a whole-tensor reduction, one chain
+    assert any(st.name.endswith("_rf") for st in default_schedule(op, target).stages) == lane_partials
+    x = RNG.uniform(-3.0, 3.0, (rows, length)).astype(np.float32)
+    got = poisoned(out.shape, "float32", 0)
+    build_op(op, target)(x, got)
+    want = np.exp(x.astype(np.float64) * 0.5).sum(axis=1) if kind == "sum_exp" else x.max(axis=1)
+    np.testing.assert_allclose(got, want, rtol=2e-6)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 
-from ..arith import to_lin
 from ..errors import ScheduleError
 from ..expr import walk
 from ..lower import lower
@@ -42,6 +41,7 @@ from ..target import resolve_target
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
+from .schedule_common import unit_step
 from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import schedule_conv_nchwc
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_reduce_stage
@@ -173,7 +173,7 @@ def vector_packing(op) -> list | None:
         where = [p for p, i in enumerate(n.indices) if var in walk(i)]
         if not where:
             continue
-        if len(where) > 1 or not _unit_step(n.indices[where[0]], var):
+        if len(where) > 1 or not unit_step(n.indices[where[0]], var):
             return None
         if where[0] != len(n.indices) - 1:
             if not isinstance(n.tensor.op, PlaceholderOp) or not _reused(op, n):
@@ -191,12 +191,6 @@ def _reused(op, read) -> bool:
     RMSNorm's rows serve one output each, and are summed along their unit-stride axis)."""
     used = {v for i in read.indices for v in walk(i)}
     return any(a.extent > 1 and a.var not in used for a in op.axis)
-
-
-def _unit_step(index, var) -> bool:
-    """Whether `index` is var + terms without var."""
-    lin = to_lin(index, {})
-    return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())
 
 
 def _one_row(view, target) -> int | None:

@@ -13,6 +13,8 @@ The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
 
 from __future__ import annotations
 
+from ..arith import to_lin
+from ..expr import walk
 from ..target import resolve_target
 
 MAX_LANES = 64
@@ -115,3 +117,11 @@ def parallel_loop(stage, outer_axes, next_axis, target, work: int):
 
 def _extent(iv) -> int:
     return iv.extent
+
+
+def unit_step(index, var) -> bool:
+    """Whether the index expression `index` is `var` + terms without it: consecutive values of
+    `var` read consecutive elements along that index."""
+    lin = to_lin(index, {})
+    return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())
+

@@ -11,9 +11,11 @@ in L1 for the tile), left to LLVM's vectorizer: 5x faster than explicit vectors,
 side is a gather per vector.
 
 reductions: when the innermost input axis is kept, the output's last axis is the vector axis
-and the reduction loops run outside it, so each vector of accumulators stays in registers while
-whole unit-stride rows stream in. When the innermost input axis is reduced, each output is a
-serial chain of scalar adds (the sum cannot be reassociated into vector lanes): 8 rows are
+and the reduction loops run outside it, in a register tile of accumulators (accumulator_tile).
+When the innermost input axis is reduced along a unit-stride read at least two vectors long,
+each row keeps partial results per vector lane (rfactor), 4 rows in flight, and combines its
+lanes at the end (the order of a float sum changes, as in any vectorized BLAS reduction; within
+the tolerance every kernel is checked to). Shorter or strided rows: 8 rows' scalar chains are
 unrolled inside the reduction loop so 8 chains run interleaved, each reading its own row with
 unit stride (3x faster than one chain, 3x faster than a vector of rows read by gathers).
 """
@@ -24,12 +26,15 @@ import math
 
 import numpy as np
 
+from ..expr import walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
-from .schedule_common import accumulator_factor, lanes, largest_divisor, parallel_loop, vectorize_inner, want_parallel
+from ..tensor import TensorRead
+from .schedule_common import accumulator_factor, lanes, largest_divisor, parallel_loop, unit_step, vectorize_inner, want_parallel
 
 TRANSPOSE_TILE = 32
 ROW_CHAINS = 8
+ROWS_IN_FLIGHT = 4  # rows whose lane partials a step updates (_lane_partials)
 TILE_CHAINS = 6  # most units of a reduction's accumulator tile (_accumulator_tile)
 
 
@@ -119,8 +124,11 @@ def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=())
     last = spatial[-1]
     keep = [a for a in op.axis if a is not last]
     if inner_reduced:
+        lane_axis = _unit_stride_reduce_axis(op, lanes(target, op.dtype))
+        if lane_axis is not None:
+            return _lane_partials(stage, lane_axis, target, work)
         # independent rows, one scalar accumulator each, interleaved: ROW_CHAINS add chains
-        # in flight instead of one (an fp sum cannot be reordered into vector lanes)
+        # in flight instead of one
         f = largest_divisor(last.extent, ROW_CHAINS) if last.extent > ROW_CHAINS else last.extent
         if f < ROW_CHAINS // 2 and last.extent > ROW_CHAINS:
             f = ROW_CHAINS  # a tail guard is cheaper than too few chains
@@ -129,6 +137,58 @@ def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=())
         stage.unroll(li)
         return parallel_loop(stage, keep, lo, target, work)
     return accumulator_tile(stage, spatial, target, work, pack=pack)
+
+
+def _unit_stride_reduce_axis(op, vl: int):
+    """The reduction axis that every read indexes with unit stride in its last index (or not
+    at all), innermost first, if it is at least two vectors long; else None."""
+    for r in reversed(op.reduce_axis):
+        if r.extent < 2 * vl:
+            continue
+        seen = False
+        for n in walk(op.body):
+            if not isinstance(n, TensorRead):
+                continue
+            *lead, last = n.indices
+            if any(r.var in walk(i) for i in lead):
+                break
+            if r.var in walk(last):
+                if not unit_step(last, r.var):
+                    break
+                seen = True
+        else:
+            if seen:
+                return r
+    return None
+
+
+def _lane_partials(stage, axis, target, work: int):
+    """Rows reduced along their unit-stride axis: partial results per vector lane (rfactor of
+    that axis split by the vector width), ROWS_IN_FLIGHT rows' vectors updated per step, then
+    each row's lanes combined. Scalar chains computed every element on its own: a row sum of
+    exp ran the exp one lane at a time; a sum of squares did one add per element."""
+    s = stage.schedule
+    vl = lanes(target, stage.op.dtype)
+    _, lane = stage.split(axis, factor=vl)
+    part = s[s.rfactor(stage.tensor, lane, factor_axis=len(stage.op.axis))]
+    axes = list(stage.op.axis)
+    rows_pos = max(i for i, a in enumerate(axes) if a.extent > 1)
+    rows = axes[rows_pos]
+    units = min(ROWS_IN_FLIGHT, rows.extent)
+    ro, ri = stage.split(rows, factor=units) if units < rows.extent else (None, rows)
+    outer = [a for i, a in enumerate(axes) if i != rows_pos]
+    stage.reorder(*outer, *([ro] if ro is not None else []), ri, *stage.op.reduce_axis)
+    loop = parallel_loop(stage, outer, ro, target, work)
+    attach = ro if ro is not None and ro in stage.leaf_iter_vars else loop
+    if attach is None:
+        return loop
+    part.compute_at(stage, attach)
+    p_axes = list(part.op.axis)   # the stage's axes with the lanes last
+    p_outer = [a for i, a in enumerate(p_axes[:-1]) if i != rows_pos]
+    part.reorder(*p_outer, *part.op.reduce_axis, p_axes[rows_pos], p_axes[-1])
+    part.unroll(p_axes[rows_pos])
+    part.vectorize(p_axes[-1])
+    return loop
 
 
 def accumulator_tile(stage, spatial: list, target, work: int, acc_stage=None, pack=()):
