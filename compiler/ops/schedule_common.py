@@ -124,4 +124,3 @@ def unit_step(index, var) -> bool:
     `var` read consecutive elements along that index."""
     lin = to_lin(index, {})
     return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())
-
