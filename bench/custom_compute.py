@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from reference_libs import import_torch
 
 
 @dataclass
@@ -184,10 +185,8 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", default=None, help="a subset of the cases (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("needs PyTorch's CPU build: pip install -e '.[bench]'", file=sys.stderr)
+    torch = import_torch()
+    if torch is None:
         return 2
     from blas_info import blas_line
 

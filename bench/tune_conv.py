@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reference_libs import import_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -90,10 +91,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    try:
-        import torch
-    except ImportError:
-        print("needs PyTorch's CPU build: pip install -e '.[bench]'", file=sys.stderr)
+    torch = import_torch()
+    if torch is None:
         return 2
     from blas_info import blas_line
 
