@@ -35,7 +35,7 @@ from .schedule_common import accumulator_factor, lanes, largest_divisor, paralle
 TRANSPOSE_TILE = 32
 ROW_CHAINS = 8
 ROWS_IN_FLIGHT = 4  # rows whose lane partials a step updates (_lane_partials)
-TILE_CHAINS = 6  # most units of a reduction's accumulator tile (_accumulator_tile)
+TILE_CHAINS = 6  # most units of a reduction's accumulator tile (accumulator_tile)
 
 
 def schedule_injective(opdef, target=None) -> Schedule:
@@ -262,8 +262,3 @@ def _tile_units(extent: int, most: int) -> int:
         return extent
     d = largest_divisor(extent, most)
     return d if 2 * d > most else most
-
-
-def _inner_of(stage, outer):
-    i = stage.leaf_iter_vars.index(outer)
-    return stage.leaf_iter_vars[i + 1]
