@@ -7,8 +7,9 @@ counts the job's own records, so a job that was interrupted and resumed still me
 `trials` candidates in all.
 
 Every task measures the operator's default schedule once (the baseline). At the end the top
-`top_k` candidates are re-timed alternately with the baseline over `retime_rounds` rounds (see
-`TaskTuner._retime`): the maximum of many noisy measurements is biased upward, so those medians
+candidates (at most `top_k`, in proportion to the task's trials, and only those first measured
+near or below the baseline: `TaskTuner.retime_candidates`) are re-timed alternately with the
+baseline over `retime_rounds` rounds (see `TaskTuner._retime`): the maximum of many noisy measurements is biased upward, so those medians
 are what the records rank by, the speed-up over the default comes from one set of same-run
 timings, and a candidate that is not faster than the default beyond the noise is not called a
 speed-up (the default stays the best).
@@ -219,6 +220,22 @@ class TaskTuner:
         self._finished = r
         return r
 
+    def retime_candidates(self) -> list:
+        """What the end of the run re-times against the default, in proportion to what was found:
+        the fastest records, at most `top_k` and one per RETIME_PER_TRIALS trials of this task,
+        and with a baseline only those first measured within RETIME_WITHIN of it. A candidate
+        that measured slower than the default by more than the noise will not beat it in a
+        re-timing; timing it again cost short runs several times what their trials cost."""
+        trials = self.result.trials + self.result.resumed_trials
+        k = min(self.top_k, max(1, trials // RETIME_PER_TRIALS))
+        records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=k + 1,
+                                                  device_key=self.task.device_key)
+                   if rec.candidate.kind != "default"][:k]
+        base_cost = self.result.baseline_cost
+        if self.baseline and math.isfinite(base_cost):
+            records = [rec for rec in records if rec.cost <= base_cost * (1 + RETIME_WITHIN)]
+        return [rec.candidate for rec in records]
+
     def _retime(self):
         """Re-time the top-k of this task's records against the default schedule, alternately.
 
@@ -230,12 +247,9 @@ class TaskTuner:
         timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
         range of those ratios when they disagree more. The best is the fastest candidate that
         beats the default, else the default itself (and the store ranks the others after it)."""
-        records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=self.top_k + 1,
-                                                  device_key=self.task.device_key)
-                   if rec.candidate.kind != "default"][: self.top_k]
-        cands = [rec.candidate for rec in records]
+        cands = self.retime_candidates()
         base = default_candidate(self.workload_key)
-        if not cands and not self.baseline:
+        if not cands:   # nothing came near the default: its one timing stands, and it stays the best
             return
         builds = self.builder.build(self.task, cands + ([base] if self.baseline else []))
         cand_builds, base_build = builds[:len(cands)], (builds[-1] if self.baseline else None)
@@ -254,8 +268,6 @@ class TaskTuner:
                     who.append(None)
                 seq.append(cand_builds[i])
                 who.append(cands[i])
-            if not seq and base_build is not None:
-                seq, who = [base_build], [None]
             results = self._count(self.runner.run(self.task, seq))
             last_base = math.nan
             for c, res in zip(who, results):
@@ -294,6 +306,8 @@ class TaskTuner:
 
 
 MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however consistent
+RETIME_WITHIN = 0.05   # candidates first measured more than this slower than the default are not re-timed
+RETIME_PER_TRIALS = 4  # at most one re-timed candidate per this many trials of the task
 
 
 def beats_default(ratios: list) -> bool:
