@@ -564,7 +564,7 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
 
 def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                    vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
-                   fuse_epilogue: bool = True, red_block: int = 0):
+                   fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).
@@ -579,7 +579,8 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     elementwise stage of `out`'s shape that is the schedule's output; the tile is stored
     through it (`out`, now a copy of the tile, is inlined into it); without `fuse_epilogue` the
     tile is stored into `out` and the epilogue is an elementwise pass of its own (for tiles whose
-    unrolled store would be too much straight-line code with the epilogue in it)."""
+    unrolled store would be too much straight-line code with the epilogue in it).
+    `unroll_reduction=False`: the reduction loops stay loops (see schedule_conv_nchwc)."""
     ndim = len(out.shape)
     order = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     acc = s.cache_write(out, "local", order=order)
@@ -617,7 +618,9 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     tile_statements = -(-vec_factor // lanes(target, out.dtype))
     for _, factor in unrolled:
         tile_statements *= factor
-    if red_block and not unrolled_fits(tile_statements, red_block):
+    if not unroll_reduction:
+        unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])
+    elif red_block and not unrolled_fits(tile_statements, red_block):
         unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
     else:
         unroll_inner_reduction(cst, rax, tile_statements)
