@@ -237,7 +237,9 @@ class _Lowering:
                 continue
             extent = ext.const + 1
             if lo.is_const():
-                a, b = max(lo.const, 0), min(lo.const + extent, dim)
+                # the overhang of a consumer's split kept, as it is for a region that moves
+                # (computed with clamped reads, or guarded): a row of whole register tiles
+                a, b = max(lo.const, 0), lo.const + extent
                 region.append((Const(a, INDEX_DTYPE), max(b - a, 1)))
             else:
                 region.append((arith.from_lin(lo), min(extent, dim)))

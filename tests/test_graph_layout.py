@@ -50,8 +50,34 @@ CASES = [   # C, F, H, W, k, stride, pads, dilation, depthwise, data blocked
 ]
 
 
+# Dense tiles whose weights overflow half the L1 (on AVX2 and AVX-512 alike): a row of output
+# blocks accumulated over chunks of input blocks (row_accumulated_tile); sizes that the tile's
+# columns do not divide, stride, asymmetric padding, dilation, output blocks the tile does not
+# divide, a 1x1 with many input blocks (chunks of several).
+ROW_CASES = [   # C, F, H, W, k, stride, pads, dilation
+    (8 * B, 4 * B, 9, 11, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (8 * B, 3 * B, 7, 13, 3, (2, 2), (0, 1, 1, 0), (1, 1)),
+    (16 * B, 5 * B, 10, 10, 3, (1, 1), (2, 2, 2, 2), (2, 2)),
+    (48 * B, 4 * B, 5, 7, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_conv2d_nchwc_kernel_matches_numpy(case):
+    check_conv_kernel(case)
+
+
+@pytest.mark.parametrize("case", ROW_CASES)
+def test_row_accumulated_conv2d_nchwc_matches_numpy(case, monkeypatch):
+    import compiler.ops.schedule_conv_nchwc as nchwc
+    calls = []
+    original = nchwc.row_accumulated_tile
+    monkeypatch.setattr(nchwc, "row_accumulated_tile", lambda *a, **k: calls.append(a[4]) or original(*a, **k))
+    check_conv_kernel((*case, False, True))
+    assert len(calls) == 1 and calls[0] >= 1   # the row path, with a chunk of input blocks
+
+
+def check_conv_kernel(case):
     C, F, H, W, k, stride, pads, dil, depthwise, is_blocked = case
     x = rand(RNG, (1, C, H, W))
     w = rand(RNG, (F, 1 if depthwise else C, k, k))

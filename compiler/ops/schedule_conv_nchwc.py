@@ -22,9 +22,9 @@ import numpy as np
 
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
-from .schedule_common import lanes, parallel_loop
+from .schedule_common import fuse_all, lanes, largest_divisor, parallel_loop, want_parallel
 from .schedule_conv import _register_tile, pick_tile
-from .schedule_elementwise import schedule_pad_stage
+from .schedule_elementwise import schedule_injective_stage, schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
 DENSE_CHAIN_LATENCY = 6  # cycles between a dense tile's updates of one accumulator, as measured
@@ -100,12 +100,74 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     # row, and the tile's columns read overlapping windows of them (stride < taps); unrolled,
     # LLVM kept the shared broadcasts live across taps and spilled the tile: ResNet's 7x7/2
     # stem with its bias and ReLU 3.3 ms, as a loop 1.46 (Zen 3; onnxruntime 2.2).
+    chunk = row_chunk(opdef, target, FOB, YB)
+    if chunk:
+        row_accumulated_tile(s, out, FOB, XB, chunk, target, opdef.flops, epilogue, fuse_epilogue)
+        return s
     acc = _register_tile(s, out, [(1, FOB), (2, YB), (3, XB)], 4, FB, target, opdef.flops, outer_order=[1, 2, 3],
                          epilogue=epilogue, fuse_epilogue=fuse_epilogue,
                          unroll_reduction=bool(opdef.params["data_block"]) or opdef.params["depthwise"])
     if at_tile:
         pad_at_tile(pad, acc)
     return s
+
+
+def row_chunk(opdef, target, FOB: int, YB: int) -> int:
+    """Input channel blocks per chunk of a row-accumulated convolution (row_accumulated_tile), or
+    0 where the register tile keeps the whole reduction: a dense tile of one row over blocked
+    data whose weights (FOB blocks of every input channel and tap) overflow half the L1. The
+    chunk is the most input blocks whose weights fit there, dividing the input blocks."""
+    p = opdef.params
+    if p["depthwise"] or p.get("group_window") or not p["data_block"] or YB != 1:
+        return 0
+    weight = opdef.inputs[1]
+    _, CBLK, KH, KW, CB, FB = weight.shape
+    per_block = FOB * KH * KW * CB * FB * np.dtype(weight.dtype).itemsize
+    budget = target.capabilities.l1d // 2
+    if CBLK * per_block <= budget:
+        return 0
+    return largest_divisor(CBLK, max(1, budget // per_block))
+
+
+def row_accumulated_tile(s, out, FOB: int, XB: int, chunk: int, target, work: int, epilogue, fuse_epilogue: bool):
+    """A row of FOB output channel blocks accumulated in an L1 buffer, input channels in chunks:
+    per chunk of `chunk` input blocks, the row's register tiles of XB columns each load their
+    accumulators, run the chunk's taps and channels, and store them back, so the chunk's weights
+    (under half the L1, row_chunk) are read from L1 by every tile of the row instead of the
+    whole reduction's from L2 by each tile (ResNet's 3x3 layers, 295 KB of weights per tile at
+    256 channels; onnxruntime's NCHWc kernels take one input block per call the same way). The
+    row's buffer has whole tiles (a split's overhang computed with clamped reads, not tested in
+    the micro-kernel); the row is then stored through the epilogue."""
+    acc = s.cache_write(out, "local")
+    if epilogue is not None and epilogue is not out:
+        if fuse_epilogue:
+            s[out].compute_inline()
+            out = epilogue
+        else:
+            schedule_injective_stage(s[epilogue], target)
+    st, cst = s[out], s[acc]
+    n, fo, y, x, fb = st.op.axis
+    foo, foi = st.split(fo, factor=FOB)
+    xo, xi = st.split(x, factor=XB)
+    st.reorder(n, foo, y, foi, xo, xi, fb)
+    st.unroll(xi)
+    st.vectorize(fb)
+    row = fuse_all(st, [n, foo, y])
+    cn, cfo, cy, cx, cfb = cst.op.axis
+    rco, ry, rx, rci = cst.op.reduce_axis
+    cxo, cxi = cst.split(cx, factor=XB)
+    rc_chunk, rc_in = cst.split(rco, factor=chunk)
+    cst.reorder(cn, cy, rc_chunk, cxo, rc_in, ry, rx, rci, cfo, cxi, cfb)
+    for a in (cfo, cxi, rci):
+        cst.unroll(a)
+    for a in (rc_in, ry, rx):
+        if a.extent == 1:
+            cst.unroll(a)
+    cst.vectorize(cfb)
+    cst.compute_at(st, row)
+    if want_parallel(target, work) and row.extent > 1:
+        st.parallel(row)
+    return cst
 
 
 def pad_at_tile(pad, acc):
@@ -119,4 +181,4 @@ def pad_at_tile(pad, acc):
     pad.vectorize(pad.op.axis[-1])
 
 
-__all__ = ["schedule_conv_nchwc", "schedule_blocked_pad", "nchwc_tile"]
+__all__ = ["schedule_conv_nchwc", "schedule_blocked_pad", "nchwc_tile", "row_chunk", "row_accumulated_tile"]
