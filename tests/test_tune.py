@@ -83,6 +83,11 @@ def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, mac
         assert res.best_cost == res.baseline_cost
     assert res.speedup_over_default == pytest.approx(res.baseline_cost / res.best_cost)
     assert res.best_cost <= res.baseline_cost  # the default is a candidate too: never worse
+    # where the run's time went: every phase it passed through, together within its wall time
+    assert {"setup", "baseline", "build", "measure", "search", "records"} <= set(res.phase_seconds)
+    assert ("retime" in res.phase_seconds) == bool(expected)
+    assert sum(res.phase_seconds.values()) <= res.tune_seconds + 1e-6
+    assert res.time_summary().startswith("setup ")
 
 
 def test_candidates_far_slower_than_the_default_are_not_retimed(tmp_path, machinery):

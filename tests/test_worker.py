@@ -88,6 +88,12 @@ def test_worker_runs_a_two_task_job_to_done(store):
     assert kinds[:2] == ["submitted", "claimed"] and kinds[-1] == "done" and kinds.count("baseline") == 2
     baseline = {e.data["position"]: e.data["cost"] for e in events if e.kind == "baseline"}
     assert all(e.data["cost"] < baseline[e.data["position"]] for e in events if e.kind == "best")   # beat the default
+    times = {e.data["position"]: e.data for e in events if e.kind == "time"}   # where each task's time went
+    assert sorted(times) == [0, 1]
+    for t in times.values():
+        phases = t["phase_seconds"]
+        assert {"setup", "baseline", "build", "measure", "search"} <= set(phases) and all(v >= 0 for v in phases.values())
+        assert sum(phases.values()) <= t["tune_seconds"] * 1.01 + 0.01
     with JobWorker(store, name="w1") as idle:
         assert idle.run_once() is None                                 # nothing else queued
 

@@ -124,6 +124,8 @@ def _summarize(task, opdef, weight, result, several: bool) -> int:
     print(f"{label}: {result.trials} trials measured now, {result.resumed_trials} from earlier runs, "
           f"{result.errors} errors, {result.tune_seconds:.1f} s "
           f"(strategy and cost model {100 * result.tuner_overhead_fraction:.1f} %)")
+    if result.phase_seconds:
+        print(f"{label}: time went to {result.time_summary()}")
     if result.best_candidate is None:
         print(f"{label}: no valid candidate measured", file=sys.stderr)
         return EXIT_FAIL

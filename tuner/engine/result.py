@@ -5,6 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# Where a run's time goes: loading records and warming the strategy, the default's one timing,
+# building and measuring the search's candidates, the strategy and cost model (ask/tell),
+# storing records, and the end-of-run re-timing (its builds and timings).
+PHASES = ("setup", "baseline", "build", "measure", "search", "records", "retime")
+PHASE_LABELS = {"setup": "setup", "baseline": "baseline", "build": "build", "measure": "measure",
+                "search": "search", "records": "records", "retime": "re-time"}
+
 
 @dataclass
 class TuneResult:
@@ -22,8 +29,18 @@ class TuneResult:
     stopped: bool = False           # ended by a stop request
     exhausted: bool = False         # the space (or early stopping) had nothing more to offer
     history: list = field(default_factory=list)  # (trial index, cost or inf) in measuring order
+    phase_seconds: dict = field(default_factory=dict)   # where tune_seconds went: PHASES
     timings: int = 0                # valid timings of this run (baseline, search, re-timing)
     disturbed_timings: int = 0      # of them, disturbed by other processes even after retries
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; known: {', '.join(PHASES)}")
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+
+    def time_summary(self) -> str:
+        """'setup 0.4 s, build 3.1 s, measure 9.8 s, ...': the phases in order, those that took time."""
+        return ", ".join(f"{PHASE_LABELS[p]} {self.phase_seconds[p]:.1f} s" for p in PHASES if self.phase_seconds.get(p))
 
     @property
     def disturbed_fraction(self) -> float:

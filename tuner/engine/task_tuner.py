@@ -121,6 +121,7 @@ class TaskTuner:
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None
         self._t_start = t_start
+        self.result.add_time("setup", time.perf_counter() - t_start)
 
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -150,15 +151,17 @@ class TaskTuner:
             return None
         t0 = time.perf_counter()
         batch = self.strategy.next_batch(n)
-        self.result.tuner_seconds += time.perf_counter() - t0
+        self._searched(time.perf_counter() - t0)
         if not batch:
             self.exhausted = self.result.exhausted = True
             return None
         results = self._measure(batch)
+        t0 = time.perf_counter()
         ids = self.store.add_records(self.task, list(zip(batch, results)), job_id=self.job_id)
+        self.result.add_time("records", time.perf_counter() - t0)
         t0 = time.perf_counter()
         self.strategy.update(batch, results)
-        self.result.tuner_seconds += time.perf_counter() - t0
+        self._searched(time.perf_counter() - t0)
         self.budget.consume(len(batch))
         self._account(batch, results)
         report = BatchReport(self.task, tuple(batch), tuple(results), tuple(ids), self.result)
@@ -168,8 +171,23 @@ class TaskTuner:
         self.callbacks.heartbeat(self)
         return report
 
-    def _measure(self, candidates) -> list[MeasureResult]:
-        return self._count(self.runner.run(self.task, self.builder.build(self.task, candidates)))
+    def _searched(self, seconds: float) -> None:
+        self.result.tuner_seconds += seconds
+        self.result.add_time("search", seconds)
+
+    def _measure(self, candidates, phase: str | None = None) -> list[MeasureResult]:
+        """Build and time `candidates`; their time counts as build and measure, or all as `phase`."""
+        t0 = time.perf_counter()
+        builds = self.builder.build(self.task, candidates)
+        t1 = time.perf_counter()
+        results = self._count(self.runner.run(self.task, builds))
+        t2 = time.perf_counter()
+        if phase is None:
+            self.result.add_time("build", t1 - t0)
+            self.result.add_time("measure", t2 - t1)
+        else:
+            self.result.add_time(phase, t2 - t0)
+        return results
 
     def _count(self, results: list) -> list:
         """Note how many valid timings the run took and how many of them were disturbed."""
@@ -184,8 +202,10 @@ class TaskTuner:
             return None
         self._baseline_done = True
         cand = default_candidate(self.workload_key)
-        (res,) = self._measure([cand])
+        (res,) = self._measure([cand], phase="baseline")
+        t0 = time.perf_counter()
         ids = self.store.add_records(self.task, [(cand, res)], job_id=self.job_id)
+        self.result.add_time("baseline", time.perf_counter() - t0)
         if res.ok:
             self.result.baseline_cost = res.cost
             if res.cost < self.result.best_cost:
@@ -215,7 +235,10 @@ class TaskTuner:
         r = self.result
         r.stopped = self._stop.is_set()
         if not r.stopped and self.top_k > 0 and self.retime_rounds > 0:
+            t0 = time.perf_counter()
             self._retime()
+            if r.retimed:   # (asking which candidates came near the default is no re-timing)
+                r.add_time("retime", time.perf_counter() - t0)
         r.tune_seconds = time.perf_counter() - self._t_start
         self._finished = r
         return r

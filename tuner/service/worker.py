@@ -279,8 +279,9 @@ class _JobRun:
     def _write_progress(self, task, result, kind: str | None, estimate: str = "moved") -> None:
         """Write the task's progress (renewing the lease); `kind` is the batch's (BatchReport.kind,
         None for the final write): the default schedule's batch is a "baseline" event, a search
-        batch that improved the best by 1 % a "best" event, a re-measurement no event at all; a
-        model job's estimate goes with it (`estimate`: see _estimate_event)."""
+        batch that improved the best by 1 % a "best" event, a re-measurement no event at all, the
+        final write a "time" event (where the task's time went); a model job's estimate goes with
+        it (`estimate`: see _estimate_event)."""
         best = result.best_cost if math.isfinite(result.best_cost) else None
         base = result.baseline_cost if math.isfinite(result.baseline_cost) else None
         previous = self.best_costs.get(task)
@@ -292,6 +293,10 @@ class _JobRun:
         elif kind == "search" and best is not None and (previous is None or best < previous * 0.99):
             event = ("best", f"{task.workload.name}: best {flops / best / 1e9:.3g} GFLOPS after {self.trials[task]} trials",
                      {"position": self.position[task], "cost": best, "trials": self.trials[task]})
+        elif kind is None and result.phase_seconds:   # the task's last write: where its time went
+            event = ("time", f"{task.workload.name}: {result.tune_seconds:.1f} s; time went to {result.time_summary()}",
+                     {"position": self.position[task], "tune_seconds": round(result.tune_seconds, 3),
+                      "phase_seconds": {p: round(v, 3) for p, v in result.phase_seconds.items()}})
         estimate_event = self._estimate_event(estimate)
         try:
             with self._lock:
