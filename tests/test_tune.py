@@ -52,16 +52,21 @@ def test_tune_records_every_trial_and_a_second_run_measures_new_ones(tmp_path, m
     assert len(fps) == len(set(fps)) == 13  # nothing measured twice, the baseline once
 
 
+def _tuned(tmp_path, machinery, **options):
+    """(store, task, result) of a sketch-space tuning of the module's matmul in a fresh store."""
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    task = _task()
+    return store, task, tune(task, store, space="sketch", builder=builder, runner=runner, **options)
+
+
 def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, machinery):
     """The end of a run re-times, alternately with the default, the fastest candidates first
     measured within RETIME_WITHIN of it (at most top_k, one per RETIME_PER_TRIALS trials), and
     nothing when none came near: then the default's one timing stands and it stays the best."""
     from tuner.engine.task_tuner import RETIME_PER_TRIALS, RETIME_WITHIN
-    builder, runner = machinery
-    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    task = _task()
-    res = tune(task, store, space="sketch", strategy="evolutionary", trials=8, batch_size=4, builder=builder,
-               runner=runner, top_k=3, retime_rounds=3)
+    store, task, res = _tuned(tmp_path, machinery, strategy="evolutionary", trials=8, batch_size=4, top_k=3,
+                              retime_rounds=3)
     records = store.history(workload_key=task.workload.key)
     default = next(r for r in records if r.candidate.kind == "default")
     first_base = default.result.cost
@@ -94,11 +99,7 @@ def test_candidates_far_slower_than_the_default_are_not_retimed(tmp_path, machin
     """Random candidates of a matmul whose default is hand-written mostly measure slower than it:
     those are not timed again (a short run costs what its trials cost)."""
     from tuner.engine.task_tuner import RETIME_WITHIN
-    builder, runner = machinery
-    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    task = _task()
-    res = tune(task, store, space="sketch", strategy="random", trials=6, batch_size=3, builder=builder,
-               runner=runner, top_k=5, retime_rounds=2)
+    store, task, res = _tuned(tmp_path, machinery, strategy="random", trials=6, batch_size=3, top_k=5, retime_rounds=2)
     records = store.history(workload_key=task.workload.key)
     first_base = next(r for r in records if r.candidate.kind == "default").result.cost
     for r in records:

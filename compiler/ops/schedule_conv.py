@@ -562,6 +562,20 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
     return tile_dims, inner, outer_loops
 
 
+def accumulate_locally(s, out, epilogue, fuse_epilogue: bool, target, order=None):
+    """(stored stage, accumulating stage): `out` computed in a local buffer (`order`: its axes'
+    layout) and stored through `epilogue` (`out` inlined into it), or stored into `out` with the
+    epilogue a pass of its own when not `fuse_epilogue`."""
+    acc = s.cache_write(out, "local", order=order)
+    if epilogue is not None and epilogue is not out:
+        if fuse_epilogue:
+            s[out].compute_inline()
+            out = epilogue
+        else:
+            schedule_injective_stage(s[epilogue], target)
+    return s[out], s[acc]
+
+
 def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                    vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
                    fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
@@ -583,14 +597,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     `unroll_reduction=False`: the reduction loops stay loops (see schedule_conv_nchwc)."""
     ndim = len(out.shape)
     order = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
-    acc = s.cache_write(out, "local", order=order)
-    if epilogue is not None and epilogue is not out:
-        if fuse_epilogue:
-            s[out].compute_inline()
-            out = epilogue
-        else:
-            schedule_injective_stage(s[epilogue], target)
-    st, cst = s[out], s[acc]
+    st, cst = accumulate_locally(s, out, epilogue, fuse_epilogue, target, order)
     tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor,
                                                       outer_order or [d for d, _ in unrolled] + [vec_dim],
                                                       vec_group)
@@ -632,7 +639,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "depthwise_channel_vectors",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "accumulate_locally", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",

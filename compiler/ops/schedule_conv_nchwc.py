@@ -23,8 +23,8 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, largest_divisor, parallel_loop, want_parallel
-from .schedule_conv import _register_tile, pick_tile
-from .schedule_elementwise import schedule_injective_stage, schedule_pad_stage
+from .schedule_conv import _register_tile, accumulate_locally, pick_tile
+from .schedule_elementwise import schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
 DENSE_CHAIN_LATENCY = 6  # cycles between a dense tile's updates of one accumulator, as measured
@@ -138,14 +138,7 @@ def row_accumulated_tile(s, out, FOB: int, XB: int, chunk: int, target, work: in
     256 channels; onnxruntime's NCHWc kernels take one input block per call the same way). The
     row's buffer has whole tiles (a split's overhang computed with clamped reads, not tested in
     the micro-kernel); the row is then stored through the epilogue."""
-    acc = s.cache_write(out, "local")
-    if epilogue is not None and epilogue is not out:
-        if fuse_epilogue:
-            s[out].compute_inline()
-            out = epilogue
-        else:
-            schedule_injective_stage(s[epilogue], target)
-    st, cst = s[out], s[acc]
+    st, cst = accumulate_locally(s, out, epilogue, fuse_epilogue, target)
     n, fo, y, x, fb = st.op.axis
     foo, foi = st.split(fo, factor=FOB)
     xo, xi = st.split(x, factor=XB)
