@@ -9,6 +9,11 @@ copy in this layout) and the weights come packed. A depthwise tile is XB x YB of
 reads an input vector per accumulator and tap instead of broadcasts, all unit stride, its
 padded input computed per tile (pad_at_tile).
 
+Where a dense tile's weights (its blocks' share of every input channel and tap) overflow half
+the L1, the reduction is split instead: a row of output blocks accumulates in an L1 buffer over
+chunks of input blocks whose weights fit there (row_accumulated_tile), each register tile of the
+row reading the chunk's weights from L1 rather than the whole reduction's from L2.
+
 What conv2d_nchw's channel-vector schedules spend per layer on layout (the input copied into
 channel blocks, the tile stored transposed into NCHW rows) disappears when a model keeps its
 activations blocked between layers (compiler.graph.layout).
@@ -96,14 +101,14 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     at_tile = pad is not None and opdef.params["depthwise"]
     if pad is not None and not at_tile:
         (schedule_blocked_pad if opdef.params["data_block"] else schedule_pad_stage)(pad, target)
-    # Plain NCHW data (a network's first convolution): the innermost reduction is the taps of a
-    # row, and the tile's columns read overlapping windows of them (stride < taps); unrolled,
-    # LLVM kept the shared broadcasts live across taps and spilled the tile: ResNet's 7x7/2
-    # stem with its bias and ReLU 3.3 ms, as a loop 1.46 (Zen 3; onnxruntime 2.2).
     chunk = row_chunk(opdef, target, FOB, YB)
     if chunk:
         row_accumulated_tile(s, out, FOB, XB, chunk, target, opdef.flops, epilogue, fuse_epilogue)
         return s
+    # Plain NCHW data (a network's first convolution): the innermost reduction is the taps of a
+    # row, and the tile's columns read overlapping windows of them (stride < taps); unrolled,
+    # LLVM kept the shared broadcasts live across taps and spilled the tile: ResNet's 7x7/2
+    # stem with its bias and ReLU 3.3 ms, as a loop 1.46 (Zen 3; onnxruntime 2.2).
     acc = _register_tile(s, out, [(1, FOB), (2, YB), (3, XB)], 4, FB, target, opdef.flops, outer_order=[1, 2, 3],
                          epilogue=epilogue, fuse_epilogue=fuse_epilogue,
                          unroll_reduction=bool(opdef.params["data_block"]) or opdef.params["depthwise"])
