@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 # building and measuring the search's candidates, the strategy and cost model (ask/tell),
 # storing records, and the end-of-run re-timing (its builds and timings).
 PHASES = ("setup", "baseline", "build", "measure", "search", "records", "retime")
-PHASE_LABELS = {"setup": "setup", "baseline": "baseline", "build": "build", "measure": "measure",
-                "search": "search", "records": "records", "retime": "re-time"}
 
 
 @dataclass
@@ -40,7 +38,7 @@ class TuneResult:
 
     def time_summary(self) -> str:
         """'setup 0.4 s, build 3.1 s, measure 9.8 s, ...': the phases in order, those that took time."""
-        return ", ".join(f"{PHASE_LABELS[p]} {self.phase_seconds[p]:.1f} s" for p in PHASES if self.phase_seconds.get(p))
+        return ", ".join(f"{'re-time' if p == 'retime' else p} {self.phase_seconds[p]:.1f} s" for p in PHASES if self.phase_seconds.get(p))
 
     @property
     def disturbed_fraction(self) -> float:

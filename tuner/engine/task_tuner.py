@@ -9,8 +9,8 @@ counts the job's own records, so a job that was interrupted and resumed still me
 Every task measures the operator's default schedule once (the baseline). At the end the top
 candidates (at most `top_k`, in proportion to the task's trials, and only those first measured
 near or below the baseline: `TaskTuner.retime_candidates`) are re-timed alternately with the
-baseline over `retime_rounds` rounds (see `TaskTuner._retime`): the maximum of many noisy measurements is biased upward, so those medians
-are what the records rank by, the speed-up over the default comes from one set of same-run
+baseline over `retime_rounds` rounds (see `TaskTuner._retime`): the maximum of many noisy
+measurements is biased upward, so those medians are what the records rank by, the speed-up over the default comes from one set of same-run
 timings, and a candidate that is not faster than the default beyond the noise is not called a
 speed-up (the default stays the best).
 """
@@ -260,7 +260,7 @@ class TaskTuner:
         return [rec.candidate for rec in records]
 
     def _retime(self):
-        """Re-time the top-k of this task's records against the default schedule, alternately.
+        """Re-time `retime_candidates()` against the default schedule, alternately.
 
         Each of `retime_rounds` rounds times D c1 D c2 ... D ck (D the default; the candidates'
         order reversed every other round), so every candidate is timed right after the default,
