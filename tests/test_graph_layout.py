@@ -50,15 +50,15 @@ CASES = [   # C, F, H, W, k, stride, pads, dilation, depthwise, data blocked
 ]
 
 
-# Dense tiles whose weights overflow half the L1 (on AVX2 and AVX-512 alike): a row of output
-# blocks accumulated over chunks of input blocks (row_accumulated_tile); sizes that the tile's
-# columns do not divide, stride, asymmetric padding, dilation, output blocks the tile does not
-# divide, a 1x1 with many input blocks (chunks of several).
+# Dense tiles whose weights overflow half the L1, in rows of several tiles: a row of output
+# blocks accumulated over chunks of input blocks (row_accumulated_tile, taken here whatever the
+# host's L2 bandwidth); sizes that the tile's columns do not divide, stride, asymmetric padding,
+# dilation, output blocks the tile does not divide, a 1x1 with many input blocks (chunks of several).
 ROW_CASES = [   # C, F, H, W, k, stride, pads, dilation
-    (8 * B, 4 * B, 9, 11, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
-    (8 * B, 3 * B, 7, 13, 3, (2, 2), (0, 1, 1, 0), (1, 1)),
-    (16 * B, 5 * B, 10, 10, 3, (1, 1), (2, 2, 2, 2), (2, 2)),
-    (48 * B, 4 * B, 5, 7, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (8 * B, 4 * B, 9, 19, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (8 * B, 3 * B, 7, 29, 3, (2, 2), (0, 1, 1, 0), (1, 1)),
+    (16 * B, 5 * B, 10, 20, 3, (1, 1), (2, 2, 2, 2), (2, 2)),
+    (48 * B, 4 * B, 5, 17, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
 ]
 
 
@@ -73,8 +73,20 @@ def test_row_accumulated_conv2d_nchwc_matches_numpy(case, monkeypatch):
     calls = []
     original = nchwc.row_accumulated_tile
     monkeypatch.setattr(nchwc, "row_accumulated_tile", lambda *a, **k: calls.append(a[4]) or original(*a, **k))
+    monkeypatch.setattr(nchwc, "L2_WEIGHT_STREAM", 0)
     check_conv_kernel((*case, False, True))
     assert len(calls) == 1 and calls[0] >= 1   # the row path, with a chunk of input blocks
+
+
+def conv_relu_opdef(C, F, H, W, k, stride, pads, dil, depthwise, is_blocked, b=B):
+    xshape = (1, C // b, H, W, b) if is_blocked else (1, C, H, W)
+    wshape = (F // b, C // b, k, k, b, b) if is_blocked and not depthwise else (F // b, 1 if depthwise else C, k, k, b)
+    X, Wt, Bias = placeholder(xshape, "float32", "x"), placeholder(wshape, "float32", "w"), \
+        placeholder((F // b, b), "float32", "b")
+    conv = fn.conv2d_nchwc(X, Wt, stride, pads, dil, depthwise)
+    out = compute(conv.shape, lambda n, f, y, x_, fi: E.maximum(conv[n, f, y, x_, fi] + Bias[f, fi], 0.0),
+                  name="epilogue", tag="elemwise")
+    return custom_op("conv_relu", [X, Wt, Bias], out)
 
 
 def check_conv_kernel(case):
@@ -84,17 +96,49 @@ def check_conv_kernel(case):
     bias = rand(RNG, (F,))
     xd = blocked(x, B) if is_blocked else x
     wp = fn.pack_conv_weight_nchwc(w, B, B if is_blocked and not depthwise else 0)
-    X, Wt, Bias = placeholder(xd.shape, "float32", "x"), placeholder(wp.shape, "float32", "w"), \
-        placeholder((F // B, B), "float32", "b")
-    conv = fn.conv2d_nchwc(X, Wt, stride, pads, dil, depthwise)
-    out = compute(conv.shape, lambda n, f, y, x_, fi: E.maximum(conv[n, f, y, x_, fi] + Bias[f, fi], 0.0),
-                  name="epilogue", tag="elemwise")
-    opdef = custom_op("conv_relu", [X, Wt, Bias], out)
+    opdef = conv_relu_opdef(*case)
     kernel = build(default_schedule(opdef, TARGET), opdef.tensors, TARGET)
-    y = np.full(out.shape, np.nan, np.float32)
+    y = np.full(opdef.output.shape, np.nan, np.float32)
     kernel(xd, wp, bias.reshape(F // B, B), y)
     want = np.maximum(np_conv(x, w, bias, stride, pads, dil, C if depthwise else 1), 0)
     assert_close(unblocked(y, F), want)
+
+
+# ResNet-, VGG- and DenseNet-sized layers on hosts of both vector widths: the default schedule is
+# the register or row tile, never the plain loop nest that too much unrolled code falls back to
+# (AVX-512's 4 x 6 row tile times 16 channels did, 100x slower).
+LAYERS = [   # C, F, H, W, k, stride
+    (256, 384, 12, 12, 3, 1), (256, 256, 14, 14, 3, 1), (512, 512, 7, 7, 3, 1), (128, 128, 56, 56, 3, 1),
+    (1024, 256, 14, 14, 1, 1), (256, 1024, 14, 14, 1, 1), (512, 128, 28, 28, 1, 1), (256, 256, 28, 28, 3, 2),
+]
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "znver4", "skylake-avx512"])
+def test_default_conv_schedules_stay_tiled_on_every_vector_width(cpu):
+    from compiler.lower import lower
+    from compiler.target import Target
+    target = Target.from_string(f"llvm -mtriple={TARGET.triple} -mcpu={cpu} -num-cores=2")
+    b = target.vector_lanes("float32")
+    for C, F, H, W, k, stride in LAYERS:
+        opdef = conv_relu_opdef(C, F, H, W, k, (stride, stride), (k // 2,) * 4, (1, 1), False, True, b)
+        code = str(lower(default_schedule(opdef, target), opdef.tensors))
+        assert "parallel for" in code and "unrolled for" in code, (cpu, C, F, H, k)
+
+
+def test_row_accumulation_where_the_weight_stream_outruns_l2():
+    """Zen 3's AVX2 tile of ResNet's 256-channel 3x3 layer asks 21 bytes of weights a cycle from
+    L2 and is row-accumulated; Zen 4's AVX-512 tiles ask 9-16 and keep the whole reduction."""
+    from compiler.ops.schedule_anchor import anchor_view
+    from compiler.ops.schedule_conv_nchwc import nchwc_tile, row_chunk
+    from compiler.target import Target
+    chosen = {}
+    for cpu in ("znver3", "znver4"):
+        target = Target.from_string(f"llvm -mtriple={TARGET.triple} -mcpu={cpu} -num-cores=2")
+        b = target.vector_lanes("float32")
+        view = anchor_view(conv_relu_opdef(256, 256, 14, 14, 3, (1, 1), (1,) * 4, (1, 1), False, True, b))
+        FOB, XB, YB = nchwc_tile(view, target)
+        chosen[cpu] = row_chunk(view, target, FOB, XB, YB)
+    assert chosen["znver3"] >= 1 and chosen["znver4"] == 0
 
 
 def test_conv2d_nchwc_refuses_mismatched_operands():

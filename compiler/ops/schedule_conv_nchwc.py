@@ -10,9 +10,10 @@ reads an input vector per accumulator and tap instead of broadcasts, all unit st
 padded input computed per tile (pad_at_tile).
 
 Where a dense tile's weights (its blocks' share of every input channel and tap) overflow half
-the L1, the reduction is split instead: a row of output blocks accumulates in an L1 buffer over
-chunks of input blocks whose weights fit there (row_accumulated_tile), each register tile of the
-row reading the chunk's weights from L1 rather than the whole reduction's from L2.
+the L1 and the tile would read them from L2 faster than L2 delivers (row_chunk), the reduction is
+split instead: a row of output blocks accumulates in an L1 buffer over chunks of input blocks
+whose weights fit there (row_accumulated_tile), each register tile of the row reading the
+chunk's weights from L1 rather than the whole reduction's from L2.
 
 What conv2d_nchw's channel-vector schedules spend per layer on layout (the input copied into
 channel blocks, the tile stored transposed into NCHW rows) disappears when a model keeps its
@@ -28,11 +29,12 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, largest_divisor, parallel_loop, want_parallel
-from .schedule_conv import _register_tile, accumulate_locally, pick_tile
+from .schedule_conv import MAX_UNROLLED_STEP, _register_tile, accumulate_locally, pick_tile
 from .schedule_elementwise import schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
 DENSE_CHAIN_LATENCY = 6  # cycles between a dense tile's updates of one accumulator, as measured
+L2_WEIGHT_STREAM = 16  # bytes a cycle of weights a register tile may read from L2 (row_chunk)
 
 
 def nchwc_tile(opdef, target) -> tuple:
@@ -101,7 +103,7 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     at_tile = pad is not None and opdef.params["depthwise"]
     if pad is not None and not at_tile:
         (schedule_blocked_pad if opdef.params["data_block"] else schedule_pad_stage)(pad, target)
-    chunk = row_chunk(opdef, target, FOB, YB)
+    chunk = row_chunk(opdef, target, FOB, XB, YB)
     if chunk:
         row_accumulated_tile(s, out, FOB, XB, chunk, target, opdef.flops, epilogue, fuse_epilogue)
         return s
@@ -117,19 +119,27 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     return s
 
 
-def row_chunk(opdef, target, FOB: int, YB: int) -> int:
+def row_chunk(opdef, target, FOB: int, XB: int, YB: int) -> int:
     """Input channel blocks per chunk of a row-accumulated convolution (row_accumulated_tile), or
     0 where the register tile keeps the whole reduction: a dense tile of one row over blocked
-    data whose weights (FOB blocks of every input channel and tap) overflow half the L1. The
-    chunk is the most input blocks whose weights fit there, dividing the input blocks."""
+    data, in a row of several tiles (they share the chunk's weights), whose weights (FOB blocks
+    of every input channel and tap) overflow half the L1 and would stream from L2 faster than
+    L2_WEIGHT_STREAM bytes a cycle (one weight vector per block and step, every XB FMAs of a
+    block). Zen 3's AVX2 4 x 3 tile asked 21 bytes a cycle: row accumulation ran ResNet's 3x3
+    layers 1.1-1.35x faster; Zen 4's AVX-512 tiles of 4 x 4 and 2 x 7 ask 16 and 9, and it ran
+    them 0.8-0.97x. The chunk is the most input blocks whose weights fit in half the L1,
+    dividing the input blocks."""
     p = opdef.params
     if p["depthwise"] or p.get("group_window") or not p["data_block"] or YB != 1:
         return 0
+    OW = opdef.output.shape[3]
     weight = opdef.inputs[1]
     _, CBLK, KH, KW, CB, FB = weight.shape
-    per_block = FOB * KH * KW * CB * FB * np.dtype(weight.dtype).itemsize
+    itemsize = np.dtype(weight.dtype).itemsize
+    stream = FB * itemsize * target.capabilities.fmas_per_cycle / XB
+    per_block = FOB * KH * KW * CB * FB * itemsize
     budget = target.capabilities.l1d // 2
-    if CBLK * per_block <= budget:
+    if OW < 2 * XB or stream <= L2_WEIGHT_STREAM or CBLK * per_block <= budget:
         return 0
     return largest_divisor(CBLK, max(1, budget // per_block))
 
@@ -143,7 +153,7 @@ def row_accumulated_tile(s, out, FOB: int, XB: int, chunk: int, target, work: in
     256 channels; onnxruntime's NCHWc kernels take one input block per call the same way). The
     row's buffer has whole tiles (a split's overhang computed with clamped reads, not tested in
     the micro-kernel); the row is then stored through the epilogue."""
-    st, cst = accumulate_locally(s, out, epilogue, fuse_epilogue, target)
+    st, row_st = accumulate_locally(s, out, epilogue, fuse_epilogue, target)
     n, fo, y, x, fb = st.op.axis
     foo, foi = st.split(fo, factor=FOB)
     xo, xi = st.split(x, factor=XB)
@@ -151,21 +161,35 @@ def row_accumulated_tile(s, out, FOB: int, XB: int, chunk: int, target, work: in
     st.unroll(xi)
     st.vectorize(fb)
     row = fuse_all(st, [n, foo, y])
-    cn, cfo, cy, cx, cfb = cst.op.axis
-    rco, ry, rx, rci = cst.op.reduce_axis
-    cxo, cxi = cst.split(cx, factor=XB)
-    rc_chunk, rc_in = cst.split(rco, factor=chunk)
-    cst.reorder(cn, cy, rc_chunk, cxo, rc_in, ry, rx, rci, cfo, cxi, cfb)
-    for a in (cfo, cxi, rci):
-        cst.unroll(a)
-    for a in (rc_in, ry, rx):
+    # the row buffer sums the chunks' register tiles (rfactor over the chunks): each tile is a
+    # buffer of its own, indexed by constants, so LLVM keeps it in registers; accumulating in the
+    # row buffer itself (indexed by the tile's column) put a load and a store around every FMA
+    rc_chunk, _ = row_st.split(row_st.op.reduce_axis[0], factor=chunk)
+    tile_st = s[s.rfactor(row_st.tensor, rc_chunk)]
+    rn, rfo, ry_, rx_, rfb, rk = row_st.leaf_iter_vars
+    rxo, rxi = row_st.split(rx_, factor=XB)
+    row_st.reorder(rn, ry_, rk, rxo, rfo, rxi, rfb)
+    row_st.unroll(rfo)
+    row_st.unroll(rxi)
+    row_st.vectorize(rfb)
+    row_st.compute_at(st, row)
+    tk, tn, tfo, ty, tx, tfb = tile_st.op.axis
+    rc_in, ry, rx, rci = tile_st.op.reduce_axis
+    # the block's channels unrolled around the tile as far as unrolled_fits allows (AVX-512's
+    # 4 x 6 tile times 16 channels was twice the code the lowering builds), the rest a loop
+    channels = largest_divisor(rci.extent, max(1, MAX_UNROLLED_STEP // (FOB * XB)))
+    rci_loop, rci = tile_st.split(rci, factor=channels)
+    tile_st.reorder(tk, tn, ty, rc_in, ry, rx, rci_loop, rci, tfo, tx, tfb)
+    for a in (tfo, tx, rci):
+        tile_st.unroll(a)
+    for a in (tk, tn, ty, rc_in, ry, rx):
         if a.extent == 1:
-            cst.unroll(a)
-    cst.vectorize(cfb)
-    cst.compute_at(st, row)
+            tile_st.unroll(a)
+    tile_st.vectorize(tfb)
+    tile_st.compute_at(row_st, rxo)
     if want_parallel(target, work) and row.extent > 1:
         st.parallel(row)
-    return cst
+    return row_st
 
 
 def pad_at_tile(pad, acc):
