@@ -25,7 +25,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from . import arith
-from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, walk
+from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
 from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt, Store, walk_stmts
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -382,9 +382,94 @@ class FunctionEmitter:
         return v
 
     def _emit_load_mem(self, e: Load):
+        clamped = self._clamped_unit_stride(e.index)
+        if clamped is not None:
+            return self._emit_clamped_load(e, *clamped)
+        return self._emit_load_at(e, e.index)
+
+    def _clamped_unit_stride(self, index: Expr):
+        """(index without its clamps, [Compare: the clamps do nothing on these lanes]) for a
+        vector read whose index is unit-stride in the lanes but for min/max clamps against
+        lane-free bounds (a tile's overhang, a border clamp), which make it a gather; else None."""
+        v = self.vec_var
+        if v is None or v not in _free_vars(index) or not any(
+                isinstance(n, Binary) and n.op in ("min", "max") for n in walk(index)):
+            return None
+        clamps = []
+
+        def peel(n):
+            if isinstance(n, Binary) and n.op in ("min", "max"):
+                for inner, bound in ((n.a, n.b), (n.b, n.a)):
+                    if v in _free_vars(inner) and v not in _free_vars(bound):
+                        clamps.append((inner, n.op, bound))
+                        return inner
+            return None
+
+        bare = transform(index, peel)
+        lin = arith.to_lin(bare, self.ranges)
+        if not clamps or lin.coef_of(v) != 1 or any(v in _free_vars(a) for a, _ in lin.terms.values() if a is not v):
+            return None
+        conds = []
+        for inner, op, bound in clamps:
+            il = arith.to_lin(inner, self.ranges)
+            if il.coef_of(v) < 0 or any(v in _free_vars(a) for a, _ in il.terms.values() if a is not v):
+                return None
+            at = Const(self.lanes - 1 if op == "min" else 0, "int64")
+            edge = arith.substitute_var(inner, v, at, self.ranges)
+            conds.append(Compare("le", edge, bound) if op == "min" else Compare("ge", edge, bound))
+        return bare, clamps, conds
+
+    def _emit_clamped_load(self, e: Load, bare: Expr, clamps: list, conds: list):
+        """A vector load of a clamped unit-stride index: one vector load where every clamp is
+        inactive on all lanes (the interior, nearly always); where one bites (the last,
+        overhanging tile of a row), _emit_clamp_edge_load, or the gather of the clamped index."""
+        b = self.builder
+        cond = self.emit_expr(conds[0])
+        for c in conds[1:]:
+            cond = b.and_(cond, self.emit_expr(c))
+        with b.if_else(cond) as (inside, edge):
+            with inside:
+                fast = self._emit_load_at(e, bare)
+                fast_block = b.block
+            with edge:
+                slow = self._emit_clamp_edge_load(e, bare, clamps)
+                slow_block = b.block
+        phi = b.phi(fast.type)
+        phi.add_incoming(fast, fast_block)
+        phi.add_incoming(slow, slow_block)
+        return phi
+
+    def _emit_clamp_edge_load(self, e: Load, bare: Expr, clamps: list):
+        """Lanes past the clamps of one term read the element at its bound: a masked vector load
+        of the lanes no clamp bites and one broadcast element per clamp (an overhanging tile of
+        35 columns in 16 lanes gathered a third of an average pool's loads, 0.37 ms against
+        onnxruntime's 0.05). Clamps of several terms: the gather."""
+        inner = clamps[0][0]
+        if any(c[0] is not inner for c in clamps):
+            return self._emit_load_at(e, e.index)
+        b = self.builder
+        saved = self.mask
+        bites = [self.emit_expr(Compare("gt" if op == "min" else "lt", inner, bound)) for _, op, bound in clamps]
+        bitten = bites[0]
+        for m in bites[1:]:
+            bitten = b.or_(bitten, m)
+        free = b.not_(bitten)
+        try:
+            self.mask = free if saved is None else b.and_(saved, free)
+            value = self._emit_load_at(e, bare)
+            for (_, _, bound), bite in zip(clamps, bites):
+                self.mask = bite if saved is None else b.and_(saved, bite)
+                at_bound = transform(bare, lambda n, bound=bound: bound if n is inner else None)
+                element = self._emit_load_at(e, at_bound)
+                value = b.select(bite, self._broadcast(element), value)
+        finally:
+            self.mask = saved
+        return value
+
+    def _emit_load_at(self, e: Load, index: Expr):
         b = self.builder
         ety = MEMTYPE[e.buffer.dtype]
-        kind, ptr = self._access(e.buffer, e.index)
+        kind, ptr = self._access(e.buffer, index)
         align = ety.width // 8 if isinstance(ety, ir.IntType) else (4 if ety == F32 else 8)
         if e.buffer.dtype == "bool":
             align = 1

@@ -204,3 +204,36 @@ def test_a_strided_read_of_a_stack_tile_is_per_lane_not_a_gather():
     out = np.full((16, 16), np.nan, np.float32)
     C.build(s, args)(a, b, out)
     np.testing.assert_allclose(out, a.T.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,lanes", [(35, 16), (37, 8), (16, 16), (9, 4)])
+def test_clamped_unit_stride_reads_are_vector_loads_and_keep_the_clamp(n, lanes):
+    """A read whose index is unit-stride in the lanes but for min/max clamps (replicate padding,
+    a split's overhang) is a vector load where no clamp bites and, where one does, a masked load
+    plus the bound's element: never a gather, and every lane still reads its clamped element."""
+    X = C.placeholder((n,), name="X")
+    out = C.compute((n,), lambda i: X[C.minimum(C.maximum(i - 2, 0), n - 1)] * 2.0 + X[C.minimum(i + 3, n - 1)],
+                    name="out")
+    s = C.create_schedule(out)
+    _, xi = s[out].split(s[out].op.axis[0], factor=lanes)
+    s[out].vectorize(xi)
+    ir = _ir(s, [X, out])
+    assert "gather" not in ir and (f"load <{lanes} x float>" in ir or f"masked.load.v{lanes}f32" in ir)
+    x = np.random.default_rng(3).uniform(0.5, 1.5, n).astype(np.float32)
+    y = np.full(n, np.nan, np.float32)
+    C.build(s, [X, out])(x, y)
+    i = np.arange(n)
+    np.testing.assert_allclose(y, x[np.clip(i - 2, 0, n - 1)] * 2.0 + x[np.minimum(i + 3, n - 1)], rtol=1e-6)
+
+
+def test_clamps_of_two_terms_still_read_the_right_elements():
+    """Clamps on two different terms of one index: the gather of the clamped index, correct."""
+    X = C.placeholder((8, 8), name="X")
+    out = C.compute((8, 8), lambda i, j: X[C.minimum(i + j, 7), C.minimum(j + 1, 7)], name="out")
+    s = C.create_schedule(out)
+    s[out].vectorize(s[out].op.axis[1])
+    x = np.random.default_rng(4).uniform(-1, 1, (8, 8)).astype(np.float32)
+    y = np.full((8, 8), np.nan, np.float32)
+    C.build(s, [X, out])(x, y)
+    i, j = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
+    np.testing.assert_allclose(y, x[np.minimum(i + j, 7), np.minimum(j + 1, 7)])
