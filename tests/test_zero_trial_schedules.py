@@ -67,8 +67,23 @@ def grouped_matmul(G=3, M=17, K=23, N=40):
     return [A, B], C.compute((G, M, N), lambda g, i, j: C.sum(A[g, i, k] * B[g, k, j], axis=k), name="gmm"), lambda a, b: a @ b
 
 
+def padded_box_filter(Ch=5, H=13, W=35, K=3):
+    """A 3x3 box filter over zero padding (AveragePool with count_include_pad): a reduction
+    reading a pad stage, on a row the vector does not divide."""
+    from compiler.ops.transform import pad_tensor
+    X = C.placeholder((1, Ch, H, W), "float32", "X")
+    P = pad_tensor(X, (0, 0, 1, 1), (0, 0, 1, 1))
+    ry, rx = C.reduce_axis(K, "ry"), C.reduce_axis(K, "rx")
+    out = C.compute((1, Ch, H, W), lambda n, c, y, x: C.sum(P[n, c, y + ry, x + rx] * (1.0 / 9), axis=[ry, rx]), name="box")
+
+    def reference(x):
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        return sum(xp[:, :, i:i + H, j:j + W] for i in range(K) for j in range(K)) / 9
+    return [X], out, reference
+
+
 CASES = {f.__name__: f for f in (exp_matmul_bias, matmul_at_b, conv1d, attention_scores, rmsnorm, column_mean_abs,
-                                 grouped_matmul)}
+                                 grouped_matmul, padded_box_filter)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -92,6 +107,15 @@ def test_an_operand_walked_across_its_rows_is_packed(name, packed):
     inputs, out, _ = CASES[name]()
     op = custom_op(name, inputs, out)
     assert any(st.name == packed for st in default_schedule(op, C.Target.host()).stages)
+
+
+def test_padding_a_reduction_reads_is_materialized_not_inlined():
+    """Inlined, the padding's border test and clamped index sit in every tap and make its vector
+    loads gathers; the default materializes it once (a row copy) and the taps read it plainly."""
+    inputs, out, _ = padded_box_filter()
+    op = custom_op("box", inputs, out)
+    s = default_schedule(op, C.Target.host())
+    assert any(st.name == "pad" and not st.is_inline for st in s.stages)
 
 
 def test_rows_summed_along_their_unit_stride_axis_are_not_packed():
