@@ -83,8 +83,30 @@ def custom_row_sums(M=5, N=300):
     return OpDef("custom_row_sums", [A], out, dict(M=M, N=N), 2 * M * N, ref)
 
 
+def fused_conv_nchwc(blocks_in=2, blocks_out=3, H=5, W=19):
+    """A model's fused convolution: channel-blocked data, a 3x3 conv2d_nchwc, bias and relu; its
+    default is a recipe (the register tile, row accumulation) the space carries as a sketch."""
+    from compiler.ops import functions as fn
+    b = C.Target.host().vector_lanes("float32")
+    X = C.placeholder((1, blocks_in, H, W, b), "float32", "X")
+    Wt = C.placeholder((blocks_out, blocks_in, 3, 3, b, b), "float32", "W")
+    bias = C.placeholder((blocks_out, b), "float32", "bias")
+    conv = fn.conv2d_nchwc(X, Wt, (1, 1), (1, 1, 1, 1))
+    out = C.compute(conv.shape, lambda n, f, y, x, fi: C.maximum(conv[n, f, y, x, fi] + bias[f, fi], 0.0),
+                    name="epilogue", tag="elemwise")
+
+    def ref(x, w, bb):
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1), (0, 0)))
+        acc = sum(np.einsum("nchwi,fcio->nfhwo", xp[:, :, i:i + H, j:j + W], w[:, :, i, j].astype(np.float64))
+                  for i in range(3) for j in range(3))
+        return np.maximum(acc + bb[None, :, None, None, :], 0.0).astype("float32")
+    flops = 2 * H * W * blocks_out * b * blocks_in * b * 9
+    return OpDef("fused_convnchwc_relu", [X, Wt, bias], out, dict(H=H, W=W), flops, ref)
+
+
 OPS = {
     "matmul": lambda: get_op("matmul", M=67, N=45, K=33),
+    "fused_conv_nchwc": fused_conv_nchwc,
     "dense_gelu": lambda: get_op("dense", batch=10, in_dim=33, out_dim=50, epilogue="gelu"),
     # small spatial sizes keep the unrolled register tiles (and the build time) of the test small
     "conv2d_nchw": lambda: get_op("conv2d_nchw", N=1, C=4, H=7, W=13, F=6, KH=3, KW=3, stride=2, padding=1),
@@ -373,6 +395,29 @@ def test_sketch_of_matmul_can_walk_column_panels_outermost():
     assert rows_first.payload["steps"] != cand.payload["steps"]
 
 
+def test_a_fused_convolution_carries_its_default_recipe_as_a_sketch():
+    """The recipe sketch's knobs are the default's choices; its starting points are the
+    default's nearest alternatives (one knob changed), and mutation and crossover stay in it."""
+    from tuner.space.sketch_recipe import RECIPE_PARAMS, RECIPE_SKETCH_ID
+    space = SketchSpace(fused_conv_nchwc())
+    recipe = space.sketch(RECIPE_SKETCH_ID)
+    assert len(recipe.choices["tile"]) > 1
+    default = {k: v[0] for k, v in recipe.choices.items()}
+    starts = [c for c in space.starting_points() if c.payload["sketch"] == RECIPE_SKETCH_ID]
+    assert starts and all(sum(c.payload["params"][RECIPE_PARAMS][k] != default[k] for k in default) == 1 for c in starts)
+    rng = np.random.default_rng(7)
+    a, b = space.sample(rng, sketch=RECIPE_SKETCH_ID), space.sample(rng, sketch=RECIPE_SKETCH_ID)
+    m = space.mutate(a, rng)
+    child = space.crossover(a, b, rng)
+    pa, pb = a.payload["params"][RECIPE_PARAMS], b.payload["params"][RECIPE_PARAMS]
+    assert m.payload["sketch"] == child.payload["sketch"] == RECIPE_SKETCH_ID
+    assert sum(m.payload["params"][RECIPE_PARAMS][k] != pa[k] for k in default) == 1
+    assert all(child.payload["params"][RECIPE_PARAMS][k] in (pa[k], pb[k]) for k in default)
+    for c in (starts[0], m, child):
+        check_builds_and_computes(fused_conv_nchwc(), c, rng)
+    assert all(sk.id != RECIPE_SKETCH_ID for sk in SketchSpace(OPS["matmul"]()).sketches)
+
+
 def test_sketch_mutation_changes_one_parameter():
     space = SketchSpace(OPS["matmul"]())
     rng = np.random.default_rng(5)
@@ -582,7 +627,8 @@ def test_space_modules_import_no_sibling_but_the_base():
 
     import tuner.space as pkg
     root = Path(pkg.__file__).parent
-    allowed = {"base.py": set(), "sketch.py": {"base", "sketch_defaults"}, "sketch_defaults.py": {"base"},
+    allowed = {"base.py": set(), "sketch.py": {"base", "sketch_defaults", "sketch_recipe"}, "sketch_defaults.py": {"base"},
+               "sketch_recipe.py": set(),
                "template.py": {"base", "templates"}}
     for name, ok in allowed.items():
         tree = ast.parse((root / name).read_text())

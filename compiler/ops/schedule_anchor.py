@@ -44,7 +44,7 @@ from .base import OpDef
 from .functions import nchwc_weight_geometry
 from .schedule_common import unit_step
 from .schedule_conv import schedule_conv_nchw
-from .schedule_conv_nchwc import schedule_conv_nchwc
+from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
@@ -234,7 +234,35 @@ def _packing_pays(view, target) -> bool:
     return math.prod(batch) * M > mr
 
 
-def _conv_with_epilogue(schedule_conv, view, opdef, target) -> Schedule:
+# Anchors whose default schedule takes the tuner's choices as arguments: the view's name ->
+# (its choices: {knob: values, the default first}, the schedule function taking them).
+RECIPES = {"conv2d_nchwc": (conv2d_nchwc_choices, schedule_conv_nchwc)}
+
+
+def anchor_recipe_choices(opdef, target=None) -> dict | None:
+    """The knobs of the default schedule of `opdef`'s anchor (RECIPES), each with its values,
+    the default first; None when the DAG's default is not such a recipe. The tuner samples them
+    (tuner/space/sketch_recipe.py), so a search starts where the default is, not from scratch."""
+    target = resolve_target(target)
+    if schedule_tagged(opdef, target) is not None:
+        return None
+    view = anchor_view(opdef)
+    if view is None or view.name not in RECIPES:
+        return None
+    return RECIPES[view.name][0](view, target)
+
+
+def schedule_anchor_recipe(opdef, target, choices: dict) -> Schedule:
+    """The default schedule of `opdef` with `choices` (a value per knob of anchor_recipe_choices)
+    for its anchor; ScheduleError when they make a schedule that does not lower."""
+    target = resolve_target(target)
+    view = anchor_view(opdef)
+    if view is None or view.name not in RECIPES:
+        raise ScheduleError(f"{opdef.name}: its default schedule takes no choices")
+    return _conv_with_epilogue(RECIPES[view.name][1], view, opdef, target, choices=choices)
+
+
+def _conv_with_epilogue(schedule_conv, view, opdef, target, choices: dict | None = None) -> Schedule:
     """The convolution's tiles stored through the epilogue; when that makes more unrolled code
     than the lowering allows (a 4 x 7 tile of a 7x7 layer with a residual add and relu came to
     16.5k nodes against the 16k cap), the tile is stored into the convolution's output and the
@@ -243,13 +271,16 @@ def _conv_with_epilogue(schedule_conv, view, opdef, target) -> Schedule:
     finds better)."""
     out = opdef.output
     variants = [{}] if view.output is out else [{"epilogue": out}, {"epilogue": out, "fuse_epilogue": False}]
+    error = None
     for kw in variants:
-        s = schedule_conv(view, target, **kw)
+        s = schedule_conv(view, target, **kw, **(choices or {}))
         try:
             lower(s, opdef.tensors)
             return s
-        except ScheduleError:
-            continue
+        except ScheduleError as e:
+            error = e
+    if choices is not None:
+        raise ScheduleError(f"{opdef.name}: the choices {choices} make no schedule that lowers: {error}")
     return create_schedule(out)
 
 
@@ -337,4 +368,4 @@ def _no_reference(*arrays):  # pragma: no cover - a schedule's view of an anchor
     raise NotImplementedError("an anchor view has no reference")
 
 
-__all__ = ["schedule_by_structure", "anchor_view"]
+__all__ = ["schedule_by_structure", "anchor_view", "anchor_recipe_choices", "schedule_anchor_recipe", "RECIPES"]

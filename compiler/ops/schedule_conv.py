@@ -79,6 +79,20 @@ def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps, latency: int = F
     the cycles an accumulator waits between updates (FMA_LATENCY, or what a schedule measured).
     """
     best, best_key = (vec_tiles[0], [1] * len(dims)), None
+    for key, vt, combo in _feasible_tiles(vec_tiles, vl, dims, cost, caps, latency):
+        if best_key is None or key > best_key:
+            best, best_key = (vt, list(combo)), key
+    return best
+
+
+def feasible_tiles(vec_tiles: list, vl: int, dims: list, cost, caps) -> list:
+    """Every (vector length, factors) pick_tile weighs (the tiles whose accumulators and live
+    operands fit the registers), best first by its ranking: the tuner's choices of a tile."""
+    ranked = sorted(_feasible_tiles(vec_tiles, vl, dims, cost, caps, FMA_LATENCY), key=lambda t: t[0], reverse=True)
+    return [(vt, list(combo)) for _, vt, combo in ranked]
+
+
+def _feasible_tiles(vec_tiles, vl, dims, cost, caps, latency):
     for vt in vec_tiles:
         vregs = -(-vt // vl)
         for combo in _combos(dims):
@@ -92,10 +106,7 @@ def pick_tile(vec_tiles: list, vl: int, dims: list, cost, caps, latency: int = F
             # a step issues acc FMAs and `loads` loads, as many per cycle as the core starts, and
             # each accumulator waits `latency` cycles for its previous update
             cycles = max(acc / caps.fmas_per_cycle, loads / LOADS_PER_CYCLE, latency)
-            key = (round(useful / cycles, 3), round(useful / acc, 3), acc, -live, -loads, vt, combo)
-            if best_key is None or key > best_key:
-                best, best_key = (vt, list(combo)), key
-    return best
+            yield (round(useful / cycles, 3), round(useful / acc, 3), acc, -live, -loads, vt, combo), vt, combo
 
 
 def _combos(dims):
@@ -645,4 +656,4 @@ __all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "accumulate_loca
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",
            "taps_unrolled", "unrolled_fits", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
            "deinterleave_padded_columns", "prepare_conv_input", "pick_tile", "vector_tiles",
-           "weights_dominate", "materialize_pad", "unroll_inner_reduction"]
+           "weights_dominate", "materialize_pad", "unroll_inner_reduction", "feasible_tiles"]

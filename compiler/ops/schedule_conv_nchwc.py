@@ -29,11 +29,12 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, largest_divisor, parallel_loop, want_parallel
-from .schedule_conv import MAX_UNROLLED_STEP, _register_tile, accumulate_locally, pick_tile
+from .schedule_conv import FMA_LATENCY, MAX_UNROLLED_STEP, _register_tile, accumulate_locally, feasible_tiles, pick_tile
 from .schedule_elementwise import schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
 DENSE_CHAIN_LATENCY = 6  # cycles between a dense tile's updates of one accumulator, as measured
+MAX_TILE_CHOICES = 8  # register tiles the tuner tries per convolution (nchwc_tile_choices)
 L2_WEIGHT_STREAM = 16  # bytes a cycle of weights a register tile may read from L2 (row_chunk)
 
 
@@ -54,14 +55,38 @@ def nchwc_tile(opdef, target) -> tuple:
     from L3 for every tile on Zen 3's 512 KB L2; 1 block x 7 columns ran 1.28x faster, 2 x 4 as
     fast). A depthwise tile, one block, loads an input vector per accumulator instead and keeps
     its rows."""
+    vl, dims, cost, latency = _tile_problem(opdef, target)
+    _, factors = pick_tile([opdef.output.shape[4]], vl, dims, cost, target.capabilities, latency=latency)
+    return _as_tile(opdef, factors)
+
+
+def nchwc_tile_choices(opdef, target) -> list:
+    """The (FOB, XB, YB) tiles whose accumulators and operands fit the target's registers, as
+    nchwc_tile ranks them, nchwc_tile's own first, the MAX_TILE_CHOICES best: the tile the tuner
+    varies (the rest, down to 1 x 1, leave FMAs idle; a short search would waste trials there)."""
+    vl, dims, cost, _ = _tile_problem(opdef, target)
+    default = nchwc_tile(opdef, target)
+    others = [_as_tile(opdef, f) for _, f in feasible_tiles([opdef.output.shape[4]], vl, dims, cost, target.capabilities)]
+    return ([default] + [t for t in others if t != default])[:MAX_TILE_CHOICES]
+
+
+def _as_tile(opdef, factors) -> tuple:
+    if opdef.params["depthwise"]:
+        return tuple(factors)
+    if opdef.params.get("group_window"):
+        return (1, *factors)
+    return (*factors, 1)
+
+
+def _tile_problem(opdef, target) -> tuple:
+    """(lanes, dims, cost, latency) of nchwc_tile's pick_tile: see nchwc_tile."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, FO, OH, OW, FB = out.shape
     if opdef.params["depthwise"]:
         dims = [(1, 1, False), (OW, 8, True), (OH, 4, True)]
         cost = lambda r, c: (c[1] * c[2] * r + r, 2 * r)   # noqa: E731
-        _, (FOB, XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities)
-        return FOB, XB, YB
+        return vl, dims, cost, FMA_LATENCY
     weight = opdef.inputs[1]
     block_bytes = math.prod(weight.shape[1:]) * np.dtype(weight.dtype).itemsize
     blocks = max(1, min(MAX_TILE_BLOCKS, target.capabilities.l2 // block_bytes))
@@ -70,12 +95,10 @@ def nchwc_tile(opdef, target) -> tuple:
         # its accumulators from columns and rows (a 7x7 map's 7 columns alone leave FMAs idle)
         dims = [(OW, 16, True), (OH, 4, True)]
         cost = lambda r, c: (c[0] * c[1] + r, c[0] * c[1])   # noqa: E731
-        _, (XB, YB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
-        return 1, XB, YB
+        return vl, dims, cost, DENSE_CHAIN_LATENCY
     dims = [(FO, blocks, False), (OW, 8, True)]
     cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
-    _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
-    return FOB, XB, 1
+    return vl, dims, cost, DENSE_CHAIN_LATENCY
 
 
 def schedule_blocked_pad(st, target):
@@ -88,22 +111,25 @@ def schedule_blocked_pad(st, target):
     return parallel_loop(st, outer, None, target, int(math.prod(st.op.shape)))
 
 
-def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
+def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile: tuple | None = None,
+                        row: bool | None = None) -> Schedule:
     """Register tiles over (rows, columns) of nchwc_tile's channel blocks, channel blocks
     outermost (each block's weights read once; the input, smaller than L2 in the layers that
     reuse it, is re-read per block); the reduction as defined (input channel blocks, taps, then
     the block's channels innermost and unrolled: consecutive broadcasts). `epilogue` as in
-    schedule_conv_nchw."""
+    schedule_conv_nchw. The tuner's choices (conv2d_nchwc_choices): `tile` (FOB, XB, YB) instead
+    of nchwc_tile's, `row` to accumulate rows (row_accumulated_tile) where the tile allows it or
+    not at all, instead of row_chunk's rule."""
     target = resolve_target(target)
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)
-    FOB, XB, YB = nchwc_tile(opdef, target)
+    FOB, XB, YB = nchwc_tile(opdef, target) if tile is None else (int(v) for v in tile)
     FB = out.shape[4]
     pad = next((st for st in s.stages if st.op.name == "pad"), None)
     at_tile = pad is not None and opdef.params["depthwise"]
     if pad is not None and not at_tile:
         (schedule_blocked_pad if opdef.params["data_block"] else schedule_pad_stage)(pad, target)
-    chunk = row_chunk(opdef, target, FOB, XB, YB)
+    chunk = row_chunk(opdef, target, FOB, XB, YB) if row is None else (row_chunk_size(opdef, target, FOB, XB, YB) if row else 0)
     if chunk:
         row_accumulated_tile(s, out, FOB, XB, chunk, target, opdef.flops, epilogue, fuse_epilogue)
         return s
@@ -121,25 +147,31 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
 
 def row_chunk(opdef, target, FOB: int, XB: int, YB: int) -> int:
     """Input channel blocks per chunk of a row-accumulated convolution (row_accumulated_tile), or
-    0 where the register tile keeps the whole reduction: a dense tile of one row over blocked
-    data, in a row of several tiles (they share the chunk's weights), whose weights (FOB blocks
-    of every input channel and tap) overflow half the L1 and would stream from L2 faster than
-    L2_WEIGHT_STREAM bytes a cycle (one weight vector per block and step, every XB FMAs of a
-    block). Zen 3's AVX2 4 x 3 tile asked 21 bytes a cycle: row accumulation ran ResNet's 3x3
-    layers 1.1-1.35x faster; Zen 4's AVX-512 tiles of 4 x 4 and 2 x 7 ask 16 and 9, and it ran
-    them 0.8-0.97x. The chunk is the most input blocks whose weights fit in half the L1,
-    dividing the input blocks."""
+    0 where the register tile keeps the whole reduction: where row_chunk_size allows it and the
+    tile would read its weights from L2 faster than L2_WEIGHT_STREAM bytes a cycle (one weight
+    vector per block and step, every XB FMAs of a block). Zen 3's AVX2 4 x 3 tile asked 21 bytes
+    a cycle: row accumulation ran ResNet's 3x3 layers 1.1-1.35x faster; Zen 4's AVX-512 tiles of
+    4 x 4 and 2 x 7 ask 16 and 9, and it ran them 0.8-0.97x."""
+    weight = opdef.inputs[1]
+    FB = weight.shape[-1]
+    stream = FB * np.dtype(weight.dtype).itemsize * target.capabilities.fmas_per_cycle / XB
+    return row_chunk_size(opdef, target, FOB, XB, YB) if stream > L2_WEIGHT_STREAM else 0
+
+
+def row_chunk_size(opdef, target, FOB: int, XB: int, YB: int) -> int:
+    """Input channel blocks per chunk where row accumulation can pay at all, else 0: a dense
+    tile of one row over blocked data, in a row of several tiles (they share the chunk's
+    weights), whose weights (FOB blocks of every input channel and tap) overflow half the L1.
+    The chunk is the most input blocks whose weights fit there, dividing the input blocks."""
     p = opdef.params
     if p["depthwise"] or p.get("group_window") or not p["data_block"] or YB != 1:
         return 0
     OW = opdef.output.shape[3]
     weight = opdef.inputs[1]
     _, CBLK, KH, KW, CB, FB = weight.shape
-    itemsize = np.dtype(weight.dtype).itemsize
-    stream = FB * itemsize * target.capabilities.fmas_per_cycle / XB
-    per_block = FOB * KH * KW * CB * FB * itemsize
+    per_block = FOB * KH * KW * CB * FB * np.dtype(weight.dtype).itemsize
     budget = target.capabilities.l1d // 2
-    if OW < 2 * XB or stream <= L2_WEIGHT_STREAM or CBLK * per_block <= budget:
+    if OW < 2 * XB or CBLK * per_block <= budget:
         return 0
     return largest_divisor(CBLK, max(1, budget // per_block))
 
@@ -203,4 +235,20 @@ def pad_at_tile(pad, acc):
     pad.vectorize(pad.op.axis[-1])
 
 
-__all__ = ["schedule_conv_nchwc", "schedule_blocked_pad", "nchwc_tile", "row_chunk", "row_accumulated_tile"]
+def conv2d_nchwc_choices(opdef, target) -> dict:
+    """The choices schedule_conv_nchwc takes as arguments, each knob's values with the default
+    first: `tile`, every register tile that fits (nchwc_tile_choices), and `row`, whether to
+    accumulate rows, where some tile allows it. The tuner's recipe space
+    (tuner/space/recipe.py) samples them."""
+    target = resolve_target(target)
+    tiles = nchwc_tile_choices(opdef, target)
+    choices = {"tile": [list(t) for t in tiles]}
+    if any(row_chunk_size(opdef, target, *t) for t in tiles):
+        FOB, XB, YB = tiles[0]
+        default = bool(row_chunk(opdef, target, FOB, XB, YB))
+        choices["row"] = [default, not default]
+    return choices
+
+
+__all__ = ["schedule_conv_nchwc", "schedule_blocked_pad", "nchwc_tile", "nchwc_tile_choices", "row_chunk",
+           "row_chunk_size", "row_accumulated_tile", "conv2d_nchwc_choices"]

@@ -60,6 +60,7 @@ from compiler.target import resolve_target
 from compiler.tensor import PlaceholderOp, Reduce, TensorRead
 
 from ..candidate import Candidate
+from . import sketch_recipe as recipe  # noqa: I001 - the recipe sketch's sampling and evolution
 from .base import SearchSpace, SpaceError, register_space_kind, replay_trace, resolve_task
 
 NICE_SIZES = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 24, 32, 48, 64)
@@ -245,6 +246,7 @@ class Sketch:
     pack: dict = field(default_factory=dict)      # tiled stage -> (input index, axis)
     vec: dict = field(default_factory=dict)       # tiled stage -> its vector axis, when not the last
     block_in: dict = field(default_factory=dict)  # tiled stage -> ("stage"/"input", index, axis) it may block
+    choices: dict = field(default_factory=dict)   # the recipe sketch's knobs (sketch_recipe), else empty
 
 
 TILE_RULES = ("tile", "tile_cache_write", "tile_fused")
@@ -378,6 +380,9 @@ class SketchSpace(SearchSpace):
         self.sketches = generate_sketches(self.opdef, self.target)
         if not self.sketches:  # pragma: no cover - every DAG has at least one sketch
             raise SpaceError(f"no sketch for {self.opdef.name}")
+        choices = recipe.recipe_choices(self.opdef, self.target)
+        if choices is not None:
+            self.sketches.append(Sketch(recipe.RECIPE_SKETCH_ID, {}, choices=choices))
         self._by_id = {sk.id: sk for sk in self.sketches}
         self.workload_key = self.opdef.workload_key()
 
@@ -396,6 +401,8 @@ class SketchSpace(SearchSpace):
 
     # ------------------------------------------------------------------ parameters
     def sample_params(self, sketch: Sketch, rng) -> dict:
+        if sketch.choices:
+            return recipe.sample(sketch.choices, rng)
         params = {}
         for i, rule in sketch.rules.items():
             p = self._sample_stage(sketch, i, rule, rng)
@@ -528,6 +535,8 @@ class SketchSpace(SearchSpace):
         sk = self.sketch(sketch_id)
         opdef = opdef or self.opdef
         try:
+            if sk.choices:
+                return recipe.schedule(opdef, self.target, params)
             return _Applier(self, sk, params, opdef).run()
         except (CompilerError, KeyError, TypeError, IndexError, ValueError) as e:
             if isinstance(e, SpaceError):
@@ -577,7 +586,14 @@ class SketchSpace(SearchSpace):
     def starting_points(self) -> list:
         from .sketch_defaults import default_sketch_candidate
         cand = default_sketch_candidate(self)
-        return [cand] if cand is not None else []
+        out = [cand] if cand is not None else []
+        for sk in self.sketches:
+            for params in recipe.starting_points(sk.choices) if sk.choices else ():
+                try:
+                    out.append(self.make_candidate(sk.id, params))
+                except SpaceError:
+                    continue
+        return out
 
     def structure(self):
         return ("trace", "sketch", frozenset(self._by_id))
@@ -605,6 +621,8 @@ class SketchSpace(SearchSpace):
                 return self.switch_sketch(cand, rng)
             except SpaceError:
                 pass   # no other sketch took the parameters in MAX_TRIES: change one within this one
+        if sk.choices:
+            return self._first_valid(lambda: (sk.id, recipe.mutate(params, sk.choices, rng)), "mutate")
         stages = [n for n in params if params[n]]
         if not stages:
             return cand
@@ -650,6 +668,8 @@ class SketchSpace(SearchSpace):
         def gen():
             new_sk = _pick(rng, others)
             fresh = self.sample_params(new_sk, rng)
+            if new_sk.choices or sk.choices:   # the recipe shares no parameter with a sketch's stages
+                return new_sk.id, fresh
             for name, p in fresh.items():
                 old = params.get(name)
                 i = self.dag.names.index(name)
@@ -673,6 +693,8 @@ class SketchSpace(SearchSpace):
         skb, pb = self._parts(b)
         if ska.id != skb.id:
             return self.mutate(a, rng)
+        if ska.choices:
+            return self._first_valid(lambda: (ska.id, recipe.crossover(pa, pb, rng)), "crossover")
 
         def gen():
             child = {}
