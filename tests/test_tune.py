@@ -263,6 +263,20 @@ def test_task_scheduler_shares_one_budget_and_one_cost_model(tmp_path, machinery
     store.close()
 
 
+def test_gradient_scheduler_gives_a_short_budget_to_the_heaviest_task_first(tmp_path, machinery):
+    """A budget of fewer batches than tasks goes where the time is (weight x the default's time),
+    not to the first tasks in order."""
+    from tuner.tune import tune_tasks
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    tasks = [Task.create(Workload("matmul", dict(M=8, N=8, K=8))), Task.create(Workload("matmul", dict(M=16, N=8, K=8))),
+             Task.create(Workload("matmul", dict(M=96, N=96, K=96)))]
+    out = tune_tasks(tasks, store, weights=[1, 1, 4], scheduler="gradient", space="sketch", strategy="random",
+                     trials=3, batch_size=3, builder=builder, runner=runner, top_k=0)
+    assert out.allocations == [2] and [r.trials for r in out.results] == [0, 0, 3]
+    store.close()
+
+
 def test_cli_tunes_several_workloads_from_a_file_under_one_budget(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     spec = tmp_path / "workloads.json"

@@ -108,9 +108,15 @@ class TaskScheduler:
 
     def _pick(self, live: list) -> int:
         unvisited = [i for i in live if self.batches[i] == 0]
-        if unvisited or self.scheduler == "round-robin":
+        if self.scheduler == "round-robin":
             pool = unvisited or live
             return min(pool, key=lambda i: (self.batches[i], i))
+        if unvisited:
+            # the first batches go where the time is: the heaviest tasks by weight x their default's
+            # time first, so a budget smaller than a batch per task is not spent on the first tasks
+            # in graph order (ResNet-18's 100 trials left its four deepest layers, a third of its
+            # time, untouched)
+            return max(unvisited, key=lambda i: (self.weights[i] * self.tuners[i].result.best_cost, -i))
         if self.rng.random() < self.eps:
             return int(self.rng.choice(live))
         grads = [self.gradient(i) for i in live]
