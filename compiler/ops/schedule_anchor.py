@@ -20,8 +20,8 @@ anchor operator:
 - anything else (several reductions, RMSNorm's statistic then its rows): the elementwise stages
   inlined, every reduction computed whole at the root by schedule_reduce_stage, the output as an
   elementwise or reduction stage.
-Elementwise producers are inlined into their readers, except padding that a reduction reads,
-which is materialized once (inline_producers). A reduction is vectors of its output's last axis (the accumulator tile) when every read is
+Elementwise producers are inlined into their readers, except padding of the last axis that a
+reduction reads, which is materialized once (inline_producers). A reduction is vectors of its output's last axis (the accumulator tile) when every read is
 unit-stride along it or independent of it, or can be made so by packing (`vector_packing`: an
 input the last axis walks along another of its axes, reused across another output axis, copied
 into blocks of the vector as GEMM packs B), else interleaved scalar chains where its innermost
@@ -129,20 +129,27 @@ def _stages_at_root(out, computes, target) -> Schedule:
 
 def inline_producers(s, out_op, target, keep=None) -> None:
     """Inline every compute stage into its readers but the output and `keep` (an op, or a
-    predicate on ops), except padding a reduction reads: that is materialized at the root, a
-    row copy (schedule_pad_stage), because inlined its border test and clamped index sit in
-    every tap and make each vector load a gather (an Inception block's 3x3 average pool with
-    count_include_pad over 192 x 35 x 35: 0.8 ms, 2.3 GB/s, against onnxruntime's 0.05)."""
+    predicate on ops), except padding of the last axis that a reduction reads: that is
+    materialized at the root, a row copy (schedule_pad_stage), because inlined its border test
+    and clamped index vary across the vector's lanes in every tap and make each load a gather
+    (an Inception block's 3x3 average pool with count_include_pad over 192 x 35 x 35: 0.8 ms,
+    2.3 GB/s, against onnxruntime's 0.05). Padding of other axes stays inlined: its test is one
+    per vector (a channel-blocked max pool: materialized, the copy took half its time)."""
     kept = keep if callable(keep) else (lambda op: op is keep)
     for st in s.stages:
         op = st.op
         if not isinstance(op, ComputeOp) or op is out_op or kept(op):
             continue
-        if op.tag == "pad" and any(r.reduce_axis and any(t.op is op for t in r.input_tensors())
-                                   for r in (x.op for x in s.stages) if isinstance(r, ComputeOp)):
+        if _pads_last_axis(op) and any(r.reduce_axis and any(t.op is op for t in r.input_tensors())
+                                       for r in (x.op for x in s.stages) if isinstance(r, ComputeOp)):
             schedule_pad_stage(st, target)
         else:
             st.compute_inline()
+
+
+def _pads_last_axis(op) -> bool:
+    sources = op.input_tensors()
+    return op.tag == "pad" and len(sources) == 1 and tuple(sources[0].shape[-1:]) != tuple(op.shape[-1:])
 
 
 def _is_epilogue_of(out_op, red, computes) -> bool:
