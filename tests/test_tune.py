@@ -277,6 +277,17 @@ def test_gradient_scheduler_gives_a_short_budget_to_the_heaviest_task_first(tmp_
     store.close()
 
 
+def test_search_effort_follows_the_trials_a_task_expects():
+    """A task expecting a batch or two (a model's 100 trials over dozens of tasks) does not pay
+    the full evolution per batch; a task expecting many trials, or an unknown number, does."""
+    from tuner.engine.task_tuner import FULL_EFFORT_TRIALS, search_effort
+    full = search_effort("evolutionary", None)
+    assert search_effort("evolutionary", 256) == search_effort("evolutionary", FULL_EFFORT_TRIALS) == full
+    small = search_effort("evolutionary", 5)
+    assert small["population_size"] < full["population_size"] and small["num_generations"] < full["num_generations"]
+    assert search_effort("model", 4)["n_parallel"] < search_effort("model", None)["n_parallel"]
+
+
 def test_cli_tunes_several_workloads_from_a_file_under_one_budget(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     spec = tmp_path / "workloads.json"

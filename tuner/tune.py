@@ -64,9 +64,11 @@ def tune_tasks(tasks: list, store, weights=None, scheduler: str = "gradient", sp
         builder, runner = _measuring(owned, builder, runner)
         strategy_name = strategy or DEFAULT_STRATEGY[space]
         shared = XGBCostModel() if strategy_name in MODEL_GUIDED else None
+        share = -(-trials // len(tasks))   # each task's share of the budget: its search effort (search_effort)
         tuners = [TaskTuner(task, store, builder=builder, runner=runner, space=space, strategy=strategy_name,
                             trials=None, batch_size=batch_size, seed=seed + i, cost_model=shared, job_id=job_id,
-                            top_k=top_k, retime_rounds=retime_rounds, baseline=baseline, callbacks=callbacks)
+                            top_k=top_k, retime_rounds=retime_rounds, baseline=baseline, callbacks=callbacks,
+                            expected_trials=share)
                   for i, task in enumerate(tasks)]
         if shared is not None:
             warm_cost_model(store, tuners[0].task.target, {t.workload_key for t in tuners},
