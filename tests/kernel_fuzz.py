@@ -329,11 +329,11 @@ class InventoryCase:
 
 
 def _inventory_case(seed: int, rng) -> InventoryCase:
-    from tuner.space.templates import TEMPLATE_FOR_OP
+    from tuner.space import template_for_op
     op = _pick(rng, sorted(INVENTORY))
     params = OP_PARAMS[op](rng)
     # half default schedules (what build_op gives every user), half the tuner's candidates
-    source = "default" if rng.random() < 0.5 else ("template" if op in TEMPLATE_FOR_OP else "sketch")
+    source = "default" if rng.random() < 0.5 else ("template" if op in template_for_op() else "sketch")
     floats = params.get("dtype", "float32") in FLOAT and op != "matmul_int8"
     return InventoryCase(seed, op, params, source, nan_inputs=floats and rng.random() < 0.1,
                          threads=rng.random() < 0.1)

@@ -13,11 +13,21 @@ so it must only need the candidate's JSON.
 
 from __future__ import annotations
 
+from . import templates  # noqa: F401 - registers the built-in templates with the registry in template.py
 from .base import SPACE_CANDIDATE_KIND, SearchSpace, SpaceError, default_candidate, instantiate, register_candidate_kind
 from .sketch import Sketch, SketchSpace, generate_sketches
-from .template import Config, ConfigSpace, TemplateSpace, default_template_for, get_template, list_templates, template
+from .template import (
+    Config,
+    ConfigSpace,
+    TemplateSpace,
+    default_template_for,
+    get_template,
+    list_templates,
+    template,
+    template_for_op,
+)
 
 __all__ = ["SearchSpace", "SpaceError", "instantiate", "default_candidate", "SPACE_CANDIDATE_KIND",
            "register_candidate_kind",
-           "template", "get_template", "list_templates", "default_template_for", "ConfigSpace", "Config",
+           "template", "get_template", "list_templates", "default_template_for", "template_for_op", "ConfigSpace", "Config",
            "TemplateSpace", "SketchSpace", "Sketch", "generate_sketches"]

@@ -49,27 +49,32 @@ from compiler.target import resolve_target
 from ..candidate import Candidate
 from .base import SearchSpace, SpaceError, register_space_kind, resolve_task
 
-_TEMPLATES: dict = {}
+_TEMPLATES: dict = {}          # name -> schedule function
+_TEMPLATE_FOR_OP: dict = {}    # inventory operator -> the name of its built-in template
 MAX_REORDER_AXES = 7  # 5040 permutations; more must be given as candidates
 
 
 # ----------------------------------------------------------------------------- registry
 
-def template(name: str):
-    """Decorator: register `fn(cfg, opdef, target) -> (schedule, args)` as template `name`."""
+def template(name: str, ops=()):
+    """Decorator: register `fn(cfg, opdef, target) -> (schedule, args)` as template `name`, the
+    built-in template of the inventory operators named in `ops` (default_template_for)."""
     if not isinstance(name, str) or not name:
         raise SpaceError(f"a template needs a non-empty name, got {name!r}")
 
     def deco(fn: Callable):
         if name in _TEMPLATES and _TEMPLATES[name] is not fn:
             raise SpaceError(f"a template named {name!r} is already registered")
+        for op in ops:
+            if _TEMPLATE_FOR_OP.get(op, name) != name:
+                raise SpaceError(f"operator {op!r} already has the template {_TEMPLATE_FOR_OP[op]!r}")
         _TEMPLATES[name] = fn
+        _TEMPLATE_FOR_OP.update({op: name for op in ops})
         return fn
     return deco
 
 
 def get_template(name: str) -> Callable:
-    _load_builtin_templates()
     fn = _TEMPLATES.get(name)
     if fn is None:
         raise SpaceError(f"unknown template {name!r}; known templates: {', '.join(sorted(_TEMPLATES)) or 'none'}")
@@ -77,20 +82,18 @@ def get_template(name: str) -> Callable:
 
 
 def list_templates() -> list:
-    _load_builtin_templates()
     return sorted(_TEMPLATES)
+
+
+def template_for_op() -> dict:
+    """{inventory operator: its built-in template's name}, as the templates declared it."""
+    return dict(_TEMPLATE_FOR_OP)
 
 
 def default_template_for(opdef):
     """The built-in template for an inventory operator, or None (use a SketchSpace then)."""
-    _load_builtin_templates()
-    from .templates import TEMPLATE_FOR_OP
     name = getattr(opdef, "name", None)
-    return None if name is None else TEMPLATE_FOR_OP.get(name)
-
-
-def _load_builtin_templates():
-    from . import templates  # noqa: F401 - registers gemm/conv templates on import
+    return None if name is None else _TEMPLATE_FOR_OP.get(name)
 
 
 # ----------------------------------------------------------------------------- entities

@@ -199,13 +199,13 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
             cst.unroll(rci)
 
 
-def _register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
+def register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
                    store_dim=None, max_body=MAX_UNROLLED_BODY, red_block: int = 0):
     """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
     computed at the fused tile loop into a local buffer laid out with the vector axis last:
     [reduction loops] [tile axes]. `vl`: the target's lanes, what one vector statement of the
     tile covers. `store_dim`: the axis the tile is stored along (default: the vector axis), as
-    in compiler.ops.schedule_conv._register_tile. `red_block`: see _tile_reduction."""
+    in compiler.ops.schedule_conv.register_tile. `red_block`: see _tile_reduction."""
     ndim = len(out.shape)
     layout = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     acc = s.cache_write(out, "local", order=layout) if layout != list(range(ndim)) else s.cache_write(out, "local")
@@ -326,7 +326,7 @@ def _conv_nchw(cfg, opdef, target):
         if mode == "root" and not rb:
             _root_rows(pad, par)
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [2, 3, 1]
-        acc = _register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
+        acc = register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
                              vec_group=fpg if groups > 1 else 0, store_dim=3,
                              red_block=rb)
         if rb:
@@ -337,7 +337,7 @@ def _conv_nchw(cfg, opdef, target):
             _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
     else:
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
-        acc = _register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
+        acc = register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
         if mode == "deinterleave":
             _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
         elif mode == "root":
@@ -353,14 +353,14 @@ def _deinterleave_columns(s, acc, data, sw, pad, parallel):
     _root_rows(deinterleave_columns(s, acc, data, sw, pad), parallel)
 
 
-@template("conv2d_nchw")
+@template("conv2d_nchw", ops=("conv2d_nchw",))
 def conv2d_nchw(cfg, opdef, target):
     if getattr(opdef, "name", None) != "conv2d_nchw":
         raise SpaceError(f"template 'conv2d_nchw' does not apply to {getattr(opdef, 'name', opdef)!r}")
     return _conv_nchw(cfg, opdef, target)
 
 
-@template("depthwise_conv2d_nchw")
+@template("depthwise_conv2d_nchw", ops=("depthwise_conv2d_nchw",))
 def depthwise_conv2d_nchw(cfg, opdef, target):
     if getattr(opdef, "name", None) != "depthwise_conv2d_nchw":
         raise SpaceError(f"template 'depthwise_conv2d_nchw' does not apply to "
@@ -370,7 +370,7 @@ def depthwise_conv2d_nchw(cfg, opdef, target):
 
 # ----------------------------------------------------------------------------- NHWC
 
-@template("conv2d_nhwc")
+@template("conv2d_nhwc", ops=("conv2d_nhwc",))
 def conv2d_nhwc(cfg, opdef, target):
     if getattr(opdef, "name", None) != "conv2d_nhwc":
         raise SpaceError(f"template 'conv2d_nhwc' does not apply to {getattr(opdef, 'name', opdef)!r}")
@@ -415,7 +415,7 @@ def conv2d_nhwc(cfg, opdef, target):
     elif mode == "inline":
         pad.compute_inline()
     order = [3, 1, 2] if cfg["f_outer"].val else [1, 2, 3]
-    acc = _register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, lanes, order, par,
+    acc = register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, lanes, order, par,
                          vec_group=fpg if groups > 1 else 0)
     if cfg["pack_w"].val:
         packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={3: FB})]

@@ -56,7 +56,7 @@ def gemm_knob_values(M: int, N: int, K: int, acc_dtype: str, target) -> dict:
     return {"tile_i": _first(mr, mrs), "tile_j": _first(nr, sorted(set(nrs))), "tile_k": _first(4, kus)}
 
 
-@template("gemm")
+@template("gemm", ops=("matmul", "matmul_int8", "dense", "batch_matmul"))
 def gemm(cfg, opdef, target):
     """Register-tiled, packed GEMM (see module docstring)."""
     if getattr(opdef, "name", None) not in GEMM_OPS:
