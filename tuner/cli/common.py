@@ -4,6 +4,7 @@ parsing operators, parameters and targets, and judging a kernel's output."""
 from __future__ import annotations
 
 import ast
+import sys
 
 import numpy as np
 
@@ -72,8 +73,6 @@ DEMO_OPS = ("matmul", "dense", "batch_matmul", "conv2d_nchw", "conv2d_nhwc", "de
             "max_pool2d", "avg_pool2d", "softmax", "layer_norm", "add", "relu", "gelu", "reduce_sum",
             "transpose", "pad")
 
-# Largest error allowed, relative to the largest magnitude in the reference output. Generous
-# against float32 rounding over long reductions, far below what any indexing bug produces.
 class UsageError(Exception):
     """A mistake in the command line: reported in one line, exit status 2."""
 
@@ -85,6 +84,50 @@ def resolve_target(text):
         return resolve_target(text)
     except TargetError as e:
         raise UsageError(f"bad --target: {e}") from None
+
+
+def check_runs_here(args, target) -> None:
+    """UsageError when candidates are measured here (no --tracker) and this machine cannot run `target`:
+    otherwise every candidate is built, fails to load and is stored as an error record."""
+    if args.tracker:
+        return
+    from compiler.errors import CompilerError
+    from compiler.kernel_format import check_runnable
+    try:
+        check_runnable(target)
+    except CompilerError as e:
+        raise UsageError(f"this machine cannot run --target '{target}': {e}. Leave --target out to tune for this "
+                         "machine, or measure on agents that can run it (--tracker HOST:PORT --key KEY)") from None
+
+
+def farm_runner(args):
+    """An RPCRunner when --tracker is given (measure on the farm's agents of --key), else None (local)."""
+    if not args.tracker:
+        return None
+    from ..measure import RPCRunner
+    if args.key == "local":
+        raise UsageError("--tracker needs --key: the device key of the agents to measure on")
+    return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca)
+
+
+def run_tuning(command: str, body, *, progress, runner, store=None) -> tuple:
+    """(EXIT_OK, what `body()` returned) for a tuning run shown by `progress`; a bad option
+    (ValueError) is a UsageError, a farm that refuses the run prints why and gives (EXIT_FAIL,
+    None); the runner (and `store`, when given) is closed whatever happens."""
+    from ..measure import FarmError
+    try:
+        with progress:
+            return EXIT_OK, body()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except FarmError as e:
+        print(f"tunefarm {command}: the farm refused the run: {e}", file=sys.stderr)
+        return EXIT_FAIL, None
+    finally:
+        if runner is not None:
+            runner.close()
+        if store is not None:
+            store.close()
 
 
 def check_op_names(names):

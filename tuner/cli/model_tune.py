@@ -13,7 +13,18 @@ from __future__ import annotations
 import math
 import sys
 
-from .common import EXIT_FAIL, EXIT_OK, UsageError, load_graph, open_store, resolve_target, start_progress
+from .common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    UsageError,
+    check_runs_here,
+    farm_runner,
+    load_graph,
+    open_store,
+    resolve_target,
+    run_tuning,
+    start_progress,
+)
 
 
 def _ms(seconds: float) -> str:
@@ -25,14 +36,12 @@ def _ms(seconds: float) -> str:
 def cmd_tune(args) -> int:
     from compiler.graph import GraphError
 
-    from ..measure import FarmError
     from ..model_tuning import ModelTuningError, model_tasks, tune_model
-    from .tune import _check_runs_here, _farm_runner
 
     if args.trials < 0:
         raise UsageError(f"--trials must be >= 0, got {args.trials}")
     target = resolve_target(args.target)
-    _check_runs_here(args, target)
+    check_runs_here(args, target)
     graph = load_graph(args.model, args.input_shape)
     try:
         tasks = model_tasks(graph, target, args.key)
@@ -43,24 +52,17 @@ def cmd_tune(args) -> int:
     print(f"{graph.name}: {len(tasks)} unique workloads, {sum(t.weight for t in tasks)} kernels per run; "
           f"tuning with {args.trials} trials ({args.scheduler} scheduler)")
     store = open_store(args.db)
-    runner = _farm_runner(args)
+    runner = farm_runner(args)
     progress = _EstimateProgress(tasks, args.trials, plain=args.plain)
-    try:
-        with progress:
-            out = tune_model(tasks, store, trials=args.trials, scheduler=args.scheduler, space=args.space,
-                             strategy=args.strategy, batch_size=args.batch, seed=args.seed, runner=runner,
-                             top_k=args.top_k, seconds=args.seconds, on_estimate=progress.estimate,
-                             callbacks=progress.callbacks())
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    except FarmError as e:
-        print(f"tunefarm model tune: the farm refused the run: {e}", file=sys.stderr)
-        return EXIT_FAIL
-    finally:
-        if runner is not None:
-            runner.close()
-        store.close()
-    return _summary(args, out)
+
+    def run():
+        return tune_model(tasks, store, trials=args.trials, scheduler=args.scheduler, space=args.space,
+                          strategy=args.strategy, batch_size=args.batch, seed=args.seed, runner=runner,
+                          top_k=args.top_k, seconds=args.seconds, on_estimate=progress.estimate,
+                          callbacks=progress.callbacks())
+
+    status, out = run_tuning("model tune", run, progress=progress, runner=runner, store=store)
+    return status if status != EXIT_OK else _summary(args, out)
 
 
 def _summary(args, out) -> int:

@@ -19,11 +19,14 @@ from .common import (
     UsageError,
     check_op_names,
     check_output,
+    check_runs_here,
+    farm_runner,
     make_op,
     open_store,
     parse_param,
     poisoned_output,
     resolve_target,
+    run_tuning,
     start_progress,
 )
 from .remote import disturbed_note
@@ -76,36 +79,28 @@ def _tasks_from_args(args):
 
 
 def cmd_tune(args) -> int:
-    from ..measure import FarmError
     from ..tune import tune, tune_tasks
 
     if args.trials < 0:
         raise UsageError(f"--trials must be >= 0, got {args.trials}")
     entries, target = _tasks_from_args(args)
-    _check_runs_here(args, target)
+    check_runs_here(args, target)
     store = open_store(args.db)
     progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
-    runner = _farm_runner(args)
+    runner = farm_runner(args)
     common = dict(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
                   batch_size=args.batch, seed=args.seed, on_batch=progress.update, runner=runner,
                   top_k=args.top_k)
-    try:
-        with progress:
-            if len(entries) == 1:
-                results = [tune(entries[0][0], store, early_stopping=args.early_stopping, **common)]
-            else:
-                out = tune_tasks([t for t, _, _ in entries], store, weights=[w for _, _, w in entries],
-                                 scheduler=args.scheduler, **common)
-                results = out.results
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    except FarmError as e:
-        print(f"tunefarm tune: the farm refused the run: {e}", file=sys.stderr)
-        return EXIT_FAIL
-    finally:
-        if runner is not None:
-            runner.close()
-    status = EXIT_OK
+
+    def run():
+        if len(entries) == 1:
+            return [tune(entries[0][0], store, early_stopping=args.early_stopping, **common)]
+        return tune_tasks([t for t, _, _ in entries], store, weights=[w for _, _, w in entries],
+                          scheduler=args.scheduler, **common).results
+
+    status, results = run_tuning("tune", run, progress=progress, runner=runner)
+    if status != EXIT_OK:
+        return status
     if runner is not None and runner.timings_emulated():
         print(f"note: the agents of key {args.key!r} run emulated (qemu-user): their timings rank candidates for the "
               "emulator, not for the real device; they are labelled so in the records and kept apart from native ones")
@@ -134,30 +129,6 @@ def _summarize(task, opdef, weight, result, several: bool) -> int:
     if result.disturbed_timings:
         print(f"{label}: {disturbed_note(result.disturbed_fraction)}")
     return EXIT_OK
-
-
-def _check_runs_here(args, target) -> None:
-    """UsageError when candidates are measured here (no --tracker) and this machine cannot run `target`:
-    otherwise every candidate is built, fails to load and is stored as an error record."""
-    if args.tracker:
-        return
-    from compiler.errors import CompilerError
-    from compiler.kernel_format import check_runnable
-    try:
-        check_runnable(target)
-    except CompilerError as e:
-        raise UsageError(f"this machine cannot run --target '{target}': {e}. Leave --target out to tune for this "
-                         "machine, or measure on agents that can run it (--tracker HOST:PORT --key KEY)") from None
-
-
-def _farm_runner(args):
-    """An RPCRunner when --tracker is given (measure on the farm's agents of --key), else None (local)."""
-    if not args.tracker:
-        return None
-    from ..measure import RPCRunner
-    if args.key == "local":
-        raise UsageError("--tracker needs --key: the device key of the agents to measure on")
-    return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca)
 
 
 def _report_best(store, opdef, target, repeat: int) -> int:
