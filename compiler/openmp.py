@@ -17,7 +17,7 @@ import warnings
 from functools import lru_cache
 
 from .errors import KernelLoadError
-from .target import _llvm
+from .target import llvm_binding
 
 # pid of the process whose libgomp started its thread pool (None: no parallel kernel ran yet)
 _pool_owner_pid = None
@@ -28,7 +28,7 @@ _state_lock = threading.Lock()
 @lru_cache(maxsize=None)
 def runtime_libraries():
     """Make libgomp (parallel loops) visible to the JIT linker; return its ctypes handle."""
-    llvm = _llvm()
+    llvm = llvm_binding()
     name = ctypes.util.find_library("gomp") or "libgomp.so.1"
     try:
         llvm.load_library_permanently(name)

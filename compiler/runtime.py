@@ -29,7 +29,7 @@ from .kernel_format import MAGIC, check_runnable
 from .lower import lower
 from .openmp import before_parallel_call, get_max_threads, runtime_libraries, set_num_threads
 from .schedule import Schedule
-from .target import Target, _llvm, resolve_target
+from .target import Target, llvm_binding, resolve_target
 from .timing import Timing, TimingOptions, time_samples
 
 _STATUS_MESSAGES = {
@@ -78,13 +78,13 @@ class ArgSpec:
 def initialize() -> None:
     """Set up LLVM and load libgomp now instead of on the first build or call (a measuring
     worker pays this before it reports ready)."""
-    _llvm()
+    llvm_binding()
     runtime_libraries()
 
 
 def compile_module(module, target: Target, opt_level: int = 3) -> bytes:
     """LLVM IR module → optimized native object file bytes for `target`."""
-    llvm = _llvm()
+    llvm = llvm_binding()
     mod = llvm.parse_assembly(str(module))
     mod.triple = target.triple
     tm = target.target_machine()
@@ -129,7 +129,7 @@ class Kernel:
         check_runnable(self.target)
         kernel_format.check_object(self.object_code, self.target)
         runtime_libraries()
-        llvm = _llvm()
+        llvm = llvm_binding()
         try:
             empty = llvm.parse_assembly("")
             empty.triple = self.target.triple

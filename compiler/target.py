@@ -24,7 +24,8 @@ from .target_string import EXAMPLE, TargetSpec, arch_of, feature_names, format_t
 
 
 @lru_cache(maxsize=None)
-def _llvm():
+def llvm_binding():
+    """llvmlite's binding with every target and asm printer initialized, once per process."""
     import llvmlite.binding as llvm
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
@@ -113,7 +114,7 @@ class Target:
 
     def new_target_machine(self):
         """A fresh target machine; an MCJIT engine takes ownership of the one it is given."""
-        llvm = _llvm()
+        llvm = llvm_binding()
         try:
             tgt = llvm.Target.from_triple(self.triple)
         except RuntimeError as e:
@@ -154,7 +155,7 @@ def _host_vouches(llvm_target: str, cpu: str, names: tuple) -> bool:
 @lru_cache(maxsize=1)
 def _host_names() -> tuple:
     """(LLVM target name, cpu name, every feature name LLVM reports) of this machine."""
-    llvm = _llvm()
+    llvm = llvm_binding()
     triple = llvm.get_process_triple()
     features = frozenset(llvm.get_host_cpu_features().keys())
     return (llvm.Target.from_triple(triple).name, llvm.get_host_cpu_name(), features)
@@ -244,7 +245,7 @@ def resolve_target(target) -> Target:
 
 @lru_cache(maxsize=1)
 def _host_fields() -> tuple:
-    llvm = _llvm()
+    llvm = llvm_binding()
     feats = llvm.get_host_cpu_features().flatten()
     # keep only enabled features: shorter strings, and the same target text on equal machines
     enabled = ",".join(f for f in feats.split(",") if f.startswith("+"))

@@ -22,7 +22,7 @@ from processes import kill_group, wait_for
 
 from compiler.ops import default_schedule
 from compiler.runtime import ArgSpec, Kernel
-from compiler.target import Target, _llvm
+from compiler.target import Target, llvm_binding
 from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 from rpc_tracker.server import TrackerConfig, start_tracker
@@ -183,7 +183,7 @@ def builds():
 
 def ir_kernel(body: str, like: BuildResult) -> BuildResult:
     """A kernel with `like`'s arguments whose body is the given LLVM IR (crashes, hangs)."""
-    llvm, host = _llvm(), Target.host()
+    llvm, host = llvm_binding(), Target.host()
     params = ", ".join(f"ptr %a{i}" for i in range(len(like.args)))
     mod = llvm.parse_assembly(f"define i32 @main({params}) {{\n{body}\n}}\n")
     mod.triple = host.triple

@@ -19,7 +19,7 @@ import pytest
 
 from compiler.ops import default_schedule
 from compiler.runtime import ArgSpec, Kernel
-from compiler.target import Target, _llvm
+from compiler.target import Target, llvm_binding
 from device_agent import worker as W
 from device_agent.worker import MeasureRequest, WorkerProcess, compare_output, measure_one
 from tuner.candidate import Candidate, ErrorCode
@@ -91,7 +91,7 @@ def runner():
 
 def ir_kernel(body: str, like: BuildResult) -> bytes:
     """A kernel `main` with `like`'s arguments whose body is the given LLVM IR."""
-    llvm = _llvm()
+    llvm = llvm_binding()
     host = Target.host()
     params = ", ".join(f"ptr %a{i}" for i in range(len(like.args)))
     mod = llvm.parse_assembly(f"define i32 @main({params}) {{\n{body}\n}}\n")

@@ -21,8 +21,9 @@ anchor operator:
   inlined, every reduction computed whole at the root by schedule_reduce_stage, the output as an
   elementwise or reduction stage.
 Elementwise producers are inlined into their readers, except padding of the last axis that a
-reduction reads, which is materialized once (inline_producers). A reduction is vectors of its output's last axis (the accumulator tile) when every read is
-unit-stride along it or independent of it, or can be made so by packing (`vector_packing`: an
+reduction reads, which is materialized once (inline_producers). A reduction is vectors of its
+output's last axis (the accumulator tile) when every read is unit-stride along it or
+independent of it, or can be made so by packing (`vector_packing`: an
 input the last axis walks along another of its axes, reused across another output axis, copied
 into blocks of the vector as GEMM packs B), else interleaved scalar chains where its innermost
 read is reduced, else vectors with gathers. This is the zero-trial schedule of a compute nobody

@@ -201,7 +201,7 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
                               lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
                               target.capabilities)
     order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
-    acc = _register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
+    acc = register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
                          epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     prepare_conv_input(s, acc, opdef, target)
     return s
@@ -271,7 +271,7 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     red_order = None if shared and not RB else [1, 2, 0]
     if not RB:
         materialize_pad(s, target)
-    acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
+    acc = register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
                          fuse_epilogue=fuse_epilogue, red_block=RB)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
@@ -317,7 +317,7 @@ def schedule_depthwise_channels(opdef, target=None, epilogue=None, fuse_epilogue
     _, F, OH, OW = out.shape
     _, (XB, YB) = pick_tile([vl], vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                             target.capabilities)
-    acc = _register_tile(s, out, [(2, YB), (3, XB)], 1, vl, target, opdef.flops, outer_order=[1, 2, 3],
+    acc = register_tile(s, out, [(2, YB), (3, XB)], 1, vl, target, opdef.flops, outer_order=[1, 2, 3],
                          store_dim=3, epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     block_input_channels(s, acc, opdef.inputs[0], vl, parallel_for)
@@ -536,7 +536,7 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
                               [(OW, 8, True), (OH, 4, True)],
                               lambda r, c: (c[0] * c[1] + r, r), target.capabilities)
     order = [3, 1, 2] if weights_dominate(opdef) else [1, 2, 3]
-    acc = _register_tile(s, out, [(1, YB), (2, XB)], 3, FB, target, opdef.flops, outer_order=order,
+    acc = register_tile(s, out, [(1, YB), (2, XB)], 3, FB, target, opdef.flops, outer_order=order,
                          vec_group=fpg if groups > 1 else 0)
     # HWIO weights packed into [F/FB][KH][KW][C][FB] panels: a tile's weights become one
     # sequential stream instead of KH·KW·C lines F·4 bytes apart (2x on 28x28x128 layers)
@@ -587,7 +587,7 @@ def accumulate_locally(s, out, epilogue, fuse_epilogue: bool, target, order=None
     return s[out], s[acc]
 
 
-def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
+def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                    vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
                    fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
@@ -650,7 +650,7 @@ def _register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "accumulate_locally", "depthwise_channel_vectors",
+__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",

@@ -29,7 +29,7 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from .schedule_common import fuse_all, lanes, largest_divisor, parallel_loop, want_parallel
-from .schedule_conv import FMA_LATENCY, MAX_UNROLLED_STEP, _register_tile, accumulate_locally, feasible_tiles, pick_tile
+from .schedule_conv import FMA_LATENCY, MAX_UNROLLED_STEP, accumulate_locally, feasible_tiles, pick_tile, register_tile
 from .schedule_elementwise import schedule_pad_stage
 
 MAX_TILE_BLOCKS = 4  # channel blocks of a dense tile
@@ -137,7 +137,7 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     # row, and the tile's columns read overlapping windows of them (stride < taps); unrolled,
     # LLVM kept the shared broadcasts live across taps and spilled the tile: ResNet's 7x7/2
     # stem with its bias and ReLU 3.3 ms, as a loop 1.46 (Zen 3; onnxruntime 2.2).
-    acc = _register_tile(s, out, [(1, FOB), (2, YB), (3, XB)], 4, FB, target, opdef.flops, outer_order=[1, 2, 3],
+    acc = register_tile(s, out, [(1, FOB), (2, YB), (3, XB)], 4, FB, target, opdef.flops, outer_order=[1, 2, 3],
                          epilogue=epilogue, fuse_epilogue=fuse_epilogue,
                          unroll_reduction=bool(opdef.params["data_block"]) or opdef.params["depthwise"])
     if at_tile:
@@ -242,7 +242,7 @@ def conv2d_nchwc_choices(opdef, target) -> dict:
     (tuner/space/recipe.py) samples them."""
     target = resolve_target(target)
     tiles = nchwc_tile_choices(opdef, target)
-    choices = {"tile": [list(t) for t in tiles]}
+    choices: dict[str, list] = {"tile": [list(t) for t in tiles]}
     if any(row_chunk_size(opdef, target, *t) for t in tiles):
         FOB, XB, YB = tiles[0]
         default = bool(row_chunk(opdef, target, FOB, XB, YB))

@@ -972,12 +972,7 @@ class _Applier:
         inner, f = p.get("inner", "none"), int(p.get("split", 1))
         outer = _loop_outer(axes, "reduce", inner, f)
         if inner != "none" and last.extent > 1 and f > 1:
-            outer = axes[:-1]
-            if f < last.extent:
-                lo, li = st.split(last, factor=f)
-                outer.append(lo)
-            else:
-                li = last
+            outer, li = self.split_last(st, axes, f)
             st.reorder(*outer, *red, li)
             if inner == "vec":
                 st.vectorize(li)
@@ -1010,14 +1005,19 @@ class _Applier:
         inner, f = p.get("inner", "none"), int(p.get("split", 1))
         outer = _loop_outer(axes, "elementwise", inner, f)
         if inner == "vec" and last.extent > 1 and f > 1:
-            outer = axes[:-1]
-            if f < last.extent:
-                lo, li = st.split(last, factor=f)
-                outer.append(lo)
-            else:
-                li = last
+            outer, li = self.split_last(st, axes, f)
             st.vectorize(li)
         self.parallel_prefix(st, outer, p.get("parallel", 0))
+
+    @staticmethod
+    def split_last(st, axes: list, f: int) -> tuple:
+        """(the outer loops, the inner loop) of the last axis split by `f` (whole when it is no
+        longer than f): what a reduce or elementwise stage vectorizes or unrolls."""
+        outer, last = list(axes[:-1]), axes[-1]
+        if f < last.extent:
+            lo, li = st.split(last, factor=f)
+            return outer + [lo], li
+        return outer, last
 
 
 # ----------------------------------------------------------------------------- replay
