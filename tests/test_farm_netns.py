@@ -175,10 +175,11 @@ def test_an_agent_cut_off_mid_batch_loses_its_lease_and_comes_back(make_farm, tm
     farm = make_farm(3)
     names = farm.start()
     db = f"sqlite:///{tmp_path / 'cut.db'}"
-    # about half a second a request: the victim is cut early in its second one
+    # about half a second a request: the victim is cut in its third one, after it measured at
+    # least one trial (its first request may have been the default's baseline, which is no trial)
     tuner = farm.start_tuner(db, extra=["--trials", "9", "--batch", "9", "--min-repeat-ms", "300"])
-    victim = wait_for(lambda: next((a.name for a in farm.agents().values() if a.in_flight and a.completed >= 1),
-                                   None), 60, "an agent busy with its second request")
+    victim = wait_for(lambda: next((a.name for a in farm.agents().values() if a.in_flight and a.completed >= 2),
+                                   None), 60, "an agent busy with its third request")
     i = names.index(victim)
     farm.hosts.cut_agent(i)
     wait_for(lambda: victim not in farm.agents(), 15, f"the tracker to drop {victim}")
