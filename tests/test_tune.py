@@ -95,15 +95,6 @@ def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, mac
     assert res.time_summary().startswith("setup ")
 
 
-def test_a_candidate_clearly_behind_the_default_leaves_the_retiming():
-    from tuner.engine.task_tuner import RETIME_DROP, still_contending
-    assert still_contending([])                       # not timed yet
-    assert still_contending([1.0, 0.95, 1.02])        # the median says it may still win
-    assert still_contending([1 - RETIME_DROP / 2])
-    assert not still_contending([0.9])
-    assert not still_contending([0.95, 0.96, 1.2])
-
-
 def test_candidates_far_slower_than_the_default_are_not_retimed(tmp_path, machinery):
     """Random candidates of a matmul whose default is hand-written mostly measure slower than it:
     those are not timed again (a short run costs what its trials cost)."""

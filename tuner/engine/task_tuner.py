@@ -284,9 +284,7 @@ class TaskTuner:
 
         Each of `retime_rounds` rounds times D c1 D c2 ... D ck (D the default; the candidates'
         order reversed every other round), so every candidate is timed right after the default,
-        and a slow minute of a shared machine hits both sides of a comparison. A candidate whose
-        paired ratios so far put it more than RETIME_DROP behind the default leaves the later
-        rounds (it can only lose the verdict; the default keeps it). A candidate's
+        and a slow minute of a shared machine hits both sides of a comparison. A candidate's
         figure is the median of its rounds, the default's the median of all its timings; a
         candidate *beats the default* only when the median of its paired ratios (the default's
         timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
@@ -301,11 +299,10 @@ class TaskTuner:
         timed: dict = {c.fingerprint: [] for c in cands}
         ratios: dict = {c.fingerprint: [] for c in cands}
         base_costs: list = []
-        active = list(range(len(cands)))
         for rnd in range(self.retime_rounds):
-            if self._stop.is_set() or not active:   # a stop: keep what was measured; none left: done
+            if self._stop.is_set():   # a stop during the re-measurement: keep what was measured
                 break
-            order = active[:: -1 if rnd % 2 else 1]
+            order = list(range(len(cands)))[:: -1 if rnd % 2 else 1]
             seq: list = []
             who: list = []
             for i in order:
@@ -329,10 +326,6 @@ class TaskTuner:
             self.callbacks.batch(BatchReport(self.task, tuple(base if c is None else c for c in who), tuple(results), (),
                                              self.result, kind="retime"))
             self.callbacks.heartbeat(self)
-            # a candidate clearly slower than the default beside it leaves the later rounds: it
-            # cannot come to beat it, and timing it again is what made re-timing cost more than
-            # a short run's trials (the recipe sketch's near-default tiles all came within 5 %)
-            active = [i for i in active if still_contending(ratios[cands[i].fingerprint])]
         costs = {fp: statistics.median(v) for fp, v in timed.items() if v}
         spreads = {fp: (max(v) - min(v)) / statistics.median(v) for fp, v in timed.items() if v}
         beats = {fp: beats_default(ratios[fp]) for fp in costs} if base_costs else {}
@@ -355,15 +348,8 @@ class TaskTuner:
             r.best_cost, r.best_candidate = costs[base.fingerprint], base
 
 
-def still_contending(ratios: list) -> bool:
-    """Whether a re-timed candidate's paired ratios (the default's timing before it / its own)
-    leave it a chance to beat the default: not when their median is RETIME_DROP or more below 1."""
-    return not ratios or statistics.median(ratios) >= 1 - RETIME_DROP
-
-
 MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however consistent
 RETIME_WITHIN = 0.05   # candidates first measured more than this slower than the default are not re-timed
-RETIME_DROP = 0.03     # a candidate whose paired ratios put it this much behind the default stops being re-timed
 RETIME_PER_TRIALS = 4  # at most one re-timed candidate per this many trials of the task
 
 
