@@ -202,7 +202,7 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
                               target.capabilities)
     order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
     acc = register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
-                         epilogue=epilogue, fuse_epilogue=fuse_epilogue)
+                        epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     prepare_conv_input(s, acc, opdef, target)
     return s
 
@@ -272,8 +272,8 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     if not RB:
         materialize_pad(s, target)
     acc = register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
-                         vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
-                         fuse_epilogue=fuse_epilogue, red_block=RB)
+                        vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
+                        fuse_epilogue=fuse_epilogue, red_block=RB)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     if RB:
         block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for)
@@ -318,7 +318,7 @@ def schedule_depthwise_channels(opdef, target=None, epilogue=None, fuse_epilogue
     _, (XB, YB) = pick_tile([vl], vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
                             target.capabilities)
     acc = register_tile(s, out, [(2, YB), (3, XB)], 1, vl, target, opdef.flops, outer_order=[1, 2, 3],
-                         store_dim=3, epilogue=epilogue, fuse_epilogue=fuse_epilogue)
+                        store_dim=3, epilogue=epilogue, fuse_epilogue=fuse_epilogue)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     block_input_channels(s, acc, opdef.inputs[0], vl, parallel_for)
     pack_weight_panels(s, acc, opdef.inputs[1], vl, vl, parallel_for)
@@ -537,7 +537,7 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
                               lambda r, c: (c[0] * c[1] + r, r), target.capabilities)
     order = [3, 1, 2] if weights_dominate(opdef) else [1, 2, 3]
     acc = register_tile(s, out, [(1, YB), (2, XB)], 3, FB, target, opdef.flops, outer_order=order,
-                         vec_group=fpg if groups > 1 else 0)
+                        vec_group=fpg if groups > 1 else 0)
     # HWIO weights packed into [F/FB][KH][KW][C][FB] panels: a tile's weights become one
     # sequential stream instead of KH·KW·C lines F·4 bytes apart (2x on 28x28x128 layers)
     packed = s.cache_read(opdef.inputs[1], "global", [acc], block={3: FB})
@@ -588,8 +588,8 @@ def accumulate_locally(s, out, epilogue, fuse_epilogue: bool, target, order=None
 
 
 def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
-                   vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
-                   fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
+                  vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
+                  fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).

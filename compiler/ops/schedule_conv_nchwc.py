@@ -138,8 +138,8 @@ def schedule_conv_nchwc(opdef, target=None, epilogue=None, fuse_epilogue: bool =
     # LLVM kept the shared broadcasts live across taps and spilled the tile: ResNet's 7x7/2
     # stem with its bias and ReLU 3.3 ms, as a loop 1.46 (Zen 3; onnxruntime 2.2).
     acc = register_tile(s, out, [(1, FOB), (2, YB), (3, XB)], 4, FB, target, opdef.flops, outer_order=[1, 2, 3],
-                         epilogue=epilogue, fuse_epilogue=fuse_epilogue,
-                         unroll_reduction=bool(opdef.params["data_block"]) or opdef.params["depthwise"])
+                        epilogue=epilogue, fuse_epilogue=fuse_epilogue,
+                        unroll_reduction=bool(opdef.params["data_block"]) or opdef.params["depthwise"])
     if at_tile:
         pad_at_tile(pad, acc)
     return s

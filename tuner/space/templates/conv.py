@@ -199,8 +199,8 @@ def _annotate_reduction(cfg, cst, rax, tile_body: int, max_body: int = MAX_UNROL
             cst.unroll(rci)
 
 
-def register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
-                   store_dim=None, max_body=MAX_UNROLLED_BODY, red_block: int = 0):
+def _config_register_tile(s, out, cfg, unrolled, vec_dim, vec_factor, vl, outer_order, parallel, vec_group=0,
+                          store_dim=None, max_body=MAX_UNROLLED_BODY, red_block: int = 0):
     """[n, outer tiles (fused, parallel)] [tile: unrolled axes, vector axis]; the reduction is
     computed at the fused tile loop into a local buffer laid out with the vector axis last:
     [reduction loops] [tile axes]. `vl`: the target's lanes, what one vector statement of the
@@ -326,9 +326,9 @@ def _conv_nchw(cfg, opdef, target):
         if mode == "root" and not rb:
             _root_rows(pad, par)
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [2, 3, 1]
-        acc = register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
-                             vec_group=fpg if groups > 1 else 0, store_dim=3,
-                             red_block=rb)
+        acc = _config_register_tile(s, out, cfg, [(2, YB), (3, XB)], 1, FB, lanes, order, par,
+                                    vec_group=fpg if groups > 1 else 0, store_dim=3,
+                                    red_block=rb)
         if rb:
             block_input_channels(s, acc, opdef.inputs[0], rb, want_par)
         elif mode == "inline":
@@ -337,7 +337,7 @@ def _conv_nchw(cfg, opdef, target):
             _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
     else:
         order = [1, 2, 3] if cfg["tile_order"].val == "fyx" else [3, 2, 1]
-        acc = register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
+        acc = _config_register_tile(s, out, cfg, [(1, FB), (2, YB)], 3, XB, lanes, order, par)
         if mode == "deinterleave":
             _deinterleave_columns(s, acc, opdef.inputs[0], sw, pad, par)
         elif mode == "root":
@@ -415,8 +415,8 @@ def conv2d_nhwc(cfg, opdef, target):
     elif mode == "inline":
         pad.compute_inline()
     order = [3, 1, 2] if cfg["f_outer"].val else [1, 2, 3]
-    acc = register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, lanes, order, par,
-                         vec_group=fpg if groups > 1 else 0)
+    acc = _config_register_tile(s, out, cfg, [(1, YB), (2, XB)], 3, FB, lanes, order, par,
+                                vec_group=fpg if groups > 1 else 0)
     if cfg["pack_w"].val:
         packed = s[s.cache_read(opdef.inputs[1], "global", [acc], block={3: FB})]
         *rows, lane = packed.op.axis
