@@ -226,14 +226,20 @@ def test_clamped_unit_stride_reads_are_vector_loads_and_keep_the_clamp(n, lanes)
     np.testing.assert_allclose(y, x[np.clip(i - 2, 0, n - 1)] * 2.0 + x[np.minimum(i + 3, n - 1)], rtol=1e-6)
 
 
-def test_clamps_of_two_terms_still_read_the_right_elements():
-    """Clamps on two different terms of one index: the gather of the clamped index, correct."""
-    X = C.placeholder((8, 8), name="X")
-    out = C.compute((8, 8), lambda i, j: X[C.minimum(i + j, 7), C.minimum(j + 1, 7)], name="out")
+@pytest.mark.parametrize("clamp", ["two terms", "crossing bounds"])
+def test_clamps_the_edge_path_cannot_take_still_read_the_right_elements(clamp):
+    """Clamps on two different terms of one index, or bounds that may cross (max(min(j, i), i + 2)
+    is i + 2): the gather of the clamped index, correct."""
+    X = C.placeholder((8, 10), name="X")
+    if clamp == "two terms":
+        out = C.compute((8, 8), lambda i, j: X[C.minimum(i + j, 7), C.minimum(j + 1, 7)], name="out")
+    else:
+        out = C.compute((8, 8), lambda i, j: X[i, C.maximum(C.minimum(j, i), i + 2)], name="out")
     s = C.create_schedule(out)
     s[out].vectorize(s[out].op.axis[1])
-    x = np.random.default_rng(4).uniform(-1, 1, (8, 8)).astype(np.float32)
+    x = np.random.default_rng(4).uniform(-1, 1, (8, 10)).astype(np.float32)
     y = np.full((8, 8), np.nan, np.float32)
     C.build(s, [X, out])(x, y)
     i, j = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
-    np.testing.assert_allclose(y, x[np.minimum(i + j, 7), np.minimum(j + 1, 7)])
+    want = x[np.minimum(i + j, 7), np.minimum(j + 1, 7)] if clamp == "two terms" else x[i, np.maximum(np.minimum(j, i), i + 2)]
+    np.testing.assert_allclose(y, want)
