@@ -603,6 +603,13 @@ class FunctionEmitter:
 
     def emit_select(self, e: Select):
         b = self.builder
+        static = self._static_condition(e.cond)
+        if static is not None:
+            # the condition is settled here (an unrolled loop's constant picks a row of a
+            # Winograd transform): only the branch taken is emitted
+            v = self.emit_expr(e.t if static else e.f)
+            per_lane = self.vec_var is not None and self.vec_var in _free_vars(e)
+            return self._broadcast(v) if per_lane else v
         cond = self.emit_expr(e.cond)
         has_loads = any(isinstance(n, Load) for n in walk(e.t)) or any(isinstance(n, Load) for n in walk(e.f))
         if not has_loads:
@@ -643,6 +650,22 @@ class FunctionEmitter:
         phi.add_incoming(t, tb)
         phi.add_incoming(f, fb)
         return phi
+
+    def _static_condition(self, cond: Expr) -> bool | None:
+        """The condition's value where the unrolled loops' constants and the loops' ranges
+        settle it, else None."""
+        free = _free_vars(cond)
+        if self.vec_var in free:
+            return None
+        ranges = {}
+        for v in free:
+            val = self.vars.get(v)
+            if isinstance(val, ir.Constant) and isinstance(val.type, ir.IntType):
+                ranges[v] = (int(val.constant), int(val.constant))
+            elif v in self.ranges:
+                ranges[v] = self.ranges[v]
+        c = arith.simplify(cond, ranges)
+        return bool(c.value) if isinstance(c, Const) else None
 
     def emit_binary(self, e: Binary):
         b = self.builder

@@ -18,7 +18,7 @@ import re
 from . import arith
 from .bounds import checked_body
 from .errors import LoweringError, ScheduleError
-from .expr import INDEX_DTYPE, Binary, Call, Const, Expr, Select, Var, substitute, transform, walk
+from .expr import INDEX_DTYPE, Binary, Call, Const, Expr, Select, Var, children, free_vars, substitute, transform, walk
 from .loop_ir import Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq, stmt_children, walk_stmts
 from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from .tensor import IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
@@ -457,23 +457,34 @@ def _check_unrolled_size(body):
     MAX_UNROLLED_NODES (an unbounded unroll would take minutes to compile, or forever)."""
     total, loops = 0, []
 
-    def visit(st, copies):
+    def visit(st, copies, unrolled):
         nonlocal total
         if isinstance(st, For) and st.kind == "unrolled":
             copies *= st.extent
             loops.append(st)
+            unrolled = unrolled | {st.var}
         for e in _stmt_exprs(st):
-            total += copies * sum(_CALL_WEIGHT.get(n.func, 1) if isinstance(n, Call) else 1 for n in walk(e))
+            total += copies * _emitted_nodes(e, unrolled)
         for child in stmt_children(st):
-            visit(child, copies)
+            visit(child, copies, unrolled)
 
-    visit(body, 1)
+    visit(body, 1, frozenset())
     if total > MAX_UNROLLED_NODES:
         names = ", ".join(f"{x.var.name} ({x.extent})" for x in loops[:6])
         raise ScheduleError(f"unroll: the unrolled loops {names} would emit {total} expression nodes of "
                             f"straight-line code, more than the {MAX_UNROLLED_NODES} that compile in a "
                             "few seconds; unroll fewer or shorter loops (split a loop and unroll its "
                             "inner part)")
+
+
+def _emitted_nodes(e, unrolled: frozenset) -> int:
+    """Weighted nodes code generation emits for `e`: a Select whose condition only the unrolled
+    loops' variables decide emits one branch per copy (codegen's static condition), so it counts
+    its larger branch, not both."""
+    if isinstance(e, Select) and free_vars(e.cond) <= unrolled:
+        return 1 + _emitted_nodes(e.cond, unrolled) + max(_emitted_nodes(e.t, unrolled), _emitted_nodes(e.f, unrolled))
+    own = _CALL_WEIGHT.get(e.func, 1) if isinstance(e, Call) else 1
+    return own + sum(_emitted_nodes(c, unrolled) for c in children(e))
 
 
 def _stmt_exprs(st):
