@@ -19,6 +19,9 @@ when at least MIN_CONVS of its convolutions can (a lone one would pay both borde
   output blocked. Its data is the blocked value when there is one, else a
   ToNCHWc copy of it, except for data of fewer channels than a block (an RGB image), which it
   reads as NCHW;
+- a dense 3x3 stride-1 convolution of blocked data with channels and work enough
+  (compiler.ops.winograd.winograd_tile) becomes the Winograd form instead: WinogradInputNCHWc,
+  WinogradGemm (the weights transformed here) and WinogradOutputNCHWc, its output blocked;
 - every other node whose input is blocked stays blocked when a rule of its kind allows, so
   the layout follows what the graph computes, not how an exporter spelled it:
   - MaxPool and AveragePool (MaxPoolNCHWc, AveragePoolNCHWc: the padding the lowest value, or
@@ -50,6 +53,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ops.functions import group_window_span, pack_conv_weight_nchwc, pack_group_window_weight
+from ..ops.winograd import tile_grid, transform_weight, winograd_tile
 from ..target import resolve_target
 from .ir import Graph, Node, Value
 from .ops import OPS, Kind
@@ -200,6 +204,12 @@ class _Rewrite:
             data = self._plain(n.inputs[0])
             cin = C
         fout = -(-F // B) * B
+        dil = tuple(n.attrs.get("dilations") or (1, 1))
+        strides, pads, (OH, OW) = window_geometry(n, (H, W), (KH, KW), dil)
+        if blocked_data and not depthwise and window is None:
+            m = winograd_tile(C, F, (KH, KW), strides, dil, groups, (OH, OW), N)
+            if m:
+                return self._winograd(n, data, cin, fout, pads, (OH, OW), m)
         attrs: dict = {}
         if window is not None:
             packed = pack_group_window_weight(np.asarray(w.const, np.float32), groups, B)
@@ -214,13 +224,37 @@ class _Rewrite:
             bias = np.zeros(fout, np.float32)
             bias[:F] = self.source.values[n.inputs[2]].const
             inputs.append(self._value(f"{n.inputs[2]}/nchw{B}c", (fout // B, B), "float32", bias.reshape(-1, B)))
-        dil = tuple(n.attrs.get("dilations") or (1, 1))
-        strides, pads, (OH, OW) = window_geometry(n, (H, W), (KH, KW), dil)
         out = n.outputs[0]
         name = self._value(f"{out}/nchw{B}c", (N, fout // B, OH, OW, B), "float32")
         self.g.nodes.append(Node("ConvNCHWc", n.name, inputs, [name],
                                  {"strides": strides, "pads": pads, "dilations": dil, "depthwise": int(depthwise),
                                   **attrs}))
+        self.blocked[out] = name
+
+    def _winograd(self, n: Node, data: str, cin: int, fout: int, pads: tuple, out_hw: tuple, m: int):
+        """The convolution as WinogradInputNCHWc -> WinogradGemm -> WinogradOutputNCHWc (see
+        compiler.ops.winograd), its weights transformed here, its bias added by the output
+        transform."""
+        B = self.block
+        w = self.source.values[n.inputs[1]]
+        weight = np.zeros((fout, cin, 3, 3), np.float32)
+        weight[:w.shape[0], :w.shape[1]] = w.const
+        u = transform_weight(weight, m, B)
+        out = n.outputs[0]
+        N, a = self._logical(n.inputs[0])[0], m + 2
+        TH, TW = tile_grid(out_hw, m)
+        V = self._value(f"{out}/winograd_input", (a, a, cin // B, N * TH * TW, B), "float32")
+        self.g.nodes.append(Node("WinogradInputNCHWc", n.name, [data], [V], {"pads": pads, "tile": m}))
+        M = self._value(f"{out}/winograd_products", (a, a, fout // B, N * TH * TW, B), "float32")
+        U = self._value(f"{n.inputs[1]}/winograd{m}_nchw{B}c", u.shape, "float32", u)
+        self.g.nodes.append(Node("WinogradGemm", n.name, [V, U], [M], {}))
+        inputs = [M]
+        if len(n.inputs) > 2 and n.inputs[2]:
+            bias = np.zeros(fout, np.float32)
+            bias[:w.shape[0]] = self.source.values[n.inputs[2]].const
+            inputs.append(self._value(f"{n.inputs[2]}/nchw{B}c", (fout // B, B), "float32", bias.reshape(-1, B)))
+        name = self._value(f"{out}/nchw{B}c", (N, fout // B, *out_hw, B), "float32")
+        self.g.nodes.append(Node("WinogradOutputNCHWc", n.name, inputs, [name], {"out_hw": tuple(out_hw), "tile": m}))
         self.blocked[out] = name
 
     def _logical(self, v: str) -> tuple:

@@ -51,8 +51,10 @@ class ProfiledModule(Protocol):
 
     def run(self, **inputs) -> list: ...
 
-# reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around
-ANCHOR_TAGS = frozenset(CONV_TAGS + GEMM_TAGS + ("conv2d_nhwc", "depthwise_conv2d_nchw"))
+# reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around,
+# and a Winograd convolution's matrix products (the multiply-adds it really does, not the
+# direct form's it replaces)
+ANCHOR_TAGS = frozenset(CONV_TAGS + GEMM_TAGS + ("conv2d_nhwc", "depthwise_conv2d_nchw", "winograd_gemm"))
 
 
 @dataclass

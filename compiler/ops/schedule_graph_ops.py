@@ -7,6 +7,8 @@ schedule_anchor would leave as a naive loop nest, recognized by their stages' ta
   (unit-stride) axis, so the group streams in with vector loads into a vector accumulator, and
   the (sample, group) rows run in parallel; the output is an elementwise stage, vectorized along
   its last axis and parallel over the others.
+- the Winograd convolution's input transform, matrix products and output transform
+  (compiler/ops/winograd.py): schedule_winograd.
 - conv_transpose (compiler/graph/ops/conv_transpose.py) with its epilogue (bias, activation):
   the output's last axis in vectors of accumulators, the reduction over input channels and taps
   outside them, computed per tile of the epilogue stage, the tiles in parallel.
@@ -20,6 +22,7 @@ from ..schedule import Schedule, create_schedule
 from ..tensor import ComputeOp, topo_order
 from .schedule_common import lanes, parallel_loop, vectorize_inner
 from .schedule_elementwise import schedule_reduce_stage
+from .schedule_winograd import WINOGRAD_TAGS, schedule_winograd
 
 STAT_TAGS = ("group_norm_mean", "group_norm_var")
 
@@ -29,6 +32,8 @@ def schedule_tagged(opdef, target) -> Schedule | None:
     out = opdef.output
     computes = [op for op in topo_order([out]) if isinstance(op, ComputeOp)]
     tags = {op.tag for op in computes}
+    if tags & set(WINOGRAD_TAGS):
+        return schedule_winograd(opdef, target)
     if out.op.tag == "group_norm" and STAT_TAGS[0] in tags:
         return schedule_group_norm(opdef, target)
     reductions = [op for op in computes if op.reduce_axis]

@@ -15,12 +15,18 @@ reader sees (zero weights read them; FromNCHWc drops them).
 - GlobalPoolNCHWc: GlobalAveragePool or GlobalMaxPool (`mode` avg or max) of blocked data, its
   output blocked [N, C/B, 1, 1, B].
 - ToNCHWc (`block`) and FromNCHWc (`channels`): the copies at the layout's borders.
+- WinogradInputNCHWc (`pads`, `tile`), WinogradGemm and WinogradOutputNCHWc (`out_hw`, `tile`):
+  a 3x3 stride-1 ConvNCHWc as the Winograd convolution's three kernels (compiler.ops.winograd):
+  the input transform of blocked data, the matrix products with the weights transformed at
+  compile time [a, a, F/B, C/B, B, B], and the output transform with the bias [F/B, B], an
+  anchor its epilogue fuses into, like ConvNCHWc.
 """
 
 from __future__ import annotations
 
 from ... import expr as E
 from ...ops import functions as fn
+from ...ops import winograd as wg
 from ...ops.base import conv_out_size, lowest
 from ...tensor import compute, reduce_axis
 from ...tensor import max as te_max
@@ -28,7 +34,8 @@ from ...tensor import sum as te_sum
 from ..errors import ShapeError
 from .base import Kind, Lazy, materialize, register
 
-INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "AveragePoolNCHWc", "GlobalPoolNCHWc", "ToNCHWc", "FromNCHWc")
+INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "AveragePoolNCHWc", "GlobalPoolNCHWc", "ToNCHWc", "FromNCHWc",
+                "WinogradInputNCHWc", "WinogradGemm", "WinogradOutputNCHWc")
 
 
 def blocked_shape(shape: tuple, block: int) -> tuple:
@@ -159,7 +166,48 @@ def _from_lower(node, xs, ins, opset):
                 lambda idx: x.read((idx[0], idx[1] // B, idx[2], idx[3], idx[1] % B)))
 
 
+def _wino_in_infer(node, ins, opset):
+    N, CB, H, W, B = ins[0].shape
+    pt, pl, pb, pr = node.attrs["pads"]
+    m = int(node.attrs["tile"])
+    TH, TW = wg.tile_grid((H + pt + pb - 2, W + pl + pr - 2), m)
+    return [((m + 2, m + 2, CB, N * TH * TW, B), ins[0].dtype)]
+
+
+def _wino_in_lower(node, xs, ins, opset):
+    return Lazy.of(wg.winograd_input(materialize(xs[0], "data"), tuple(node.attrs["pads"]), int(node.attrs["tile"])))
+
+
+def _wino_gemm_infer(node, ins, opset):
+    a, _, _, P, _ = ins[0].shape
+    return [((a, a, ins[1].shape[2], P, ins[1].shape[5]), ins[0].dtype)]
+
+
+def _wino_gemm_lower(node, xs, ins, opset):
+    return Lazy.of(wg.winograd_gemm(materialize(xs[0], "transformed"), materialize(xs[1], "weight")))
+
+
+def _wino_out_infer(node, ins, opset):
+    a, _, FO, P, FB = ins[0].shape
+    OH, OW = node.attrs["out_hw"]
+    m = int(node.attrs["tile"])
+    TH, TW = wg.tile_grid((OH, OW), m)
+    return [((P // (TH * TW), FO, OH, OW, FB), ins[0].dtype)]
+
+
+def _wino_out_lower(node, xs, ins, opset):
+    shape = _wino_out_infer(node, ins, opset)[0][0]
+    out = Lazy.of(wg.winograd_output(materialize(xs[0], "products"), shape, int(node.attrs["tile"])))
+    if len(xs) > 1 and xs[1] is not None:
+        b = xs[1]
+        return Lazy(out.shape, out.dtype, lambda idx: out.read(idx) + b.read((idx[1], idx[4])))
+    return out
+
+
 register("ConvNCHWc", Kind.OUT_ELEMWISE_FUSABLE, _conv_infer, _conv_lower)
+register("WinogradInputNCHWc", Kind.OPAQUE, _wino_in_infer, _wino_in_lower)
+register("WinogradGemm", Kind.OPAQUE, _wino_gemm_infer, _wino_gemm_lower)
+register("WinogradOutputNCHWc", Kind.OUT_ELEMWISE_FUSABLE, _wino_out_infer, _wino_out_lower)
 register("MaxPoolNCHWc", Kind.OPAQUE, _pool_infer, _pool_lower)
 register("AveragePoolNCHWc", Kind.OPAQUE, _pool_infer, _avg_pool_lower)
 register("GlobalPoolNCHWc", Kind.COMM_REDUCE, _global_infer, _global_lower)
