@@ -78,14 +78,16 @@ def test_unrolled_loop_has_no_loop():
 
 
 def test_parallel_loop_is_outlined_to_libgomp():
-    A = C.placeholder((8, 16), name="A")
-    out = C.compute((8, 16), lambda i, j: A[i, j] + 1.0, name="out")
+    """Threads claim chunks of the loop as they come free (a thread on a shared core takes
+    fewer), and every iteration runs once: 37 rows in chunks that do not divide them."""
+    A = C.placeholder((37, 16 * 1024), name="A")
+    out = C.compute((37, 16 * 1024), lambda i, j: A[i, j] + 1.0, name="out")
     s = C.create_schedule(out)
     s[out].parallel(s[out].op.axis[0])
     ir = _ir(s, [A, out])
-    assert "GOMP_parallel" in ir and "omp_get_thread_num" in ir
+    assert "GOMP_parallel" in ir and "GOMP_loop_dynamic_start" in ir and "GOMP_loop_dynamic_next" in ir
     k = C.build(s, [A, out])
-    a = np.random.rand(8, 16).astype("f4")
+    a = np.random.rand(37, 16 * 1024).astype("f4")
     o = np.full_like(a, np.nan)
     k(a, o)
     np.testing.assert_allclose(o, a + 1.0, rtol=1e-6)
