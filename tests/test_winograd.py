@@ -108,3 +108,23 @@ def test_a_network_of_3x3_layers_runs_winograd_and_matches_numpy():
     r2 = np.maximum(np_conv(r1, p["w2"], pads=(1, 1, 1, 1)) + x, 0)
     c3 = np_conv(r2, p["w3"], stride=(2, 2), pads=(1, 1, 1, 1))
     assert_close(y, np_conv(c3, p["w4"]), rtol=2e-5)
+
+
+def test_the_matrix_products_register_tile_is_a_tuning_knob():
+    """The tuner's recipe sketch varies the products' register tile (the default first); every
+    tile it offers computes the same products."""
+    from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
+    from compiler.runtime import build
+    a, CB, P, FO = 4, 3, 29, 2
+    Vp = placeholder((a, a, CB, P, B), "float32", "V")
+    U = placeholder((a, a, FO, CB, B, B), "float32", "U")
+    op = custom_op("wino_gemm", [Vp, U], winograd_gemm(Vp, U))
+    choices = anchor_recipe_choices(op, TARGET)
+    tiles = choices["tile"]
+    assert len(tiles) >= 2 and len({tuple(t) for t in tiles}) == len(tiles)
+    v, u = rand(RNG, Vp.shape), rand(RNG, U.shape)
+    want = np.einsum("ijcpb,ijfcbo->ijfpo", v.astype(np.float64), u.astype(np.float64))
+    for tile in (tiles[0], tiles[-1]):
+        got = poisoned(op.output.shape, "float32", 0)
+        build(schedule_anchor_recipe(op, TARGET, {"tile": tile}), op.tensors, TARGET)(v, u, got)
+        assert_close(got, want)

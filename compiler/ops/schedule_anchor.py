@@ -49,6 +49,7 @@ from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
+from .schedule_winograd import is_winograd_gemm, schedule_winograd_gemm, winograd_gemm_choices
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -252,6 +253,8 @@ def anchor_recipe_choices(opdef, target=None) -> dict | None:
     the default first; None when the DAG's default is not such a recipe. The tuner samples them
     (tuner/space/sketch_recipe.py), so a search starts where the default is, not from scratch."""
     target = resolve_target(target)
+    if is_winograd_gemm(opdef):
+        return winograd_gemm_choices(opdef, target)
     if schedule_tagged(opdef, target) is not None:
         return None
     view = anchor_view(opdef)
@@ -264,6 +267,8 @@ def schedule_anchor_recipe(opdef, target, choices: dict) -> Schedule:
     """The default schedule of `opdef` with `choices` (a value per knob of anchor_recipe_choices)
     for its anchor; ScheduleError when they make a schedule that does not lower."""
     target = resolve_target(target)
+    if is_winograd_gemm(opdef):
+        return schedule_winograd_gemm(opdef, target, **choices)
     view = anchor_view(opdef)
     if view is None or view.name not in RECIPES:
         raise ScheduleError(f"{opdef.name}: its default schedule takes no choices")

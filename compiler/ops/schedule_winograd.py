@@ -20,8 +20,8 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..tensor import ComputeOp, topo_order
 from .schedule_common import fuse_all, lanes, want_parallel
-from .schedule_conv import pick_tile, register_tile
-from .schedule_conv_nchwc import DENSE_CHAIN_LATENCY, MAX_TILE_BLOCKS, schedule_blocked_pad
+from .schedule_conv import feasible_tiles, pick_tile, register_tile
+from .schedule_conv_nchwc import DENSE_CHAIN_LATENCY, MAX_TILE_BLOCKS, MAX_TILE_CHOICES, schedule_blocked_pad
 
 WINOGRAD_TAGS = ("winograd_input", "winograd_gemm", "winograd_output")
 
@@ -30,7 +30,7 @@ def schedule_winograd(opdef, target) -> Schedule | None:
     """The schedule of a Winograd kernel's DAG, found by its stages' tags, else None."""
     computes = [op for op in topo_order([opdef.output]) if isinstance(op, ComputeOp)]
     tags = {op.tag for op in computes}
-    if "winograd_gemm" in tags and len(computes) == 1:
+    if is_winograd_gemm(opdef):
         return schedule_winograd_gemm(opdef, target)
     if "winograd_input" in tags and opdef.output.op.tag == "winograd_input":
         return schedule_winograd_input(opdef, target)
@@ -56,37 +56,63 @@ def schedule_winograd_input(opdef, target) -> Schedule:
     for ax in (i, j):
         st.unroll(ax)
     st.vectorize(b)
-    ri, rj, rcb, rp, rb = rows.op.axis
-    rows.reorder(rcb, rp, ri, rj, rb)
-    rows.compute_at(st, tile)
-    for ax in (ri, rj, rcb, rp):
-        rows.unroll(ax)
-    rows.vectorize(rb)
-    if want_parallel(target, int(np.prod(out.shape))) and tile.extent > 1:
-        st.parallel(tile)
+    _rows_at_tile(rows, st, tile, target)
     return s
+
+
+def _rows_at_tile(rows, st, tile, target):
+    """The first (row) half of a transform, [i, j, block, tile, lanes], computed per tile of the
+    stage `st` (its loop `tile`, in parallel when the work asks): the a x a loops unrolled, the
+    lanes one vector; its buffer is the tile's a x a vectors."""
+    ri, rj, rblock, rtile, rlanes = rows.op.axis
+    rows.reorder(rblock, rtile, ri, rj, rlanes)
+    rows.compute_at(st, tile)
+    for ax in (ri, rj, rblock, rtile):
+        rows.unroll(ax)
+    rows.vectorize(rlanes)
+    if want_parallel(target, int(np.prod(st.op.shape))) and tile.extent > 1:
+        st.parallel(tile)
 
 
 def winograd_gemm_tile(opdef, target) -> tuple:
     """(FOB, XB): output channel blocks and tiles of a register tile of the matrix products,
     picked as a 1x1 convolution's (the weight vector per block and step shared by XB
     broadcasts of V; weights per block C·B·B, at most what the L2 holds)."""
+    vl, dims, cost = _gemm_tile_problem(opdef, target)
+    _, (FOB, XB) = pick_tile([opdef.output.shape[4]], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
+    return FOB, XB
+
+
+def winograd_gemm_choices(opdef, target) -> dict:
+    """The tuner's knob of the matrix products' schedule (tuner/space/sketch_recipe.py):
+    `tile`, the MAX_TILE_CHOICES best register tiles that fit the registers, the default first."""
+    vl, dims, cost = _gemm_tile_problem(opdef, target)
+    default = list(winograd_gemm_tile(opdef, target))
+    others = [list(f) for _, f in feasible_tiles([opdef.output.shape[4]], vl, dims, cost, target.capabilities)]
+    return {"tile": ([default] + [t for t in others if t != default])[:MAX_TILE_CHOICES]}
+
+
+def _gemm_tile_problem(opdef, target) -> tuple:
     out = opdef.output
-    vl = lanes(target, out.dtype)
     _, _, FO, P, FB = out.shape
     U = opdef.inputs[1]
     block_bytes = math.prod(U.shape[3:]) * np.dtype(U.dtype).itemsize
     blocks = max(1, min(MAX_TILE_BLOCKS, target.capabilities.l2 // block_bytes))
     dims = [(FO, blocks, False), (P, 8, True)]
     cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
-    _, (FOB, XB) = pick_tile([FB], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
-    return FOB, XB
+    return lanes(target, out.dtype), dims, cost
+
+
+def is_winograd_gemm(opdef) -> bool:
+    computes = [op for op in topo_order([opdef.output]) if isinstance(op, ComputeOp)]
+    return len(computes) == 1 and computes[0].tag == "winograd_gemm"
 
 
 def schedule_winograd_gemm(opdef, target, tile: tuple | None = None) -> Schedule:
+    """`tile` (FOB, XB) instead of winograd_gemm_tile's: the tuner's choice."""
     out = opdef.output
     s = create_schedule(out)
-    FOB, XB = winograd_gemm_tile(opdef, target) if tile is None else tile
+    FOB, XB = winograd_gemm_tile(opdef, target) if tile is None else (int(v) for v in tile)
     register_tile(s, out, [(2, FOB), (3, XB)], 4, out.shape[4], target, opdef.flops, outer_order=[2, 3])
     return s
 
@@ -108,16 +134,9 @@ def schedule_winograd_output(opdef, target) -> Schedule:
     st.unroll(hi)
     st.unroll(wi)
     st.vectorize(fb)
-    ri, rj, rfo, rp, rfb = rows.op.axis
-    rows.reorder(rfo, rp, ri, rj, rfb)
-    rows.compute_at(st, tile)
-    for ax in (ri, rj, rfo, rp):
-        rows.unroll(ax)
-    rows.vectorize(rfb)
-    if want_parallel(target, int(np.prod(out.shape))) and tile.extent > 1:
-        st.parallel(tile)
+    _rows_at_tile(rows, st, tile, target)
     return s
 
 
 __all__ = ["WINOGRAD_TAGS", "schedule_winograd", "schedule_winograd_input", "schedule_winograd_gemm",
-           "schedule_winograd_output", "winograd_gemm_tile"]
+           "schedule_winograd_output", "winograd_gemm_tile", "winograd_gemm_choices", "is_winograd_gemm"]

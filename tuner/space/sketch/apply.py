@@ -1,0 +1,287 @@
+"""Applying a sketch with its params: the schedule built primitive by primitive (recorded as the
+candidate's trace), and replaying a trace on a workload.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler.ops.schedule_conv import schedule_block_copy, schedule_weight_panels
+from compiler.schedule import Schedule, Stage, create_schedule
+
+from ...candidate import Candidate
+from ..base import SpaceError, register_space_kind, replay_trace
+from .rules import Sketch
+from .sampling import loop_outer, outer_order
+
+MAX_UNROLLED_BODY = 128   # statements of an unrolled micro-kernel step
+
+
+class SketchApplier:
+    """Builds the schedule of a sketch with given params, primitive by primitive (recorded)."""
+
+    def __init__(self, space, sketch: Sketch, params: dict, opdef):   # space: the SketchSpace
+        self.space, self.sk, self.params = space, sketch, params
+        self.opdef = opdef
+        self.s = create_schedule(opdef.output)
+        self.orig = list(self.s.stages)
+        if len(self.orig) != space.dag.n or [st.name for st in self.orig] != space.dag.names:
+            raise SpaceError("the definition's stages differ from the space's")
+        self.lanes = {i: space._lanes(i) for i in range(space.dag.n)}
+        self.inlined_into_copy: set = set()   # producers that block_input copied through
+
+    def p(self, i) -> dict:
+        return self.params.get(self.space.dag.names[i], {})
+
+    def run(self) -> Schedule:
+        rules = self.sk.rules
+        for i, r in rules.items():
+            if r == "inline":
+                self.orig[i].compute_inline()
+        for i in reversed(range(len(self.orig))):
+            r = rules[i]
+            if r == "tile":
+                self.tile_root(i)
+            elif r == "tile_cache_write":
+                n = len(self.orig[i].op.axis)
+                vec = self.sk.vec.get(i, n - 1)
+                order = [d for d in range(n) if d != vec] + [vec]   # accumulators: the vector axis last
+                acc = self.s[self.s.cache_write(self.orig[i].tensor, "local", order=order)]
+                self.tile_attached(i, acc, self.orig[i], order)
+            elif r == "tile_fused":
+                self.tile_attached(i, self.orig[i], self.orig[self.sk.consumer[i]])
+            elif r == "reduce":
+                self.reduce(i)
+            elif r == "rfactor":
+                self.rfactor(i)
+            elif r in ("elementwise", "root") and i not in self.inlined_into_copy:
+                self.elementwise(i)
+        return self.s
+
+    # -- helpers
+    @staticmethod
+    def split_levels(st, ax, factors) -> list:
+        loops, cur = [], ax
+        for d in range(len(factors)):
+            outer, cur = st.split(cur, factor=math.prod(factors[d:]))
+            loops.append(outer)
+        loops.append(cur)
+        return loops
+
+    @staticmethod
+    def parallel_prefix(st, loops, k):
+        k = min(int(k), len(loops))
+        if k <= 0:
+            return None
+        loop = loops[0] if k == 1 else st.fuse(*loops[:k])
+        st.parallel(loop)
+        return loop
+
+    def micro_kernel(self, i, st, spatial_inner, red_inner, p):
+        """Vectorize the innermost spatial loop; unroll the other inner loops (innermost
+        first) while the unrolled body stays small; auto_unroll."""
+        vec = spatial_inner[-1]
+        body = 1
+        if vec.extent > 1:
+            st.vectorize(vec)
+            body = -(-vec.extent // self.lanes[i])
+        if p.get("unroll_inner"):
+            order = st.leaf_iter_vars
+            cands = sorted([a for a in spatial_inner[:-1] + red_inner if a.extent > 1],
+                           key=lambda a: -order.index(a))
+            for a in cands:
+                if body * a.extent <= MAX_UNROLLED_BODY:
+                    st.unroll(a)
+                    body *= a.extent
+        if p.get("auto_unroll"):
+            st.auto_unroll(int(p["auto_unroll"]))
+
+    def tile_of(self, i, key, n):
+        t = self.p(i)["tile"][key]
+        if not isinstance(t, list) or len(t) != n or not all(isinstance(f, int) and f > 0 for f in t):
+            raise SpaceError(f"tile {key} of {self.space.dag.names[i]} must be {n} positive integers, got {t!r}")
+        return t
+
+    def pack(self, i, reader):
+        p = self.p(i)
+        if not p.get("pack") or i not in self.sk.pack:
+            return
+        inp, axis = self.sk.pack[i]
+        vec = self.sk.vec.get(i, len(self.space.dag.op(i).axis) - 1)
+        width = self.tile_of(i, f"s{vec}", 3)[-1]
+        if width <= 1:
+            return
+        tensor = self.s.placeholders[inp]
+        packed_tensor = self.s.cache_read(tensor, "global", [reader], block={axis: width})
+        packed = self.s[packed_tensor]
+        if axis == 0 and tensor.ndim > 2:   # blocks of rows (a conv's OIHW weights): see schedule_weight_panels
+            schedule_weight_panels(self.s, packed_tensor, self.lanes[i], lambda work: bool(p.get("parallel")))
+            return
+        rows = packed.op.axis[:-1]
+        if p.get("parallel") and rows and rows[0].extent > 1:
+            packed.parallel(rows[0])
+        packed.vectorize(packed.op.axis[-1])
+
+    def block_input(self, i, reader):
+        """`block_input`: what the tile reads along its first reduction axis (a conv's padded
+        input) copied in blocks of that axis's inner tile (r0), a producer inlined into the copy."""
+        p = self.p(i)
+        if not p.get("block_input") or i not in self.sk.block_in:
+            return
+        kind, j, axis = self.sk.block_in[i]
+        width = self.tile_of(i, "r0", 1)[0]
+        if width <= 1:
+            return
+        src = self.orig[j] if kind == "stage" else None
+        tensor = src.tensor if src is not None else self.s.placeholders[j]
+        copy_stage = self.s[self.s.cache_read(tensor, "global", [reader], block={axis: width})]
+        if src is not None and not src.is_inline:
+            src.compute_inline()
+            self.inlined_into_copy.add(j)
+        schedule_block_copy(copy_stage, lambda work: bool(p.get("parallel")))
+
+    # -- rules
+    def outer_first(self, i, sp: list, p: dict) -> list:
+        """The spatial axes' split loops in the order of the outer (S0, S1) levels: the last axis
+        first when `last_outer` (a matmul's column panels outermost, so a packed B panel stays in
+        cache while every row tile uses it: the GEMM default's order), the vector axis last when
+        `vec_last` (a convolution's spatial tiles outside its channel blocks, so the smaller
+        weights stay in cache), else as defined."""
+        vec = self.sk.vec.get(i) if p.get("vec_last") else None
+        return outer_order(sp, bool(p.get("last_outer")), vec)
+
+    def red_order(self, p: dict, rd: list) -> list:
+        """The reduction loops (per axis: [outer, inner]) in the tile's `red_perm` order (both
+        levels): e.g. a convolution's channel loop innermost, the taps outside it."""
+        perm = p.get("red_perm")
+        if perm is None:
+            return rd
+        if sorted(perm) != list(range(len(rd))):
+            raise SpaceError(f"red_perm {perm!r} is not a permutation of the {len(rd)} reduction axes")
+        return [rd[k] for k in perm]
+
+    def tile_root(self, i):
+        st, p = self.orig[i], self.p(i)
+        sp = [self.split_levels(st, ax, self.tile_of(i, f"s{d}", 3)) for d, ax in enumerate(st.op.axis)]
+        rd = [self.split_levels(st, ax, self.tile_of(i, f"r{d}", 1)) for d, ax in enumerate(st.op.reduce_axis)]
+        outer = self.outer_first(i, sp, p)
+        rd = self.red_order(p, rd)
+        order = [l[0] for l in outer] + [l[1] for l in outer] + [l[0] for l in rd] + [l[2] for l in sp] + \
+            [l[1] for l in rd] + [l[3] for l in sp]
+        st.reorder(*order)
+        self.micro_kernel(i, st, [l[3] for l in sp], [l[1] for l in rd], p)
+        self.parallel_prefix(st, [l[0] for l in outer], p.get("parallel", 0))
+        self.pack(i, st)
+
+    def tile_attached(self, i, red: Stage, out: Stage, order=None):
+        """`out` (the output copy or the fused consumer) tiled S0 S1 S2 S3 and stored along its
+        last axis; the reduction `red` computed at its last S1 loop as R0 S2 R1 S3. `order`: the
+        cache's dimensions (red's axes) as dimensions of `out`, its vector axis last."""
+        p = self.p(i)
+        n_sp = len(out.op.axis)
+        order = order or list(range(n_sp))
+        tiles = [self.tile_of(i, f"s{d}", 3) for d in range(n_sp)]
+        sp = [self.split_levels(out, ax, t) for ax, t in zip(out.op.axis, tiles)]
+        outer = self.outer_first(i, sp, p)
+        out.reorder(*[l[k] for k in range(2) for l in outer], *[l[k] for k in range(2, 4) for l in sp])
+        if sp[-1][3].extent > 1:
+            out.vectorize(sp[-1][3])
+        if i in self.sk.vec:
+            self.unroll_store(out, [l[3] for l in sp[:-1]])
+        red.compute_at(out, outer[-1][1])
+        self.parallel_prefix(out, [l[0] for l in outer], p.get("parallel", 0))
+        inner = [red.split(red.op.axis[k], factor=tiles[d][2]) for k, d in enumerate(order)]
+        rd = self.red_order(p, [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0])
+                                for d, ax in enumerate(red.op.reduce_axis)])
+        red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
+        self.micro_kernel(i, red, [x[1] for x in inner], [r[1] for r in rd], p)
+        self.block_input(i, red)
+        self.pack(i, red)
+
+    @staticmethod
+    def unroll_store(out: Stage, loops: list):
+        """Unroll the store of a tile cached across another vector axis (its rows, innermost
+        first, while the copy stays under MAX_UNROLLED_BODY statements): every accumulator is
+        then read at a constant offset, so LLVM keeps the whole tile in registers. Left rolled,
+        the tile lives on the stack and each FMA loads and stores its accumulator (a 16-channel
+        x 4 x 7 conv tile ran at a third of the default schedule's speed)."""
+        body = 1
+        for loop in reversed(loops):
+            if loop.extent > 1 and body * loop.extent <= MAX_UNROLLED_BODY:
+                out.unroll(loop)
+                body *= loop.extent
+
+    def reduce(self, i):
+        st, p = self.orig[i], self.p(i)
+        axes, red = list(st.op.axis), list(st.op.reduce_axis)
+        last = axes[-1]
+        inner, f = p.get("inner", "none"), int(p.get("split", 1))
+        outer = loop_outer(axes, "reduce", inner, f)
+        if inner != "none" and last.extent > 1 and f > 1:
+            outer, li = self.split_last(st, axes, f)
+            st.reorder(*outer, *red, li)
+            if inner == "vec":
+                st.vectorize(li)
+            else:
+                st.unroll(li)
+        self.parallel_prefix(st, outer, p.get("parallel", 0))
+        if p.get("auto_unroll"):
+            st.auto_unroll(int(p["auto_unroll"]))
+
+    def rfactor(self, i):
+        st, p = self.orig[i], self.p(i)
+        f = int(p.get("factor", self.lanes[i]))
+        r = st.op.reduce_axis[-1]
+        _, ri = st.split(r, factor=f)
+        rf = self.s[self.s.rfactor(st.tensor, ri, factor_axis=len(st.op.axis))]
+        *sp, lane = rf.op.axis
+        rf.reorder(*sp, *rf.op.reduce_axis, lane)
+        if lane.extent > 1:
+            rf.vectorize(lane)
+        if p.get("parallel"):
+            live = [a for a in sp]
+            if live and math.prod(a.extent for a in live) > 1:
+                loop = live[0] if len(live) == 1 else rf.fuse(*live)
+                rf.parallel(loop)
+
+    def elementwise(self, i):
+        st, p = self.orig[i], self.p(i)
+        axes = list(st.op.axis)
+        last = axes[-1]
+        inner, f = p.get("inner", "none"), int(p.get("split", 1))
+        outer = loop_outer(axes, "elementwise", inner, f)
+        if inner == "vec" and last.extent > 1 and f > 1:
+            outer, li = self.split_last(st, axes, f)
+            st.vectorize(li)
+        self.parallel_prefix(st, outer, p.get("parallel", 0))
+
+    @staticmethod
+    def split_last(st, axes: list, f: int) -> tuple:
+        """(the outer loops, the inner loop) of the last axis split by `f` (whole when it is no
+        longer than f): what a reduce or elementwise stage vectorizes or unrolls."""
+        outer, last = list(axes[:-1]), axes[-1]
+        if f < last.extent:
+            lo, li = st.split(last, factor=f)
+            return outer + [lo], li
+        return outer, last
+
+
+def replay_checked(opdef, cand: Candidate):
+    """`instantiate` for traces: the recorded steps replayed on `opdef`, after checking that the
+    trace was recorded on this workload (when it says which)."""
+    payload = cand.payload if isinstance(cand.payload, dict) else {}
+    key = payload.get("workload_key")
+    if key is not None:
+        mine = opdef.workload_key()
+        if key != mine:
+            raise SpaceError(f"trace does not apply to this workload: it was recorded on workload {key}, "
+                             f"this is {getattr(opdef, 'name', '?')} with key {mine}")
+    if not isinstance(payload.get("steps"), list):
+        raise SpaceError("trace candidate has no 'steps' list")
+    return replay_trace(opdef, cand)
+
+
+register_space_kind("trace", lambda opdef, cand, target: replay_checked(opdef, cand))
+
+
+__all__ = ["SketchApplier", "replay_checked", "MAX_UNROLLED_BODY"]
