@@ -175,6 +175,7 @@ def sleep_copy_kernel(sleep_us: int, target: Target) -> Kernel:
 def preflight(kernel_bytes: bytes, sleep_us: int) -> dict:
     """Run measure_one in this process with the bench's options; count the kernel's calls exactly."""
     import compiler.runtime as rt
+    from device_agent.options import MeasureOptions
     from device_agent.worker import MeasureRequest, measure_one
 
     calls = [0]
@@ -194,8 +195,8 @@ def preflight(kernel_bytes: bytes, sleep_us: int) -> dict:
 
     rt.Kernel._load = counting_load
     try:
-        answer = measure_one(MeasureRequest(kernel_bytes, kernel_bytes, 1, number=1, repeat=1, min_repeat_ms=0.0,
-                                            cooldown_ms=0.0, seed=987654321))
+        answer = measure_one(MeasureRequest(kernel_bytes, kernel_bytes, 1,
+                                            MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, seed=987654321)))
     finally:
         rt.Kernel._load = original
     if answer["error_code"] != 0:
@@ -565,6 +566,7 @@ def fake_agent(address: str, key: str) -> int:
 
 def breakdown(farm: Farm, client: Client, kernel_bytes: bytes, samples: int) -> dict:
     """Split the unloaded overhead: the tracker path with a no-op agent, and the agent→worker pipe."""
+    from device_agent.options import MeasureOptions
     from device_agent.worker import MeasureRequest, WorkerProcess
 
     out = {}
@@ -601,7 +603,7 @@ def breakdown(farm: Farm, client: Client, kernel_bytes: bytes, samples: int) -> 
     with WorkerProcess() as w:
         w.start()
         for i in range(samples // 2):
-            req = MeasureRequest(kernel_bytes, kernel_bytes, 1, number=1, repeat=1, min_repeat_ms=0.0, seed=10_000 + i)
+            req = MeasureRequest(kernel_bytes, kernel_bytes, 1, MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, seed=10_000 + i))
             t = time.perf_counter()
             ans = w.run(req, 10.0)
             pipe.append(time.perf_counter() - t - ans["run_seconds"])

@@ -121,7 +121,7 @@ def main():
     args = ap.parse_args()
 
     import compiler
-    from tuner.measure import BuilderPool, LocalRunner
+    from tuner.measure import BuilderPool, LocalRunner, MeasureOptions
     from tuner.records import open_store
     from tuner.tune import tune
     from tuner.workload import Task, Workload
@@ -145,7 +145,7 @@ def main():
     pairs = []  # one dict per (workload, space, seed)
     history = {}
     builder = BuilderPool()
-    runner = LocalRunner(**MEASURE)
+    runner = LocalRunner(MeasureOptions(**MEASURE))
     try:
         if args.history == "siblings":
             hstore = fresh_store()

@@ -135,14 +135,14 @@ def main():
     ap.add_argument("--min-repeat-ms", type=float, default=20.0, help="timing floor per measurement")
     args = ap.parse_args()
 
-    from tuner.measure import BuilderPool, LocalRunner
+    from tuner.measure import BuilderPool, LocalRunner, MeasureOptions
 
     t0 = time.perf_counter()
     entries = resnet50_tasks(args.layers)
     tasks, weights = [t for t, _ in entries], [w for _, w in entries]
     finals = {"round-robin": [], "gradient": []}
     fractions = []
-    with BuilderPool(timeout=60) as builder, LocalRunner(min_repeat_ms=args.min_repeat_ms) as runner:
+    with BuilderPool(timeout=60) as builder, LocalRunner(MeasureOptions(min_repeat_ms=args.min_repeat_ms)) as runner:
         for seed in range(args.seeds):
             rr_steps, rr_alloc = run_once("round-robin", tasks, weights, args.trials, seed, args.batch, args.space,
                                    args.baseline, builder, runner)

@@ -62,7 +62,8 @@ from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
 
 from .host import describe_host, target_problem
-from .worker import UNSUPPORTED_TARGET, MeasureRequest, WorkerProcess
+from .options import MeasureOptions
+from .worker import RUNNER_ERROR, UNSUPPORTED_TARGET, MeasureRequest, WorkerProcess
 
 log = logging.getLogger("tunefarm.agent")
 
@@ -74,10 +75,6 @@ FATAL_CONNECT_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSI
 
 _STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}  # ResultAck.status -> grpc.StatusCode
 
-# MeasureOptions fields that are 0 when a sender leaves them unset (proto3 has no presence);
-# 0 is not a usable value for them, so the worker's own defaults apply.
-_REQUEST_DEFAULTS = MeasureRequest(b"", None, 0)
-DEFAULT_TIMEOUT_SECONDS = 10.0  # LocalRunner's default run timeout
 
 
 class AgentRefused(Exception):
@@ -460,17 +457,12 @@ class Agent:
             return {"costs": [], "error_code": UNSUPPORTED_TARGET, "run_seconds": 0.0,
                     "error_msg": f"agent {self.name} ({dev['cpu']}, {dev['triple']}) cannot run target "
                                  f"{req.target!r}: {problem}"}
-        o = req.options
-        mreq = MeasureRequest(kernel_bytes=req.kernel, reference_bytes=req.reference_kernel or None,
-                              num_inputs=req.num_inputs,
-                              number=o.number or _REQUEST_DEFAULTS.number,
-                              repeat=o.repeat or _REQUEST_DEFAULTS.repeat,
-                              min_repeat_ms=o.min_repeat_ms, cooldown_ms=o.cooldown_ms,
-                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None,
-                              max_repeat_ms=o.max_repeat_ms or _REQUEST_DEFAULTS.max_repeat_ms,
-                              attempts=o.attempts or _REQUEST_DEFAULTS.attempts)
-        timeout = o.timeout_seconds if o.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
-        return worker.run(mreq, timeout)
+        try:
+            options = MeasureOptions.from_proto(req.options)
+        except ValueError as e:
+            return {"costs": [], "error_code": RUNNER_ERROR, "run_seconds": 0.0, "error_msg": f"bad measure options: {e}"}
+        mreq = MeasureRequest(req.kernel, req.reference_kernel or None, req.num_inputs, options)
+        return worker.run(mreq, options.timeout)
 
     def _report(self, session: _Session, result, deadline: float):
         """On the session's Report stream (confirmed later, or reported again if it breaks); else

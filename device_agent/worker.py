@@ -32,13 +32,15 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
-from dataclasses import asdict, dataclass, fields
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from compiler.verify import as_comparable, compare_output, poisoned, same_as_poison
+
+from .options import MeasureOptions
 
 # Same values as tuner.candidate.ErrorCode (checked by the tests).
 NO_ERROR = 0
@@ -51,38 +53,22 @@ UNSUPPORTED_TARGET = 8
 
 @dataclass
 class MeasureRequest:
-    """Everything a worker needs to check and time one kernel; plain data (crosses processes)."""
+    """One kernel to check and time: the candidate, its reference, and how (MeasureOptions);
+    plain data (crosses processes)."""
 
     kernel_bytes: bytes
     reference_bytes: bytes | None
     num_inputs: int                    # the kernel's arguments are num_inputs inputs, then outputs
-    number: int = 1                    # calls per timing sample at least
-    repeat: int = 10                   # clean samples the figure needs at least
-    min_repeat_ms: float = 50.0        # sampling time per attempt at least
-    cooldown_ms: float = 0.0           # pause between the check and the timing
-    rtol: float = 1e-4                 # relative to the largest |reference| value of each output
-    atol: float = 0.0
-    seed: int = 0
-    num_threads: int | None = None     # threads for parallel loops; None: the kernel target's cores
-    max_repeat_ms: float = 1000.0      # sampling time per attempt at most (compiler.timing)
-    attempts: int = 4                  # tries when the host keeps the kernel waiting
-
-    def timing_options(self):
-        """The measurement protocol's options: `repeat` clean samples at least, of `number`
-        calls at least, over `min_repeat_ms` .. `max_repeat_ms` per attempt."""
-        from compiler.timing import TimingOptions
-        return TimingOptions(min_samples=max(1, int(self.repeat)), min_calls=max(1, int(self.number)),
-                             min_seconds=self.min_repeat_ms / 1000.0,
-                             max_seconds=max(self.max_repeat_ms, self.min_repeat_ms, 1.0) / 1000.0,
-                             attempts=max(1, int(self.attempts)))
+    options: MeasureOptions = field(default_factory=MeasureOptions)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"kernel_bytes": self.kernel_bytes, "reference_bytes": self.reference_bytes,
+                "num_inputs": self.num_inputs, "options": self.options.to_dict()}
 
     @staticmethod
     def from_dict(d: dict) -> "MeasureRequest":
-        names = {f.name for f in fields(MeasureRequest)}
-        return MeasureRequest(**{k: v for k, v in d.items() if k in names})
+        return MeasureRequest(d["kernel_bytes"], d.get("reference_bytes"), int(d["num_inputs"]),
+                              MeasureOptions.from_dict(d.get("options") or {}))
 
 
 def _result(code: int = NO_ERROR, msg: str = "", costs=None, run_seconds: float = 0.0) -> dict:
@@ -100,8 +86,12 @@ def random_arrays(specs, seed: int) -> list:
         dt = np.dtype(spec.dtype)
         shape = tuple(spec.shape)
         if dt.kind == "f":
-            sign = rng.choice(np.array([-1.0, 1.0]), size=shape)
-            arr = sign * rng.uniform(0.1, 1.0, size=shape)
+            # drawn in the argument's own precision (float32 for float32 and narrower): a
+            # 25088 x 4096 weight took seconds as float64 draws, once per task and re-timing
+            mag = rng.random(size=shape, dtype=np.float64 if dt.itemsize > 4 else np.float32)
+            mag *= 0.9
+            mag += 0.1
+            arr = np.where(rng.integers(0, 2, size=shape, dtype=np.int8) == 1, mag, -mag)
         elif dt.kind in "iu":
             sign = rng.choice(np.array([-1, 1]), size=shape)
             arr = sign * rng.integers(1, 5, size=shape)
@@ -137,7 +127,22 @@ def _check(cand, refs, inputs, out_specs, rtol, atol) -> str:
     return ""
 
 
-_REFERENCE_CACHE: dict = {}  # (reference digest, seed, num_inputs) -> (kernel, inputs, outputs); last task only
+# (reference digest, seed, num_inputs) -> (kernel, inputs, outputs), the most recently used
+# last, the oldest dropped beyond REFERENCE_CACHE_BYTES (the newest is always kept): a model's
+# tuning moves between its tasks, and each return to one would draw its inputs and run its
+# reference again
+_REFERENCE_CACHE: OrderedDict = OrderedDict()
+REFERENCE_CACHE_BYTES = 1 << 30
+
+
+def _remember_reference(key, entry) -> None:
+    _REFERENCE_CACHE[key] = entry
+    _REFERENCE_CACHE.move_to_end(key)
+
+    def size(e) -> int:
+        return sum(a.nbytes for a in (*e[1], *e[2]))
+    while len(_REFERENCE_CACHE) > 1 and sum(size(e) for e in _REFERENCE_CACHE.values()) > REFERENCE_CACHE_BYTES:
+        _REFERENCE_CACHE.popitem(last=False)
 
 
 def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
@@ -163,8 +168,10 @@ def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
             return done(RUNNER_ERROR, f"cannot load the candidate kernel: {e}")
         if request.reference_bytes is None:
             return done(RUNNER_ERROR, "no reference kernel to check the candidate against")
-        ref_key = (hashlib.sha256(request.reference_bytes).digest(), request.seed, request.num_inputs)
+        ref_key = (hashlib.sha256(request.reference_bytes).digest(), request.options.seed, request.num_inputs)
         cached = _REFERENCE_CACHE.get(ref_key)
+        if cached:
+            _REFERENCE_CACHE.move_to_end(ref_key)
         try:
             ref = cached[0] if cached else load_kernel(request.reference_bytes)
         except CompilerError as e:
@@ -197,8 +204,8 @@ def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -
     from compiler.errors import CompilerError, KernelRuntimeError
     from compiler.runtime import set_num_threads
 
-    n_in = request.num_inputs
-    threads = request.num_threads or cand.target.num_cores
+    n_in, opts = request.num_inputs, request.options
+    threads = opts.num_threads or cand.target.num_cores
     set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
     out_specs = cand.args[n_in:]
     try:
@@ -211,18 +218,17 @@ def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -
     else:
         # every candidate of a task runs on the same seeded inputs, so the reference result
         # (often a slow naive kernel) is computed once per task, not once per candidate
-        inputs = random_arrays(cand.args[:n_in], request.seed)
+        inputs = random_arrays(cand.args[:n_in], opts.seed)
         refs = _run_kernel(ref, inputs, out_specs, 0)
-        _REFERENCE_CACHE.clear()
-        _REFERENCE_CACHE[ref_key] = (ref, inputs, refs)
+        _remember_reference(ref_key, (ref, inputs, refs))
     try:
-        msg = _check(cand, refs, inputs, out_specs, request.rtol, request.atol)
+        msg = _check(cand, refs, inputs, out_specs, opts.rtol, opts.atol)
         if msg:
             return done(WRONG_ANSWER, msg)
         arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
-        if request.cooldown_ms > 0:
-            time.sleep(request.cooldown_ms / 1000.0)
-        timing = cand.measure(*arrays, options=request.timing_options(), lock=False)
+        if opts.cooldown_ms > 0:
+            time.sleep(opts.cooldown_ms / 1000.0)
+        timing = cand.measure(*arrays, options=opts.timing_options(), lock=False)
     except KernelRuntimeError as e:
         return done(RUNTIME_ERROR, str(e))
     result = done(NO_ERROR, "", kept_samples(timing))

@@ -34,15 +34,15 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("tunefarm").setLevel(logging.INFO)
 
-    from tuner.measure import BuilderPool, FarmError, RPCRunner
+    from tuner.measure import BuilderPool, FarmError, MeasureOptions, RPCRunner
     from tuner.records import open_store
     from tuner.tune import tune
     from tuner.workload import Task, Workload
 
     task = Task.create(Workload("matmul", dict(M=args.size, N=args.size, K=args.size)), device_key=args.key)
     store = open_store(args.db)
-    runner = RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca, number=1, repeat=2,
-                       min_repeat_ms=args.min_repeat_ms, num_threads=1, timeout=20.0,
+    options = MeasureOptions(number=1, repeat=2, min_repeat_ms=args.min_repeat_ms, num_threads=1, timeout=20.0)
+    runner = RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca, options=options,
                        result_timeout=args.result_timeout, connect_timeout=20.0)
     try:
         runner._first_contact()

@@ -36,7 +36,7 @@ from rpc_tracker.server import TrackerConfig, start_tracker
 from tuner import cli
 from tuner.apply_best import ApplyHistoryBest
 from tuner.candidate import ErrorCode
-from tuner.measure import BuilderPool, RPCRunner
+from tuner.measure import BuilderPool, MeasureOptions, RPCRunner
 from tuner.records import open_store
 from tuner.workload import Task, Workload
 
@@ -220,7 +220,7 @@ def test_a_kernel_of_another_isa_sent_to_the_board_is_refused_with_a_clear_code(
         (x86,) = builder.build(here, [default_candidate(here)])
     assert x86.kernel_bytes is not None
     arm_task = Task(Workload("matmul", PARAMS), str(Target.from_string(TARGET)), KEY)
-    with RPCRunner(board_farm, KEY, token=TUNER_TOKEN, **QUICK) as runner:
+    with RPCRunner(board_farm, KEY, token=TUNER_TOKEN, options=MeasureOptions(**QUICK)) as runner:
         (res,) = runner.run(arm_task, [x86])
     assert res.error_code == ErrorCode.UNSUPPORTED_TARGET and res.measured_by == BOARD_AGENT, res
     assert "cannot run the candidate kernel" in res.error_msg and host.arch in res.error_msg, res.error_msg

@@ -16,7 +16,7 @@ import compiler as C
 from compiler.ops import OpDef, get_op, random_inputs
 from compiler.serialize import dag_to_json
 from tuner.candidate import Candidate, MeasureResult
-from tuner.measure import BuilderPool, LocalRunner
+from tuner.measure import BuilderPool, LocalRunner, MeasureOptions
 from tuner.records import SQLRecordsStore, StoreError
 from tuner.space import SketchSpace, default_candidate
 from tuner.workload import Task, Workload, WorkloadError
@@ -183,7 +183,7 @@ def test_spawned_build_processes_build_and_check_a_dag_workload(workload):
     space = SketchSpace(task)
     rng = np.random.default_rng(1)
     cands = [default_candidate(workload.key)] + [space.sample(rng) for _ in range(3)]
-    with BuilderPool(n_workers=1, timeout=60) as pool, LocalRunner(number=1, repeat=1, min_repeat_ms=0) as runner:
+    with BuilderPool(n_workers=1, timeout=60) as pool, LocalRunner(MeasureOptions(number=1, repeat=1, min_repeat_ms=0)) as runner:
         built = pool.build(task, cands)
         assert all(b.ok for b in built), [b.error_msg for b in built]
         results = runner.run(task, built)

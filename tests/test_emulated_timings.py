@@ -16,6 +16,7 @@ import pytest
 
 from compiler.ops import build_op, get_op
 from device_agent import host
+from device_agent.options import MeasureOptions
 from device_agent.worker import UNSUPPORTED_TARGET, MeasureRequest, measure_one
 from rpc_tracker import state as st
 from rpc_tracker.client import make_channel
@@ -194,8 +195,7 @@ def test_the_cost_model_never_trains_on_both_kinds():
 def test_the_worker_refuses_a_kernel_of_another_isa_with_its_own_code():
     other = T_ARM if host.Target.host().arch != "aarch64" else "llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=haswell"
     foreign = build_op(get_op("matmul", M=8, N=8, K=8), other).to_bytes()
-    ans = measure_one(MeasureRequest(kernel_bytes=foreign, reference_bytes=foreign, num_inputs=2, repeat=1,
-                                     min_repeat_ms=1))
+    ans = measure_one(MeasureRequest(foreign, foreign, 2, MeasureOptions(repeat=1, min_repeat_ms=1)))
     assert ans["error_code"] == UNSUPPORTED_TARGET == ErrorCode.UNSUPPORTED_TARGET, ans
     assert "cannot run the candidate kernel" in ans["error_msg"] and "compiled for" in ans["error_msg"], ans
 

@@ -27,7 +27,7 @@ from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 from rpc_tracker.server import TrackerConfig, start_tracker
 from tuner.candidate import Candidate, ErrorCode
-from tuner.measure import BuilderPool, BuildResult, FarmAuthError, FarmError, FarmRequestError, LocalRunner, RPCRunner
+from tuner.measure import BuilderPool, BuildResult, FarmAuthError, FarmError, FarmRequestError, LocalRunner, MeasureOptions, RPCRunner
 from tuner.records import open_store
 from tuner.tune import tune
 from tuner.workload import Task, Workload
@@ -126,9 +126,11 @@ def wait_registered(address: str, names, key: str = KEY, timeout: float = 30.0):
 def runner_for(address: str, key: str = KEY, **kw) -> RPCRunner:
     # one thread per kernel: three agents timing 2-thread kernels on this 2-core machine would
     # oversubscribe it, and a parallel loop's barrier then waits for descheduled threads
-    opts = dict(QUICK, timeout=20.0, result_timeout=60.0, num_threads=1)
+    opts = dict(QUICK, timeout=20.0, num_threads=1)
     opts.update(kw)
-    return RPCRunner(address, key, token=TUNER_TOKEN, **opts)
+    runner_kw = {k: opts.pop(k) for k in ("result_timeout", "connect_timeout") if k in opts}
+    runner_kw.setdefault("result_timeout", 60.0)
+    return RPCRunner(address, key, token=TUNER_TOKEN, options=MeasureOptions(**opts), **runner_kw)
 
 
 class Background:
@@ -211,7 +213,7 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
             # no baseline: the fastest candidates are re-timed however they compare with the default
             res = tune(task, farm_store, space="sketch", strategy="random", trials=6, batch_size=3,
                        builder=builder, runner=runner, baseline=False)
-        with LocalRunner(**QUICK) as local:
+        with LocalRunner(MeasureOptions(**QUICK)) as local:
             tune(Task.create(MM, device_key=KEY), local_store, space="sketch", strategy="random", trials=3,
                  batch_size=3, builder=builder, runner=local)
     assert res.trials == 6 and res.best_gflops > 0
@@ -433,7 +435,7 @@ def test_a_target_the_agent_cannot_run_is_a_clear_error(farm, builds):
 def test_misconfigured_tuners_get_typed_errors(farm, builds):
     address, _, _ = farm
     task, (good, _) = builds
-    with RPCRunner(address, KEY, token="wrong", **QUICK) as runner:
+    with RPCRunner(address, KEY, token="wrong", options=MeasureOptions(**QUICK)) as runner:
         with pytest.raises(FarmAuthError, match="UNAUTHENTICATED"):
             runner.run(task, [good])
     with runner_for(address) as runner:

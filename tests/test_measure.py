@@ -23,7 +23,7 @@ from compiler.target import Target, llvm_binding
 from device_agent import worker as W
 from device_agent.worker import MeasureRequest, WorkerProcess, compare_output, measure_one
 from tuner.candidate import Candidate, ErrorCode
-from tuner.measure import BuilderPool, BuildResult, LocalRunner
+from tuner.measure import BuilderPool, BuildResult, LocalRunner, MeasureOptions
 from tuner.workload import Task, Workload, register_workload
 
 MM = Workload("matmul", dict(M=32, N=32, K=32))
@@ -85,7 +85,7 @@ def mm_built(pool):
 
 @pytest.fixture(scope="module")
 def runner():
-    with LocalRunner(number=2, repeat=3, min_repeat_ms=5, timeout=3.0) as r:
+    with LocalRunner(MeasureOptions(number=2, repeat=3, min_repeat_ms=5, timeout=3.0)) as r:
         yield r
 
 
@@ -226,7 +226,7 @@ def test_compare_output_tolerance():
 def test_measure_one_in_process(mm_built):
     br = mm_built[0]
     res = measure_one(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs,
-                                     number=1, repeat=2, min_repeat_ms=1))
+                                     MeasureOptions(number=1, repeat=2, min_repeat_ms=1)))
     assert res["error_code"] == 0 and 2 <= len(res["costs"]) <= W.KEPT_SAMPLES and all(c > 0 for c in res["costs"])
     timing = res["timing"]   # the measurement protocol's summary: the figure is the median of the samples
     assert timing["count"] >= 2 and timing["min"] <= timing["median"] and timing["median"] > 0
@@ -274,7 +274,7 @@ def test_endless_loop_is_a_run_timeout_and_the_next_request_succeeds(runner, mm_
     (bad,) = runner.run(task, [hang])
     elapsed = time.monotonic() - t0
     assert bad.error_code == ErrorCode.RUN_TIMEOUT, bad.error_msg
-    assert runner.timeout <= elapsed < runner.timeout + 2.0
+    assert runner.options.timeout <= elapsed < runner.options.timeout + 2.0
     (good,) = runner.run(task, [mm_built[0]])
     assert good.ok, good.error_msg
 
@@ -325,8 +325,8 @@ def test_the_measuring_workers_team_is_bound_one_thread_per_core(pool, monkeypat
     br = pool.build(Task.create(big), [trace(big)])[0]
     w = WorkerProcess().start()
     try:
-        res = w.run(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, repeat=3,
-                                   min_repeat_ms=1, num_threads=2).to_dict(), timeout=30)
+        res = w.run(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs,
+                                   MeasureOptions(repeat=3, min_repeat_ms=1, num_threads=2)).to_dict(), timeout=30)
         assert res["error_code"] == 0, res["error_msg"]
         bound = _single_cpu_threads(w._proc.pid)
     finally:
@@ -343,3 +343,25 @@ def test_a_binding_the_user_chose_is_kept():
     theirs = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_PLACES": "threads"},
                             capture_output=True, text=True, check=True)
     assert json.loads(theirs.stdout) == {"OMP_PLACES": "threads"}
+
+
+def test_measure_options_are_one_value_with_one_set_of_defaults():
+    """Both runners, the agent and the worker take one MeasureOptions; the protocol message is
+    converted in one place, a field left unset (0) meaning the default where 0 is unusable."""
+    from rpc_tracker.protocol import pb
+    from tuner.measure import RPCRunner
+    opts = MeasureOptions(number=3, repeat=4, min_repeat_ms=2.5, timeout=7.0, seed=9, num_threads=2, rtol=1e-3)
+    assert MeasureOptions.from_proto(opts.to_proto(pb)) == opts
+    assert MeasureOptions.from_proto(pb.MeasureOptions()) == MeasureOptions(min_repeat_ms=0.0, rtol=0.0)
+    assert MeasureRequest.from_dict(MeasureRequest(b"k", None, 2, opts).to_dict()).options == opts
+    for bad in (dict(number=0), dict(repeat=0), dict(timeout=0.0), dict(attempts=0), dict(num_threads=0),
+                dict(min_repeat_ms=-1.0)):
+        with pytest.raises(ValueError):
+            MeasureOptions(**bad)
+    with LocalRunner(opts) as local:
+        assert local.request(BuildResult(b"k", b"r", num_inputs=2)).options == opts
+    remote = RPCRunner("127.0.0.1:1", "key", options=opts)
+    try:
+        assert remote.options == opts and MeasureOptions.from_proto(remote._options_message) == opts
+    finally:
+        remote.close()

@@ -17,7 +17,7 @@ import compiler
 from compiler.graph import build_model, extract_tasks, from_onnx
 from compiler.target import Target
 from tuner.apply_best import ApplyHistoryBest
-from tuner.measure import BuilderPool, LocalRunner
+from tuner.measure import BuilderPool, LocalRunner, MeasureOptions
 from tuner.model_tuning import LatencyEstimate, model_tasks, tune_model
 from tuner.records import open_store
 from tuner.space import instantiate
@@ -27,7 +27,7 @@ RNG = np.random.default_rng(11)
 
 @pytest.fixture(scope="module")
 def machinery():
-    with BuilderPool(n_workers=2, timeout=60) as builder, LocalRunner(number=1, repeat=2, min_repeat_ms=1) as runner:
+    with BuilderPool(n_workers=2, timeout=60) as builder, LocalRunner(MeasureOptions(number=1, repeat=2, min_repeat_ms=1)) as runner:
         yield builder, runner
 
 

@@ -134,12 +134,11 @@ class FakeAgent:
 
     def measure(self, work: pb.Work) -> pb.MeasureResult:
         """Measure the work for real, with the measuring worker's own code."""
+        from device_agent.options import MeasureOptions
         from device_agent.worker import MeasureRequest, measure_one
         r = work.request
-        out = measure_one(MeasureRequest(kernel_bytes=r.kernel, reference_bytes=r.reference_kernel or None,
-                                         num_inputs=r.num_inputs, number=r.options.number or 1,
-                                         repeat=r.options.repeat or 1, min_repeat_ms=r.options.min_repeat_ms,
-                                         rtol=r.options.rtol or 1e-4, seed=r.options.seed))
+        out = measure_one(MeasureRequest(r.kernel, r.reference_kernel or None, r.num_inputs,
+                                         MeasureOptions.from_proto(r.options)))
         res = pb.MeasureResult(request_id=r.request_id, costs=out["costs"], error_code=out["error_code"],
                                error_msg=out["error_msg"], run_seconds=out["run_seconds"])
         if "timing" in out:   # the measurement protocol's summary, which the tracker passes on

@@ -14,7 +14,7 @@ from compiler.ops import build_op
 from compiler.ops.base import random_inputs
 from tuner.apply_best import ApplyHistoryBest
 from tuner.cli import main
-from tuner.measure import BuilderPool, LocalRunner
+from tuner.measure import BuilderPool, LocalRunner, MeasureOptions
 from tuner.records import open_store
 from tuner.space import instantiate
 from tuner.tune import tune
@@ -26,7 +26,7 @@ PARAMS = dict(M=24, N=20, K=16)
 @pytest.fixture(scope="module")
 def machinery():
     """One builder pool and one measuring worker for the module (process start-up is the slow part)."""
-    with BuilderPool(n_workers=2, timeout=60) as builder, LocalRunner(number=1, repeat=2, min_repeat_ms=1) as runner:
+    with BuilderPool(n_workers=2, timeout=60) as builder, LocalRunner(MeasureOptions(number=1, repeat=2, min_repeat_ms=1)) as runner:
         yield builder, runner
 
 
@@ -367,3 +367,27 @@ def test_cli_tunes_a_users_compute_file_and_stores_it_as_data(tmp_path, capsys):
     assert main(["tune", "--compute", str(bad), "--db", db]) == 2
     err = capsys.readouterr().err
     assert "broken.py:1: syntax error" in err
+
+
+def test_tuning_options_are_one_value_every_entry_point_takes(machinery, tmp_path):
+    """tune(), tune_tasks(), tune_model() and TaskTuner take one TuningOptions (or keyword
+    overrides of its fields): the same defaults and the same checks everywhere; a misspelt
+    option is an error, not ignored."""
+    from tuner.engine import TaskTuner, TuningOptions
+    from tuner.tune import tune_tasks
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path}/o.db")
+    task = Task.create(Workload("matmul", PARAMS))
+    with pytest.raises(TypeError, match="trails"):
+        tune(task, store, trails=4, builder=builder, runner=runner)
+    for bad in (dict(trials=-1), dict(batch_size=0), dict(top_k=-1)):
+        with pytest.raises(ValueError):
+            TuningOptions(**bad)
+        with pytest.raises(ValueError):
+            tune_tasks([task], store, builder=builder, runner=runner, **bad)
+    opts = TuningOptions(space="template", strategy="random", trials=3, batch_size=3, seed=5, top_k=0)
+    tuner = TaskTuner(task, store, opts, builder=builder, runner=runner, seed=6)
+    assert tuner.options == TuningOptions(space="template", strategy="random", trials=3, batch_size=3, seed=6, top_k=0)
+    assert tuner.strategy_name == "random" and tuner.space.kind == "config"
+    result = tune(task, store, opts, builder=builder, runner=runner)
+    assert result.trials == 3

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from compiler.ops import OpDef
 
-from .engine import Callbacks, SchedulerResult
+from .engine import Callbacks, SchedulerResult, TuningOptions, tuning_options
 from .workload import Task, Workload
 
 
@@ -174,12 +174,12 @@ def estimate_callbacks(estimate: LatencyEstimate, on_estimate=None) -> Callbacks
                      on_heartbeat=lambda engine: changed(estimate.observe_engine(engine)))
 
 
-def tune_model(tasks: list[ModelTuningTask], store, *, trials: int, scheduler: str = "gradient",
-               space: str = "sketch", strategy: str | None = None, batch_size: int = 8, seed: int = 0,
-               builder=None, runner=None, job_id: int | None = None, top_k: int = 5, retime_rounds: int = 3,
-               seconds: float | None = None, callbacks: Callbacks | None = None, on_estimate=None) -> ModelTuneResult:
-    """Tune the model's tasks under one budget of `trials` new measurements (the gradient task
-    scheduler by default, one shared cost model); every measurement goes to `store`.
+def tune_model(tasks: list[ModelTuningTask], store, options: TuningOptions | None = None, *,
+               scheduler: str = "gradient", builder=None, runner=None, callbacks: Callbacks | None = None,
+               on_estimate=None, **overrides) -> ModelTuneResult:
+    """Tune the model's tasks under one budget of `options.trials` new measurements (the gradient
+    task scheduler by default, one shared cost model); every measurement goes to `store`.
+    `options`: TuningOptions, or keyword overrides of its fields, as tune_tasks takes them.
     `on_estimate(LatencyEstimate)` is called whenever the estimated latency changes, and once more
     with the re-measured figures at the end."""
     from .tune import tune_tasks
@@ -190,9 +190,8 @@ def tune_model(tasks: list[ModelTuningTask], store, *, trials: int, scheduler: s
     hooks = estimate_callbacks(estimate, on_estimate)
     if callbacks is not None:
         hooks.extra.append(callbacks)
-    out = tune_tasks([t.task for t in tasks], store, weights=[t.weight for t in tasks], scheduler=scheduler,
-                     space=space, strategy=strategy, trials=trials, seconds=seconds, batch_size=batch_size, seed=seed,
-                     builder=builder, runner=runner, job_id=job_id, top_k=top_k, retime_rounds=retime_rounds,
+    out = tune_tasks([t.task for t in tasks], store, tuning_options(options, overrides),
+                     weights=[t.weight for t in tasks], scheduler=scheduler, builder=builder, runner=runner,
                      callbacks=hooks)
     if not out.stopped and estimate.finish(out.results) and on_estimate is not None:
         on_estimate(estimate)

@@ -36,6 +36,7 @@ def _ms(seconds: float) -> str:
 def cmd_tune(args) -> int:
     from compiler.graph import GraphError
 
+    from ..engine import TuningOptions
     from ..model_tuning import ModelTuningError, model_tasks, tune_model
 
     if args.trials < 0:
@@ -56,10 +57,10 @@ def cmd_tune(args) -> int:
     progress = _EstimateProgress(tasks, args.trials, plain=args.plain)
 
     def run():
-        return tune_model(tasks, store, trials=args.trials, scheduler=args.scheduler, space=args.space,
-                          strategy=args.strategy, batch_size=args.batch, seed=args.seed, runner=runner,
-                          top_k=args.top_k, seconds=args.seconds, on_estimate=progress.estimate,
-                          callbacks=progress.callbacks())
+        options = TuningOptions(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
+                                batch_size=args.batch, seed=args.seed, top_k=args.top_k)
+        return tune_model(tasks, store, options, scheduler=args.scheduler, runner=runner,
+                          on_estimate=progress.estimate, callbacks=progress.callbacks())
 
     status, out = run_tuning("model tune", run, progress=progress, runner=runner, store=store)
     return status if status != EXIT_OK else _summary(args, out)

@@ -79,6 +79,9 @@ def _tasks_from_args(args):
 
 
 def cmd_tune(args) -> int:
+    from dataclasses import replace
+
+    from ..engine import TuningOptions
     from ..tune import tune, tune_tasks
 
     if args.trials < 0:
@@ -88,15 +91,15 @@ def cmd_tune(args) -> int:
     store = open_store(args.db)
     progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
     runner = farm_runner(args)
-    common = dict(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
-                  batch_size=args.batch, seed=args.seed, on_batch=progress.update, runner=runner,
-                  top_k=args.top_k)
 
     def run():
+        options = TuningOptions(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
+                                batch_size=args.batch, seed=args.seed, top_k=args.top_k)
         if len(entries) == 1:
-            return [tune(entries[0][0], store, early_stopping=args.early_stopping, **common)]
-        return tune_tasks([t for t, _, _ in entries], store, weights=[w for _, _, w in entries],
-                          scheduler=args.scheduler, **common).results
+            return [tune(entries[0][0], store, replace(options, early_stopping=args.early_stopping),
+                         on_batch=progress.update, runner=runner)]
+        return tune_tasks([t for t, _, _ in entries], store, options, weights=[w for _, _, w in entries],
+                          scheduler=args.scheduler, on_batch=progress.update, runner=runner).results
 
     status, results = run_tuning("tune", run, progress=progress, runner=runner)
     if status != EXIT_OK:

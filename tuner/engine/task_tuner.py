@@ -27,6 +27,7 @@ from ..search import STRATEGIES, Budget, EarlyStopping
 from ..space import SearchSpace, default_candidate
 from ..workload import Task
 from .callbacks import BatchReport, Callbacks
+from .options import TuningOptions, tuning_options
 from .result import TuneResult
 
 DEFAULT_STRATEGY = {"template": "model", "sketch": "evolutionary"}
@@ -79,24 +80,20 @@ def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_mode
 class TaskTuner:
     """Space, strategy, cost model, records and budget of one task.
 
+    `options` (TuningOptions, or keyword overrides of its fields) says what the run does.
     `builder`/`runner` are shared and owned by the caller. `cost_model` may be shared with other
     tasks (a TaskScheduler does that); its rows of this task are grouped under the workload key.
     `trials=None` means no trial limit of its own (a scheduler holds the budget; `expected_trials`,
     the task's share of it, then sizes the search effort per batch, as `trials` does otherwise).
     """
 
-    def __init__(self, task: Task, store, *, builder, runner, space: str = "sketch", strategy: str | None = None,
-                 trials: int | None = 64, seconds: float | None = None, batch_size: int = 8, seed: int = 0,
-                 cost_model=None, early_stopping: int | None = None, job_id: int | None = None, top_k: int = 5,
-                 retime_rounds: int = 3, baseline: bool = True, callbacks: Callbacks | None = None,
-                 starting_points: bool = True, expected_trials: int | None = None):
+    def __init__(self, task: Task, store, options: TuningOptions | None = None, *, builder, runner, cost_model=None,
+                 callbacks: Callbacks | None = None, expected_trials: int | None = None, **overrides):
         from compiler.target import resolve_target
-        if trials is not None and trials < 0:
-            raise ValueError(f"trials must be >= 0, got {trials}")
-        if batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {batch_size}")
-        if top_k < 0 or retime_rounds < 0:
-            raise ValueError("top_k and retime_rounds must be >= 0")
+        opts = self.options = tuning_options(options, overrides)
+        space, strategy, trials, seconds = opts.space, opts.strategy, opts.trials, opts.seconds
+        batch_size, seed, early_stopping, job_id = opts.batch_size, opts.seed, opts.early_stopping, opts.job_id
+        top_k, retime_rounds, baseline, starting_points = opts.top_k, opts.retime_rounds, opts.baseline, opts.starting_points
         t_start = time.perf_counter()
         self.task, self.store = task, store
         self.builder, self.runner = builder, runner

@@ -35,6 +35,20 @@ from ..workload import Task, Workload
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What a build process sends back (pickled across the process boundary): the kernel and its
+    argument specs, or the error code and message of why there is none; the pool pairs it with
+    the task's reference into a BuildResult."""
+
+    kernel_bytes: bytes | None
+    args: list                 # arg specs as dicts {"name", "shape", "dtype"}
+    num_inputs: int
+    error_code: int            # an ErrorCode's value
+    error_msg: str
+    build_seconds: float
+
+
 @dataclass
 class BuildResult:
     """One built candidate: kernel bytes, or why there are none."""
@@ -96,7 +110,7 @@ def _error_code(e: BaseException) -> ErrorCode:
     return ErrorCode.COMPILE_ERROR  # LLVM verifier errors and anything unexpected while compiling
 
 
-def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> dict:
+def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> BuildOutcome:
     """Build one candidate (or, with cand_json None, the naive reference) in a build process,
     holding the host's shared lock: a build never runs while a kernel is timed on this host
     (compiler.host_lock), and its time is counted from when the host was free."""
@@ -104,7 +118,7 @@ def _build_job(workload: Workload, target: str, cand_json: dict | None, custom_c
         return _build_now(workload, target, cand_json, custom_ctor)
 
 
-def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> dict:
+def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_ctor=None) -> BuildOutcome:
     t0 = time.perf_counter()
     try:
         from compiler.runtime import build
@@ -123,12 +137,10 @@ def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_c
         except Exception as e:  # noqa: BLE001 - whatever stops instantiation is the candidate's
             return _failure(ErrorCode.INSTANTIATION_ERROR, f"{type(e).__name__}: {e}", time.perf_counter() - t0)
         kernel = build(sched, args, target, name="main" if cand_json is not None else "reference")
-        return {"kernel_bytes": kernel.to_bytes(), "args": [a.to_json() for a in kernel.args],
-                "num_inputs": len(opdef.inputs), "error_code": int(ErrorCode.NO_ERROR), "error_msg": "",
-                "build_seconds": time.perf_counter() - t0}
+        return BuildOutcome(kernel.to_bytes(), [a.to_json() for a in kernel.args], len(opdef.inputs),
+                            int(ErrorCode.NO_ERROR), "", time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - every failure becomes a record, the tuning goes on
-        return {"kernel_bytes": None, "args": [], "num_inputs": 0, "error_code": int(_error_code(e)),
-                "error_msg": f"{type(e).__name__}: {e}", "build_seconds": time.perf_counter() - t0}
+        return _failure(_error_code(e), f"{type(e).__name__}: {e}", time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -224,26 +236,26 @@ class BuilderPool:
         outcomes = self._run(jobs)
         if "ref" in outcomes:
             out = outcomes["ref"]
-            ref_bytes, ref_err = out["kernel_bytes"], out["error_msg"]
+            ref_bytes, ref_err = out.kernel_bytes, out.error_msg
             if ref_bytes is None:
                 log.warning("no reference kernel for %s: %s", task.workload.name, ref_err)
-            if out["error_code"] != ErrorCode.BUILD_TIMEOUT:  # a timeout may pass: try next batch
+            if out.error_code != ErrorCode.BUILD_TIMEOUT:  # a timeout may pass: try next batch
                 self._references[ref_key] = (ref_bytes, ref_err)
         else:
             ref_bytes, ref_err = self._references[ref_key]
         results = []
         for i, cand in enumerate(candidates):
             out = outcomes[i]
-            results.append(BuildResult(kernel_bytes=out["kernel_bytes"], reference_bytes=ref_bytes,
-                                       args=out["args"], num_inputs=out["num_inputs"],
-                                       error_code=ErrorCode(out["error_code"]), error_msg=out["error_msg"],
-                                       build_seconds=out["build_seconds"], candidate=cand,
+            results.append(BuildResult(kernel_bytes=out.kernel_bytes, reference_bytes=ref_bytes,
+                                       args=out.args, num_inputs=out.num_inputs,
+                                       error_code=ErrorCode(out.error_code), error_msg=out.error_msg,
+                                       build_seconds=out.build_seconds, candidate=cand,
                                        reference_error="" if ref_bytes is not None
                                        else f"reference build failed: {ref_err}"))
         return results
 
     def _run(self, jobs) -> dict:
-        """Run the jobs with at most n_workers in flight; job key → outcome dict."""
+        """Run the jobs with at most n_workers in flight; job key → BuildOutcome."""
         pending = deque(jobs)
         inflight: dict = {}  # future -> (job, deadline)
         outcomes: dict = {}
@@ -332,9 +344,8 @@ class BuilderPool:
         self.pools_replaced += 1
 
 
-def _failure(code: ErrorCode, msg: str, seconds: float = 0.0) -> dict:
-    return {"kernel_bytes": None, "args": [], "num_inputs": 0, "error_code": int(code), "error_msg": msg,
-            "build_seconds": seconds}
+def _failure(code: ErrorCode, msg: str, seconds: float = 0.0) -> BuildOutcome:
+    return BuildOutcome(None, [], 0, int(code), msg, seconds)
 
 
 def _custom_ctor(workload: Workload):

@@ -32,6 +32,7 @@ import uuid
 import grpc
 
 from device_agent.agent import RECONNECT_OPTIONS
+from device_agent.options import MeasureOptions
 from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import SHARED_BATCH_FIELDS_PROTOCOL, auth_metadata, pb, pb_grpc, unpack_results
 
@@ -71,29 +72,19 @@ class FarmRequestError(FarmError):
 
 
 class RPCRunner(Runner):
-    """Measures on the farm's agents of one device key; same options and defaults as LocalRunner."""
+    """Measures on the farm's agents of one device key, with the same MeasureOptions as LocalRunner."""
 
     def __init__(self, tracker: str, device_key: str, token: str | None = None, priority: int = 0,
-                 number: int = 1, repeat: int = 10, min_repeat_ms: float = 50.0, cooldown_ms: float = 0.0,
-                 timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0, seed: int = 0,
-                 num_threads: int | None = None, max_repeat_ms: float = 1000.0, attempts: int = 4,
-                 tls_ca: str | None = None, result_timeout: float = 600.0,
+                 options: MeasureOptions | None = None, tls_ca: str | None = None, result_timeout: float = 600.0,
                  connect_timeout: float = 30.0, backoff_initial: float = 0.2, backoff_max: float = 5.0):
-        if number < 1 or repeat < 1:
-            raise ValueError("number and repeat must be at least 1")
-        if timeout <= 0:
-            raise ValueError(f"run timeout must be positive, got {timeout!r}")
         if result_timeout <= 0:
             raise ValueError(f"result timeout must be positive, got {result_timeout!r}")
         if not device_key:
             raise ValueError("a device key is required: the farm measures on agents of one key")
         self.tracker, self.device_key, self.priority = tracker, device_key, int(priority)
         self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
-        self.options = pb.MeasureOptions(number=int(number), repeat=int(repeat),
-                                         min_repeat_ms=float(min_repeat_ms), cooldown_ms=float(cooldown_ms),
-                                         rtol=float(rtol), atol=float(atol), seed=int(seed),
-                                         num_threads=int(num_threads or 0), timeout_seconds=float(timeout),
-                                         max_repeat_ms=float(max_repeat_ms), attempts=int(attempts))
+        self.options = options if options is not None else MeasureOptions()
+        self._options_message = self.options.to_proto(pb)
         self.result_timeout, self.connect_timeout = float(result_timeout), float(connect_timeout)
         self._reached = False  # has this runner ever got through to the tracker?
         self._shares_batch_fields = False  # its tracker takes MeasureBatch.target and .references
@@ -145,7 +136,7 @@ class RPCRunner(Runner):
                 continue
             rid = uuid.uuid4().hex
             requests[rid] = pb.MeasureRequest(request_id=rid, kernel=br.kernel_bytes, num_inputs=br.num_inputs,
-                                              options=self.options)
+                                              options=self._options_message)
             references[rid] = br.reference_bytes or b""
             index[rid] = i
         if requests:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from device_agent.host import is_emulated
+from device_agent.options import MeasureOptions
 from device_agent.worker import MeasureRequest, WorkerProcess
 
 from ..candidate import ErrorCode, MeasureResult
@@ -79,19 +80,8 @@ class LocalRunner(Runner):
     """Measures on this machine, one candidate at a time (so timings do not disturb each other),
     in one worker process that is replaced when a kernel crashes or hangs."""
 
-    def __init__(self, number: int = 1, repeat: int = 10, min_repeat_ms: float = 50.0,
-                 cooldown_ms: float = 0.0, timeout: float = 10.0, rtol: float = 1e-4, atol: float = 0.0,
-                 seed: int = 0, num_threads: int | None = None, max_repeat_ms: float = 1000.0, attempts: int = 4):
-        if number < 1 or repeat < 1:
-            raise ValueError("number and repeat must be at least 1")
-        if timeout <= 0:
-            raise ValueError(f"run timeout must be positive, got {timeout!r}")
-        self.number, self.repeat = int(number), int(repeat)
-        self.min_repeat_ms, self.cooldown_ms = float(min_repeat_ms), float(cooldown_ms)
-        self.timeout = float(timeout)
-        self.rtol, self.atol, self.seed = float(rtol), float(atol), int(seed)
-        self.num_threads = num_threads
-        self.max_repeat_ms, self.attempts = float(max_repeat_ms), int(attempts)
+    def __init__(self, options: MeasureOptions | None = None):
+        self.options = options if options is not None else MeasureOptions()
         self.worker = WorkerProcess()
         self.emulated = is_emulated()
 
@@ -101,18 +91,14 @@ class LocalRunner(Runner):
     def request(self, br: BuildResult) -> MeasureRequest:
         if br.kernel_bytes is None:  # `passthrough` answers such a build without measuring it
             raise ValueError("request() needs a build result with a kernel; this build produced none")
-        return MeasureRequest(kernel_bytes=br.kernel_bytes, reference_bytes=br.reference_bytes,
-                              num_inputs=br.num_inputs, number=self.number, repeat=self.repeat,
-                              min_repeat_ms=self.min_repeat_ms, cooldown_ms=self.cooldown_ms,
-                              rtol=self.rtol, atol=self.atol, seed=self.seed, num_threads=self.num_threads,
-                              max_repeat_ms=self.max_repeat_ms, attempts=self.attempts)
+        return MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, self.options)
 
     def run(self, task: Task, build_results: list) -> list:
         out = []
         for br in build_results:
             res = passthrough(br, "local")
             if res is None:
-                res = to_measure_result(self.worker.run(self.request(br), self.timeout), br, "local", self.emulated)
+                res = to_measure_result(self.worker.run(self.request(br), self.options.timeout), br, "local", self.emulated)
             out.append(res)
         return out
 

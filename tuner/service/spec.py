@@ -17,6 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from device_agent.options import MeasureOptions as RunOptions
+
+_MEASURE = RunOptions()   # the defaults of every measurement, stated in device_agent/options.py
+
 MAX_TRIALS = 100_000
 MAX_WORKLOADS = 256
 SPACES = ("sketch", "template")
@@ -57,17 +61,23 @@ class WorkloadSpec(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How candidates are timed (the measurement protocol's settings, compiler/timing.py)."""
+    """How candidates are timed (the measurement protocol's settings, compiler/timing.py): the
+    API's bounds on device_agent.options.MeasureOptions, whose defaults these are."""
 
     model_config = ConfigDict(extra="forbid")
-    number: int = Field(1, ge=1, le=1000, description="calls per timing sample at least (more when a call is short)")
-    repeat: int = Field(10, ge=1, le=100, description="clean samples a figure needs at least")
-    min_repeat_ms: float = Field(50.0, ge=0, le=10_000, description="sampling time per attempt at least")
-    max_repeat_ms: float = Field(1000.0, ge=1, le=60_000,
+    number: int = Field(_MEASURE.number, ge=1, le=1000, description="calls per timing sample at least (more when a call is short)")
+    repeat: int = Field(_MEASURE.repeat, ge=1, le=100, description="clean samples a figure needs at least")
+    min_repeat_ms: float = Field(_MEASURE.min_repeat_ms, ge=0, le=10_000, description="sampling time per attempt at least")
+    max_repeat_ms: float = Field(_MEASURE.max_repeat_ms, ge=1, le=60_000,
                                  description="sampling time per attempt at most (sampling stops earlier once the median is stable)")
-    attempts: int = Field(4, ge=1, le=10, description="tries, with back-off, when other processes keep the kernel waiting")
-    timeout: float = Field(10.0, gt=0, le=600, description="seconds before a run is a timeout")
+    attempts: int = Field(_MEASURE.attempts, ge=1, le=10, description="tries, with back-off, when other processes keep the kernel waiting")
+    timeout: float = Field(_MEASURE.timeout, gt=0, le=600, description="seconds before a run is a timeout")
     build_timeout: float = Field(20.0, gt=0, le=600, description="seconds before a build is a timeout")
+
+    def measure_options(self) -> RunOptions:
+        """The runners' options these settings make (the build timeout is the builder's)."""
+        return RunOptions(number=self.number, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms,
+                          max_repeat_ms=self.max_repeat_ms, attempts=self.attempts, timeout=self.timeout)
 
 
 class ModelSource(BaseModel):

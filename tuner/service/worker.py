@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import traceback
+from collections.abc import Hashable
 from contextlib import ExitStack
 
 from ..records import JobState, StoreError
@@ -78,7 +79,7 @@ class JobWorker:
     def __exit__(self, *exc):
         self.close()
 
-    def machinery(self, kind: str, settings: tuple, make):
+    def machinery(self, kind: str, settings: Hashable, make):
         """The builder pool or local runner with these settings, started once per worker."""
         key = (kind, settings)
         if key not in self._machinery:
@@ -161,7 +162,7 @@ class _JobRun:
 
     def execute(self) -> JobState | None:
         """Run the engine; the state to end the job in (None: it is not ours to end)."""
-        from ..engine import Callbacks
+        from ..engine import Callbacks, TuningOptions
         from ..tune import tune_tasks
 
         m = self.spec.measure
@@ -171,10 +172,11 @@ class _JobRun:
             heartbeat.start()
             owned.callback(heartbeat.join)
             owned.callback(self._done.set)
-            out = tune_tasks(self.tasks, self.store, weights=self.weights, scheduler=self.spec.scheduler,
-                             space=self.spec.space, strategy=self.spec.strategy, trials=self.spec.trials,
-                             batch_size=self.spec.batch_size, seed=self.spec.seed, builder=builder, runner=runner,
-                             job_id=self.job.id, top_k=self.spec.top_k,
+            spec = self.spec
+            options = TuningOptions(space=spec.space, strategy=spec.strategy, trials=spec.trials,
+                                    batch_size=spec.batch_size, seed=spec.seed, job_id=self.job.id, top_k=spec.top_k)
+            out = tune_tasks(self.tasks, self.store, options, weights=self.weights, scheduler=spec.scheduler,
+                             builder=builder, runner=runner,
                              callbacks=Callbacks(on_batch=self._on_batch, on_heartbeat=self._on_heartbeat))
             if self.lost is not None:
                 raise self.lost
@@ -204,18 +206,14 @@ class _JobRun:
             from compiler.kernel_format import check_runnable
             from compiler.target import resolve_target
             check_runnable(resolve_target(self.job.target))   # KernelLoadError: this host cannot run it
-            settings = (m.number, m.repeat, m.min_repeat_ms, m.max_repeat_ms, m.attempts, m.timeout)
-            runner = w.machinery("runner", settings, lambda: LocalRunner(number=m.number, repeat=m.repeat,
-                                                                         min_repeat_ms=m.min_repeat_ms,
-                                                                         max_repeat_ms=m.max_repeat_ms,
-                                                                         attempts=m.attempts, timeout=m.timeout))
+            options = m.measure_options()
+            runner = w.machinery("runner", options, lambda: LocalRunner(options))
         else:
             if w.tracker is None:
                 raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
                                    "worker has no tracker (tunefarm worker --tracker HOST:PORT)")
             runner = RPCRunner(w.tracker, self.job.device_key, token=w.tracker_token, tls_ca=w.tls_ca,
-                               number=m.number, repeat=m.repeat, min_repeat_ms=m.min_repeat_ms,
-                               max_repeat_ms=m.max_repeat_ms, attempts=m.attempts, timeout=m.timeout)
+                               options=m.measure_options())
             owned.callback(runner.close)
         return builder, runner
 
