@@ -100,7 +100,7 @@ def _instantiate_default(opdef, cand: Candidate, target):
 
 
 # kind -> instantiator(opdef, cand, target) -> (schedule, args). The base knows only the default;
-# the space modules add their own kinds ("config" in template.py, "trace" in sketch.py) when the
+# the space modules add their own kinds ("config" in template.py, "trace" in sketch/apply.py) when the
 # package imports them, so this module imports none of its children (tuner/space/__init__.py
 # imports both, and every import of a tuner.space module runs it first).
 _INSTANTIATORS = {DEFAULT_KIND: _instantiate_default}
