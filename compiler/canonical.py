@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .expr import Binary, Call, Cast, Compare, Const, Logical, Not, Select, Var
+from .expr import Binary, Call, Cast, Compare, Const, Logical, Not, Select, Var, by_kind, fold
 from .tensor import PlaceholderOp, Reduce, TensorRead, topo_order
 
 
@@ -41,29 +41,24 @@ def workload_key(outputs) -> str:
 
 
 def _expr_text(e, var_names, op_names) -> str:
-    def t(x):
-        return _expr_text(x, var_names, op_names)
+    def reduce_text(r, kids):
+        axes = ",".join(var_names[a.var] for a in r.axes)
+        where = "" if r.where is None else f",where={kids[1]}"
+        return f"{r.combiner}({kids[0]},axes=[{axes}]{where})"
 
-    if isinstance(e, Var):
-        return var_names.get(e, e.name)
-    if isinstance(e, Const):
-        return f"{e.value!r}:{e.dtype}"
-    if isinstance(e, Binary):
-        return f"{e.op}({t(e.a)},{t(e.b)})"
-    if isinstance(e, (Compare, Logical)):
-        return f"{e.op}({t(e.a)},{t(e.b)})"
-    if isinstance(e, Not):
-        return f"not({t(e.a)})"
-    if isinstance(e, Select):
-        return f"select({t(e.cond)},{t(e.t)},{t(e.f)})"
-    if isinstance(e, Cast):
-        return f"cast<{e.dtype}>({t(e.value)})"
-    if isinstance(e, Call):
-        return f"{e.func}({','.join(t(a) for a in e.args)})"
-    if isinstance(e, TensorRead):
-        return f"{op_names[id(e.tensor.op)]}[{','.join(t(i) for i in e.indices)}]"
-    if isinstance(e, Reduce):
-        axes = ",".join(var_names[a.var] for a in e.axes)
-        where = "" if e.where is None else f",where={t(e.where)}"
-        return f"{e.combiner}({t(e.source)},axes=[{axes}]{where})"
-    raise TypeError(f"cannot print {type(e).__name__} in canonical text")
+    def unknown(node, kids):
+        raise TypeError(f"cannot print {type(node).__name__} in canonical text")
+
+    operator = lambda n, k: f"{n.op}({k[0]},{k[1]})"   # noqa: E731
+    table = {
+        Var: lambda n, k: var_names.get(n, n.name),
+        Const: lambda n, k: f"{n.value!r}:{n.dtype}",
+        Binary: operator, Compare: operator, Logical: operator,
+        Not: lambda n, k: f"not({k[0]})",
+        Select: lambda n, k: f"select({k[0]},{k[1]},{k[2]})",
+        Cast: lambda n, k: f"cast<{n.dtype}>({k[0]})",
+        Call: lambda n, k: f"{n.func}({','.join(k)})",
+        TensorRead: lambda n, k: f"{op_names[id(n.tensor.op)]}[{','.join(k)}]",
+        Reduce: reduce_text,
+    }
+    return fold(e, by_kind(table, unknown))

@@ -23,6 +23,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from llvmlite import ir
 
 from . import arith
@@ -562,40 +565,35 @@ class FunctionEmitter:
         return a, b
 
     def emit_expr(self, e: Expr):
-        if isinstance(e, Const):
-            return ir.Constant(LLTYPE[e.dtype], e.value)
-        if isinstance(e, Var):
-            if e not in self.vars:
-                raise KeyError(f"variable {e.name} used outside its loop")
-            return self.vars[e]
-        if isinstance(e, Load):
-            return self.emit_load(e)
-        if isinstance(e, Binary):
-            return self.emit_binary(e)
-        if isinstance(e, Compare):
-            a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
-            if e.a.dtype.startswith("float"):
-                op = {"ne": "!="}.get(e.op, _ICMP[e.op])
-                return self.builder.fcmp_unordered(op, a, b) if e.op == "ne" else self.builder.fcmp_ordered(op, a, b)
-            return self.builder.icmp_signed(_ICMP[e.op], a, b)
-        if isinstance(e, Logical):
-            if any(isinstance(n, Load) for n in walk(e.b)):
-                # `a && b` reads in b only where a holds (and `a || b` only where it does not):
-                # guards such as `i < n && A[i] > 0` are written that way and proven so
-                on_true, on_false = (e.b, Const(False, "bool")) if e.op == "and" else (Const(True, "bool"), e.b)
-                return self.emit_select(Select(e.a, on_true, on_false))
-            a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
-            return self.builder.and_(a, b) if e.op == "and" else self.builder.or_(a, b)
-        if isinstance(e, Not):
-            return self.builder.not_(self.emit_expr(e.a))
-        if isinstance(e, Select):
-            return self.emit_select(e)
-        if isinstance(e, Cast):
-            return self.emit_cast(e)
-        if isinstance(e, Call):
-            from .intrinsics import emit_math
-            return emit_math(self, e.func, self.emit_expr(e.args[0]), e.dtype)
-        raise TypeError(f"cannot generate code for expression {type(e).__name__}")
+        code = _EMIT.get(type(e))
+        if code is None:
+            raise TypeError(f"cannot generate code for expression {type(e).__name__}")
+        return code(self, e)
+
+    def _emit_var(self, e: Var):
+        if e not in self.vars:
+            raise KeyError(f"variable {e.name} used outside its loop")
+        return self.vars[e]
+
+    def _emit_compare(self, e: Compare):
+        a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
+        if e.a.dtype.startswith("float"):
+            op = {"ne": "!="}.get(e.op, _ICMP[e.op])
+            return self.builder.fcmp_unordered(op, a, b) if e.op == "ne" else self.builder.fcmp_ordered(op, a, b)
+        return self.builder.icmp_signed(_ICMP[e.op], a, b)
+
+    def _emit_logical(self, e: Logical):
+        if any(isinstance(n, Load) for n in walk(e.b)):
+            # `a && b` reads in b only where a holds (and `a || b` only where it does not):
+            # guards such as `i < n && A[i] > 0` are written that way and proven so
+            on_true, on_false = (e.b, Const(False, "bool")) if e.op == "and" else (Const(True, "bool"), e.b)
+            return self.emit_select(Select(e.a, on_true, on_false))
+        a, b = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
+        return self.builder.and_(a, b) if e.op == "and" else self.builder.or_(a, b)
+
+    def _emit_call(self, e: Call):
+        from .intrinsics import emit_math
+        return emit_math(self, e.func, self.emit_expr(e.args[0]), e.dtype)
 
     def emit_select(self, e: Select):
         b = self.builder
@@ -664,39 +662,12 @@ class FunctionEmitter:
         return bool(c.value) if isinstance(c, Const) else None
 
     def emit_binary(self, e: Binary):
-        b = self.builder
         x, y = self._pair(self.emit_expr(e.a), self.emit_expr(e.b))
-        flt = e.dtype.startswith("float")
-        op = e.op
-        if flt:
-            if op == "add":
-                return b.fadd(x, y, flags=FAST)
-            if op == "sub":
-                return b.fsub(x, y, flags=FAST)
-            if op == "mul":
-                return b.fmul(x, y, flags=FAST)
-            if op == "div":
-                return b.fdiv(x, y)
-            if op in ("min", "max"):
-                return self._float_min_max(op, x, y)
-            if op == "pow":
-                fn = self.mb.intrinsic("llvm.pow", x.type, [x.type, x.type], [x.type])
-                return b.call(fn, [x, y])
-        else:
-            if op == "add":
-                return b.add(x, y)
-            if op == "sub":
-                return b.sub(x, y)
-            if op == "mul":
-                return b.mul(x, y)
-            if op in ("min", "max"):
-                fn = self.mb.intrinsic(f"llvm.s{op}", x.type, [x.type, x.type], [x.type])
-                return b.call(fn, [x, y])
-            if op == "floordiv":
-                return self._floordiv(x, y)
-            if op == "floormod":
-                return self._floormod(x, y)
-        raise TypeError(f"no code for {op} on {e.dtype}")
+        table = _FLOAT_OPS if e.dtype.startswith("float") else _INT_OPS
+        code = table.get(e.op)
+        if code is None:
+            raise TypeError(f"no code for {e.op} on {e.dtype}")
+        return code(self, x, y)
 
     def _float_min_max(self, op: str, x, y):
         """numpy's maximum/minimum: NaN if either side is NaN, as compare + select.
@@ -824,6 +795,46 @@ def generate(func: LoweredFunc, target) -> ir.Module:
     """LLVM IR module for a lowered function."""
     return ModuleBuilder(func, target).build()
 
+
+def _intrinsic_call(name: str):
+    def code(em, x, y):
+        return em.builder.call(em.mb.intrinsic(name, x.type, [x.type, x.type], [x.type]), [x, y])
+    return code
+
+
+# code per binary operator (FunctionEmitter.emit_binary): fn(emitter, x, y) -> value
+_FLOAT_OPS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "add": lambda em, x, y: em.builder.fadd(x, y, flags=FAST),
+    "sub": lambda em, x, y: em.builder.fsub(x, y, flags=FAST),
+    "mul": lambda em, x, y: em.builder.fmul(x, y, flags=FAST),
+    "div": lambda em, x, y: em.builder.fdiv(x, y),
+    "min": lambda em, x, y: em._float_min_max("min", x, y),
+    "max": lambda em, x, y: em._float_min_max("max", x, y),
+    "pow": _intrinsic_call("llvm.pow"),
+}
+_INT_OPS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "add": lambda em, x, y: em.builder.add(x, y),
+    "sub": lambda em, x, y: em.builder.sub(x, y),
+    "mul": lambda em, x, y: em.builder.mul(x, y),
+    "min": _intrinsic_call("llvm.smin"),
+    "max": _intrinsic_call("llvm.smax"),
+    "floordiv": lambda em, x, y: em._floordiv(x, y),
+    "floormod": lambda em, x, y: em._floormod(x, y),
+}
+
+# code per expression kind (FunctionEmitter.emit_expr), by exact class
+_EMIT: dict[type, Callable[[Any, Any], Any]] = {
+    Const: lambda em, e: ir.Constant(LLTYPE[e.dtype], e.value),
+    Var: FunctionEmitter._emit_var,
+    Load: FunctionEmitter.emit_load,
+    Binary: FunctionEmitter.emit_binary,
+    Compare: FunctionEmitter._emit_compare,
+    Logical: FunctionEmitter._emit_logical,
+    Not: lambda em, e: em.builder.not_(em.emit_expr(e.a)),
+    Select: FunctionEmitter.emit_select,
+    Cast: FunctionEmitter.emit_cast,
+    Call: FunctionEmitter._emit_call,
+}
 
 CHUNKS_PER_THREAD = 4   # a parallel loop's iterations in this many contiguous chunks per thread
 

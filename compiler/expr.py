@@ -391,6 +391,27 @@ def substitute(e: Expr, mapping: dict) -> Expr:
     return transform(e, lambda n: mapping.get(n) if isinstance(n, Var) else None)
 
 
+def fold(e: Expr, visit):
+    """Bottom-up evaluation of the tree: `visit(node, its children's results)`. The one walk the
+    printers share, each with a table from node kind to code (`by_kind`), instead of an
+    isinstance chain of their own."""
+    return visit(e, tuple(fold(k, visit) for k in children(e)))
+
+
+def by_kind(table: dict, default=None):
+    """A `fold` visitor that looks the node's class (or its nearest base) up in `table`
+    ({class: fn(node, kids)}); `default(node, kids)` for a kind the table lacks, else TypeError."""
+    def visit(e, kids):
+        for cls in type(e).__mro__:
+            fn = table.get(cls)
+            if fn is not None:
+                return fn(e, kids)
+        if default is None:
+            raise TypeError(f"no entry for {type(e).__name__}")
+        return default(e, kids)
+    return visit
+
+
 def walk(e: Expr):
     """Yield every node of the tree, pre-order."""
     stack = [e]

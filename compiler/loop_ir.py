@@ -6,7 +6,7 @@ Buffers are flat: every Load/Store takes one int64 element offset. Loops always 
 from __future__ import annotations
 
 from .dtypes import nbytes
-from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var
+from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, by_kind, fold
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 
@@ -134,28 +134,31 @@ _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "floor
         "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 
 
+def _const_text(c, kids) -> str:
+    if c.dtype.startswith("float"):
+        return f"{c.value!r}f" if c.dtype == "float32" else repr(c.value)
+    return str(c.value).lower() if c.dtype == "bool" else str(c.value)
+
+
+def _operator_text(n, kids) -> str:
+    return f"({kids[0]} {_SYM[n.op]} {kids[1]})" if n.op in _SYM else f"{n.op}({kids[0]}, {kids[1]})"
+
+
+_FORMAT = {
+    Var: lambda n, k: n.name,
+    Const: _const_text,
+    Binary: _operator_text, Compare: _operator_text, Logical: _operator_text,
+    Not: lambda n, k: f"!{k[0]}",
+    Select: lambda n, k: f"select({k[0]}, {k[1]}, {k[2]})",
+    Cast: lambda n, k: f"{n.dtype}({k[0]})",
+    Call: lambda n, k: f"{n.func}({', '.join(k)})",
+    Load: lambda n, k: f"{n.buffer.name}[{k[0]}]",
+}
+_FORMAT_VISIT = by_kind(_FORMAT, lambda n, k: f"<{type(n).__name__}>")
+
+
 def format_expr(e: Expr) -> str:
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, Const):
-        if e.dtype.startswith("float"):
-            return f"{e.value!r}f" if e.dtype == "float32" else repr(e.value)
-        return str(e.value).lower() if e.dtype == "bool" else str(e.value)
-    if isinstance(e, (Binary, Compare, Logical)):
-        if e.op in _SYM:
-            return f"({format_expr(e.a)} {_SYM[e.op]} {format_expr(e.b)})"
-        return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
-    if isinstance(e, Not):
-        return f"!{format_expr(e.a)}"
-    if isinstance(e, Select):
-        return f"select({format_expr(e.cond)}, {format_expr(e.t)}, {format_expr(e.f)})"
-    if isinstance(e, Cast):
-        return f"{e.dtype}({format_expr(e.value)})"
-    if isinstance(e, Call):
-        return f"{e.func}({', '.join(format_expr(a) for a in e.args)})"
-    if isinstance(e, Load):
-        return f"{e.buffer.name}[{format_expr(e.index)}]"
-    return f"<{type(e).__name__}>"
+    return fold(e, _FORMAT_VISIT)
 
 
 def format_stmt(s: Stmt, indent: int = 0) -> str:
