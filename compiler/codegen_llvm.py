@@ -646,18 +646,18 @@ class FunctionEmitter:
         return phi
 
     def _static_condition(self, cond: Expr) -> bool | None:
-        """The condition's value where the unrolled loops' constants and the loops' ranges
-        settle it, else None."""
+        """The condition's value where an unrolled loop's constant (with the other loops'
+        ranges) settles it, else None. Conditions of no unrolled variable are left to LLVM, so
+        the common Select (a padding test in a loop) costs no simplification here."""
         free = _free_vars(cond)
         if self.vec_var in free:
             return None
-        ranges = {}
-        for v in free:
-            val = self.vars.get(v)
-            if isinstance(val, ir.Constant) and isinstance(val.type, ir.IntType):
-                ranges[v] = (int(val.constant), int(val.constant))
-            elif v in self.ranges:
-                ranges[v] = self.ranges[v]
+        constants = {v: int(val.constant) for v in free
+                     if isinstance(val := self.vars.get(v), ir.Constant) and isinstance(val.type, ir.IntType)}
+        if not constants:
+            return None
+        ranges = {v: (c, c) for v, c in constants.items()}
+        ranges.update((v, self.ranges[v]) for v in free if v not in constants and v in self.ranges)
         c = arith.simplify(cond, ranges)
         return bool(c.value) if isinstance(c, Const) else None
 

@@ -57,7 +57,9 @@ def tune_tasks(tasks: list, store, options: TuningOptions | None = None, *, weig
     opts = tuning_options(options, overrides)
     if len(set(tasks)) != len(tasks):
         raise ValueError("the same task is listed twice; give it a larger weight instead")
-    trials = 64 if opts.trials is None else opts.trials
+    if opts.trials is None:
+        raise ValueError("tune_tasks needs a trial budget (trials); the scheduler shares it among the tasks")
+    trials = opts.trials
     weights = check_arguments(len(tasks), weights, scheduler, trials)
     callbacks = _with_on_batch(callbacks, on_batch)
     with ExitStack() as owned:
