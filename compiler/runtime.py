@@ -183,8 +183,12 @@ class Kernel:
             before_parallel_call()
         status = fn(*ptrs)
         if status != KERNEL_OK:
-            raise KernelRuntimeError(f"kernel {self.name} failed: "
-                                     f"{_STATUS_MESSAGES.get(status, f'status {status}')}", status)
+            raise KernelRuntimeError(f"kernel {self.name} failed: {self.status_message(status)}", status)
+
+    @staticmethod
+    def status_message(status: int) -> str:
+        """What a kernel's non-zero return status means."""
+        return _STATUS_MESSAGES.get(status, f"status {status}")
 
     def measure(self, *arrays, options: TimingOptions | None = None, lock: bool = True) -> Timing:
         """Time the kernel by tunefarm's measurement protocol (compiler/timing.py): one warm-up

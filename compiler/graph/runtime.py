@@ -5,8 +5,9 @@ each unique workload once (the schedule from `records`, a schedule provider such
 ApplyHistoryBest, when it holds one for the workload on this target, else the default schedule;
 default-schedule kernels are also cached per process, so a repeated model or layer compiles
 once), plans the buffers, and checks every kernel call's arguments once, at build time. A run
-is then a copy of the inputs into their buffers and one native call per step; every operator runs
-as generated code, numpy only allocates and copies.
+is then a copy of the inputs into their buffers and one native call that runs every step with its
+pointers fixed at build time (compiler/call_sequence.py); every operator runs as generated code,
+numpy only allocates and copies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from .. import dispatch
 from ..buffers import aligned_empty
+from ..call_sequence import CallSequence
 from ..ops import OpDef, default_schedule
 from ..runtime import Kernel, build
 from ..target import resolve_target
@@ -157,6 +159,7 @@ class GraphModule:
             arrays.append(self._view(gk.output, gk.opdef.output.shape, gk.opdef.output.dtype))
             ptrs = kernel.check_args(arrays)   # shapes, dtypes and overlaps, once
             self.steps.append(Step(kernel, gk, arrays, ptrs))
+        self._sequence: CallSequence | None = None
         self.input_names = list(graph.inputs)
         self.output_names = list(graph.outputs)
         self._inputs = {v: self._view(v, graph.values[v].shape, graph.values[v].dtype) for v in graph.inputs}
@@ -193,8 +196,9 @@ class GraphModule:
         self._check_inputs(inputs)
         for name, arr in inputs.items():
             np.copyto(self._inputs[name], arr)
-        for step in self.steps:
-            step.kernel._run(step.kernel._load(), step.ptrs)
+        if self._sequence is None:   # every kernel loaded, the steps compiled into one call
+            self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps])
+        self._sequence.run()
         return [self._output(v) for v in self.output_names]
 
     def profile(self, inputs: dict, repeat: int = 10, options=None, lock: bool = True) -> ModelProfile:
