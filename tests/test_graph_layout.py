@@ -495,3 +495,62 @@ def test_an_expand_of_a_blocked_value_stays_nchw():
     x = rand(RNG, (1, 3, 3, 4))
     (y,) = build_model(graph).run(x=x)
     assert_close(y, np.maximum(np_conv(np_conv(x, p["w0"]), p["w1"]), 0))
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Gelu"])
+def test_a_residual_of_partial_blocks_stays_blocked(op):
+    """ShuffleNet v1's residual is a variadic Sum over 136 channels (8.5 blocks of 16): an
+    elementwise node that keeps finite values finite stays blocked on padded channels, so the
+    units between convolutions pay no copies out of the layout and back; the values match."""
+    half = B + B // 2
+    p = {"w0": rand(RNG, (half, 3, 1, 1)), "w1": rand(RNG, (half, half, 3, 3)), "w2": rand(RNG, (B, half, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    if op == "Gelu":
+        nodes.append(helper.make_node("Add", ["a", "b"], ["s0"]))
+        nodes.append(helper.make_node("Gelu", ["s0"], ["s"], domain=""))
+    else:
+        nodes.append(helper.make_node(op, ["a", "b", "a"], ["s"]))
+    nodes.append(helper.make_node("Conv", ["s", "w2"], ["y"], kernel_shape=[1, 1]))
+    m = model(nodes, {"x": ((1, 3, 7, 9), "float32")}, {"y": (None, "float32")}, p,
+              opset=20 if op == "Gelu" else 13)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert "ToNCHWc" not in ops and ops.count("FromNCHWc") == 1, ops
+    x = rand(RNG, (1, 3, 7, 9))
+    y = build_model(graph).run(x=x)[0]
+    a = np_conv(x, p["w0"])
+    b = np_conv(a, p["w1"], pads=(1, 1, 1, 1))
+    if op == "Gelu":
+        from math import erf
+        t = a + b
+        s = 0.5 * t * (1 + np.vectorize(erf)(t / np.sqrt(2)))
+    else:
+        s = (2 * a + b) / (3 if op == "Mean" else 1)
+    assert_close(y, np_conv(s, p["w2"]))
+
+
+@pytest.mark.parametrize("parts", [(B + B // 2, B + B // 2), (B - 2, B + B // 2 + 1, B - 1), (2 * B, B // 2 + 3, B)])
+def test_a_concat_of_parts_that_end_inside_blocks_stays_blocked(parts):
+    """ShuffleNet's stride-2 units concatenate 136 + 136 channels (8.5 blocks each): each output
+    lane takes its channel from the part that holds it (ConcatNCHWc), the parts' padding
+    channels dropped, so the Relu, the pool and the conv after it read blocked values; values
+    match numpy, the output's own padding channels included (a conv reads them with zero weights)."""
+    total = sum(parts)
+    p = {f"w{i}": rand(RNG, (c, 3, 1, 1)) for i, c in enumerate(parts)}
+    p["wy"] = rand(RNG, (B, total, 3, 3))
+    nodes = [helper.make_node("Conv", ["x", f"w{i}"], [f"a{i}"], kernel_shape=[1, 1]) for i in range(len(parts))]
+    nodes += [helper.make_node("Concat", [f"a{i}" for i in range(len(parts))], ["c"], axis=1),
+              helper.make_node("Relu", ["c"], ["r"]),
+              helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[1, 1]),
+              helper.make_node("Conv", ["m", "wy"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    m = model(nodes, {"x": ((1, 3, 6, 9), "float32")}, {"y": (None, "float32")}, p)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert "ConcatNCHWc" in ops and "ToNCHWc" not in ops and ops.count("FromNCHWc") == 1, ops
+    x = rand(RNG, (1, 3, 6, 9))
+    out = build_model(graph)
+    y = out.run(x=x)[0]
+    c = np.maximum(np.concatenate([np_conv(x, p[f"w{i}"]) for i in range(len(parts))], axis=1), 0)
+    mp = np_pool(c, (2, 2), (1, 1), (0, 0, 0, 0), "max")
+    assert_close(y, np_conv(mp, p["wy"], pads=(1, 1, 1, 1)))

@@ -28,9 +28,11 @@ when at least MIN_CONVS of its convolutions can (a lone one would pay both borde
     zero with the count ONNX divides by), GlobalAveragePool and GlobalMaxPool (GlobalPoolNCHWc:
     the pooled [N, C/B, 1, 1, B] stays blocked for a squeeze-excite's 1x1 convolutions and its
     gate);
-  - Concat along the channels when every input's channels but the last one's fill whole blocks
-    (the concatenated blocks are the blocks of the concatenation; DenseNet, Inception,
-    ShuffleNet's halves and its 112 + 24 channels);
+  - Concat along the channels: when every input's channels but the last one's fill whole
+    blocks, the concatenated blocks are the blocks of the concatenation (DenseNet, Inception,
+    ShuffleNet v1's 112 + 24 channels; placed in place by the memory plan); otherwise a
+    ConcatNCHWc picks each output lane's channel from the part that holds it (ShuffleNet's
+    136 + 136), one kernel instead of copies out of the layout and back;
   - constant Pad of the rows and columns only;
   - elementwise and broadcast nodes whose output has a blocked input's shape: the other inputs
     are blocked values (an [N, C, 1, 1] gate included), scalars, or constants broadcast against
@@ -62,8 +64,11 @@ from .ops.nn import pool_geometry, window_geometry
 from .passes import spatial_constant_pads
 
 # elementwise operators that keep finite inputs finite: kept in the blocked layout
-ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
-                    "HardSwish", "Neg", "Abs", "PRelu", "Elu", "Selu", "Celu", "Softsign", "Max", "Min")
+# (Sum and Mean too: ShuffleNet's residual is a Sum over 136 channels, 8.5 blocks; left NCHW, each of
+# its units paid three layout copies around it, 8% of the run)
+ELEMENTWISE_SAFE = ("Relu", "Clip", "Add", "Sub", "Mul", "Sum", "Mean", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
+                    "HardSwish", "Neg", "Abs", "PRelu", "Elu", "Selu", "Celu", "Softsign", "Max", "Min", "Erf", "Gelu",
+                    "Floor", "Ceil", "Round", "Sign", "ThresholdedRelu", "Sin", "Cos")
 # broadcast operators the blocked layout leaves NCHW: their lowering reads the channel axis by
 # position (BatchNormalization) or takes a 4-d shape as an input (Expand)
 CHANNEL_AWARE = ("BatchNormalization", "Expand")
@@ -287,19 +292,22 @@ class _Rewrite:
         return True
 
     def _concat(self, n: Node) -> bool:
-        """Concat along channels where every input but the last fills whole blocks: the blocked
-        concat is the concat of the blocks, the last input's padding channels the output's
-        (finite, as every value's padding is). ShuffleNet v1's 112 + 24 channels of a stage's
-        first unit stay blocked, with no copies out and back around it."""
+        """Concat along channels of 4-d values. Where every input but the last fills whole
+        blocks, the blocked concat is the concat of the blocks, the last input's padding
+        channels the output's (finite, as every value's padding is): ShuffleNet v1's 112 + 24
+        channels. Otherwise a ConcatNCHWc reads each lane from its part (136 + 136): one
+        gathering kernel, where NCHW it was copies out of the layout, the concat, and a copy back."""
         shapes = [self._logical(i) for i in n.inputs]
         if any(len(s) != 4 for s in shapes) or int(n.attrs.get("axis", 0)) % 4 != 1:
             return False
-        if any(s[1] % self.block for s in shapes[:-1]):
-            return False
         inputs = [self._blocked_of(i) for i in n.inputs]
         out = self._logical(n.outputs[0])
-        self._emit(n, "Concat", inputs, blocked_shape(out, self.block), self.source.values[n.outputs[0]].dtype,
-                   {"axis": 1})
+        dtype = self.source.values[n.outputs[0]].dtype
+        if any(s[1] % self.block for s in shapes[:-1]):   # a part ends inside a block
+            self._emit(n, "ConcatNCHWc", inputs, blocked_shape(out, self.block), dtype,
+                       {"channels": [s[1] for s in shapes]})
+        else:
+            self._emit(n, "Concat", inputs, blocked_shape(out, self.block), dtype, {"axis": 1})
         return True
 
     def _pad(self, n: Node) -> bool:

@@ -15,6 +15,11 @@ reader sees (zero weights read them; FromNCHWc drops them).
 - GlobalPoolNCHWc: GlobalAveragePool or GlobalMaxPool (`mode` avg or max) of blocked data, its
   output blocked [N, C/B, 1, 1, B].
 - ToNCHWc (`block`) and FromNCHWc (`channels`): the copies at the layout's borders.
+- ConcatNCHWc (`channels`, each input's real channel count): a Concat along the channels of
+  blocked inputs whose parts do not all fill whole blocks (ShuffleNet's 136 + 136): each output
+  lane reads its channel from the part that holds it, so the parts' padding channels drop out
+  and the concatenation stays blocked. (Parts of whole blocks but the last stay a plain Concat
+  of the blocks, which the memory plan places in place.)
 - WinogradInputNCHWc (`pads`, `tile`), WinogradGemm and WinogradOutputNCHWc (`out_hw`, `tile`):
   a 3x3 stride-1 ConvNCHWc as the Winograd convolution's three kernels (compiler.ops.winograd):
   the input transform of blocked data, the matrix products with the weights transformed at
@@ -35,7 +40,7 @@ from ..errors import ShapeError
 from .base import Kind, Lazy, materialize, register
 
 INTERNAL_OPS = ("ConvNCHWc", "MaxPoolNCHWc", "AveragePoolNCHWc", "GlobalPoolNCHWc", "ToNCHWc", "FromNCHWc",
-                "WinogradInputNCHWc", "WinogradGemm", "WinogradOutputNCHWc")
+                "ConcatNCHWc", "WinogradInputNCHWc", "WinogradGemm", "WinogradOutputNCHWc")
 
 
 def blocked_shape(shape: tuple, block: int) -> tuple:
@@ -166,6 +171,35 @@ def _from_lower(node, xs, ins, opset):
                 lambda idx: x.read((idx[0], idx[1] // B, idx[2], idx[3], idx[1] % B)))
 
 
+def _concat_nchwc_infer(node, ins, opset):
+    channels = [int(c) for c in node.attrs["channels"]]
+    N, _, H, W, B = ins[0].shape
+    if len(channels) != len(ins) or any(x.shape != (N, -(-c // B), H, W, B) for x, c in zip(ins, channels)):
+        raise ShapeError(f"ConcatNCHWc node {node.name!r}: inputs {[x.shape for x in ins]} do not hold "
+                         f"{channels} channels in blocks of {B}")
+    return [(blocked_shape((N, sum(channels), H, W), B), ins[0].dtype)]
+
+
+def _concat_nchwc_lower(node, xs, ins, opset):
+    channels = [int(c) for c in node.attrs["channels"]]
+    N, _, H, W, B = xs[0].shape
+    starts = [sum(channels[:i]) for i in range(len(channels))]
+    shape = blocked_shape((N, sum(channels), H, W), B)
+
+    def read(idx):
+        n, co, y, w, ci = idx
+        c = co * B + ci
+
+        def part(i):
+            k = c - starts[i] if starts[i] else c
+            return xs[i].read((n, k // B, y, w, k % B))
+        v = E.Const(0.0, xs[0].dtype)   # the output's padding channels
+        for i in reversed(range(len(xs))):
+            v = E.if_then_else(c < starts[i] + channels[i], part(i), v)
+        return v
+    return Lazy(shape, xs[0].dtype, read)
+
+
 def _wino_in_infer(node, ins, opset):
     N, CB, H, W, B = ins[0].shape
     pt, pl, pb, pr = node.attrs["pads"]
@@ -213,6 +247,7 @@ register("AveragePoolNCHWc", Kind.OPAQUE, _pool_infer, _avg_pool_lower)
 register("GlobalPoolNCHWc", Kind.COMM_REDUCE, _global_infer, _global_lower)
 register("ToNCHWc", Kind.INJECTIVE, _to_infer, _to_lower)
 register("FromNCHWc", Kind.INJECTIVE, _from_infer, _from_lower)
+register("ConcatNCHWc", Kind.INJECTIVE, _concat_nchwc_infer, _concat_nchwc_lower)
 
 
 __all__ = ["INTERNAL_OPS", "blocked_shape"]
