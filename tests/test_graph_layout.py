@@ -554,3 +554,51 @@ def test_a_concat_of_parts_that_end_inside_blocks_stays_blocked(parts):
     c = np.maximum(np.concatenate([np_conv(x, p[f"w{i}"]) for i in range(len(parts))], axis=1), 0)
     mp = np_pool(c, (2, 2), (1, 1), (0, 0, 0, 0), "max")
     assert_close(y, np_conv(mp, p["wy"], pads=(1, 1, 1, 1)))
+
+
+def test_a_dropout_between_convolutions_passes_the_blocked_value_through():
+    """SqueezeNet's Dropout before its last conv, its mask output named but read by no one: an
+    alias of the blocked value (no kernel, no layout copies); a Dropout whose mask is read stays
+    NCHW, the mask all true."""
+    p = {"w0": rand(RNG, (2 * B, 3, 3, 3)), "w1": rand(RNG, (B, 2 * B, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[3, 3]),
+             helper.make_node("Dropout", ["a"], ["d", "mask"]),
+             helper.make_node("Identity", ["d"], ["i"]),
+             helper.make_node("Conv", ["i", "w1"], ["y"], kernel_shape=[1, 1])]
+    graph = from_onnx(model(nodes, {"x": ((1, 3, 7, 8), "float32")}, {"y": (None, "float32")}, p))
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("FromNCHWc") == 1 and "ToNCHWc" not in ops and ops[-1] == "FromNCHWc", ops
+    x = rand(RNG, (1, 3, 7, 8))
+    assert_close(build_model(graph).run(x=x)[0], np_conv(np_conv(x, p["w0"]), p["w1"]))
+    read = model(nodes[:2] + [helper.make_node("Conv", ["d", "w1"], ["y"], kernel_shape=[1, 1])],
+                 {"x": ((1, 3, 7, 8), "float32")}, {"y": (None, "float32"), "mask": (None, "bool")}, p)
+    y, mask = build_model(from_onnx(read)).run(x=x)
+    assert mask.all() and mask.shape == (1, 2 * B, 5, 6)
+    assert_close(y, np_conv(np_conv(x, p["w0"]), p["w1"]))
+
+
+def test_a_squeeze_excite_of_few_channels_stays_blocked():
+    """EfficientNet's squeeze-excite reduces a pooled pixel to a few channels (480 -> 20, 96 ->
+    8): most of those blocks are padding, but on one pixel that is a few hundred multiply-adds,
+    less than the copies out of the layout and back it saves; the gate matches numpy."""
+    C, R = 3 * B, B // 2
+    p = {"w0": rand(RNG, (C, 3, 3, 3)), "wr": rand(RNG, (R, C, 1, 1)), "br": rand(RNG, (R,)),
+         "we": rand(RNG, (C, R, 1, 1)), "be": rand(RNG, (C,))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["a"], ["g"]),
+             helper.make_node("Conv", ["g", "wr", "br"], ["r0"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["r0"], ["r1"]),
+             helper.make_node("Mul", ["r0", "r1"], ["r"]),
+             helper.make_node("Conv", ["r", "we", "be"], ["e0"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["e0"], ["e"]),
+             helper.make_node("Mul", ["a", "e"], ["y"])]
+    graph = from_onnx(model(nodes, {"x": ((1, 3, 9, 7), "float32")}, {"y": (None, "float32")}, p))
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert ops.count("ConvNCHWc") == 3 and ops.count("FromNCHWc") == 1 and "ToNCHWc" not in ops, ops
+    x = rand(RNG, (1, 3, 9, 7))
+    a = np_conv(x, p["w0"], pads=(1, 1, 1, 1))
+    g = a.mean(axis=(2, 3), keepdims=True)
+    r0 = np_conv(g, p["wr"]) + p["br"].reshape(1, -1, 1, 1)
+    r = r0 / (1 + np.exp(-r0))
+    e0 = np_conv(r, p["we"]) + p["be"].reshape(1, -1, 1, 1)
+    assert_close(build_model(graph).run(x=x)[0], a / (1 + np.exp(-e0)))

@@ -34,6 +34,7 @@ when at least MIN_CONVS of its convolutions can (a lone one would pay both borde
     ConcatNCHWc picks each output lane's channel from the part that holds it (ShuffleNet's
     136 + 136), one kernel instead of copies out of the layout and back;
   - constant Pad of the rows and columns only;
+  - Identity, and Dropout whose mask is not read (an alias of the blocked value);
   - elementwise and broadcast nodes whose output has a blocked input's shape: the other inputs
     are blocked values (an [N, C, 1, 1] gate included), scalars, or constants broadcast against
     NCHW (a BatchNorm after a Concat left as a per-channel scale and shift), laid out blocked
@@ -75,6 +76,7 @@ CHANNEL_AWARE = ("BatchNormalization", "Expand")
 MIN_BLOCK = 4
 MIN_CONVS = 2   # a lone convolution would pay both border copies for nothing
 MAX_CHANNEL_PADDING = 1.5   # padded / real output channels of a convolution that goes blocked
+MAX_PADDED_WORK = 1 << 16   # multiply-adds of padding channels a conv of blocked data may add (_convertible)
 MAX_GROUP_WINDOW = 2.5      # a group window's input channels / the group's own (_group_window)
 
 
@@ -89,9 +91,12 @@ def propagate_blocked_layout(graph: Graph, target) -> Graph:
     return _Rewrite(graph, block).run()
 
 
-def _convertible(graph: Graph, n: Node, block: int) -> bool:
+def _convertible(graph: Graph, n: Node, block: int, data_blocked: bool = False) -> bool:
     """A dense or depthwise Conv with constant weights whose output channels fill their blocks
-    to at least 1/MAX_CHANNEL_PADDING (24 channels in blocks of 16 do; 4 would compute 16)."""
+    to at least 1/MAX_CHANNEL_PADDING (24 channels in blocks of 16 do; 4 would compute 16), or,
+    when its data is blocked already (`data_blocked`), whose padding channels add at most
+    MAX_PADDED_WORK multiply-adds: a squeeze-excite's 480 -> 20 channel 1x1 convolution of a
+    pooled pixel then stays in the layout instead of paying two copies and a kernel each way."""
     if n.op_type != "Conv" or "weight_block" in n.attrs or len(n.inputs) < 2:
         return False
     x, w = graph.values[n.inputs[0]], graph.values[n.inputs[1]]
@@ -101,8 +106,11 @@ def _convertible(graph: Graph, n: Node, block: int) -> bool:
         return False
     groups = int(n.attrs.get("group", 1))
     C, F = x.shape[1], w.shape[0]
-    if -(-F // block) * block > MAX_CHANNEL_PADDING * F:
-        return False
+    padded = -(-F // block) * block
+    if padded > MAX_CHANNEL_PADDING * F:
+        extra = (padded - F) * w.shape[1] * w.shape[2] * w.shape[3] * x.shape[0] * x.shape[2] * x.shape[3]
+        if not data_blocked or extra > MAX_PADDED_WORK:
+            return False
     return (groups == 1 or (groups == C == F and w.shape[1] == 1) or _whole_block_groups(C, F, groups, block)
             or _group_window(C, F, groups, block) is not None)
 
@@ -136,10 +144,11 @@ class _Rewrite:
         self.block = block
         self.blocked: dict = {}     # value name -> the name of its blocked form
         self.plain: set = set(graph.inputs) | {v for v, val in graph.values.items() if val.const is not None}
+        self.read: set = set(graph.outputs) | {i for n in graph.nodes for i in n.inputs if i}
 
     def run(self) -> Graph:
         for n in self.source.nodes:
-            if _convertible(self.source, n, self.block):
+            if _convertible(self.source, n, self.block, data_blocked=bool(n.inputs) and n.inputs[0] in self.blocked):
                 self._conv(n)
             elif not self._blocked_rule(n):
                 node = replace(n, inputs=[self._plain(i) if i else i for i in n.inputs])
@@ -152,6 +161,8 @@ class _Rewrite:
     def _blocked_rule(self, n: Node) -> bool:
         """Rewrite `n` in the blocked layout when a rule of its op kind allows; False if none does
         (the caller then keeps it NCHW, its blocked inputs converted back)."""
+        if n.op_type in ("Identity", "Dropout") and n.inputs and n.inputs[0] in self.blocked:
+            return self._pass_through(n)
         outs = [o for o in n.outputs if o]
         if len(outs) != 1 or not any(i in self.blocked for i in n.inputs if i):
             return False
@@ -192,6 +203,16 @@ class _Rewrite:
         return v
 
     # ------------------------------------------------------------------ nodes
+
+    def _pass_through(self, n: Node) -> bool:
+        """Identity, and Dropout at inference whose mask nobody reads: the blocked value passes
+        through (an alias, no kernel); SqueezeNet's and GoogLeNet's Dropout before their last
+        layers otherwise cost a copy out of the layout and one back."""
+        if any(o and o in self.read for o in n.outputs[1:]):
+            return False
+        data = self.g.values[self.blocked[n.inputs[0]]]
+        self._emit(n, "Identity", [data.name], data.shape, data.dtype, {})
+        return True
 
     def _conv(self, n: Node):
         B = self.block
