@@ -407,7 +407,7 @@ def _block_lrn(g, rng, x, shape):
 
 def _block_residual(g, rng, x, shape):
     """ResNet's basic block: Conv 3x3 -> BN -> Relu -> Conv 3x3 -> BN, plus x (or a strided 1x1 conv + BN of x
-    where the stride or channel count changes), -> Relu."""
+    where the stride or channel count changes; Add or Sum), -> Relu."""
     N, C, H, W = shape
     stride = 2 if rng.random() < 0.3 and min(H, W) >= 4 else 1
     F = C if rng.random() < 0.6 else int(rng.choice(CNN_CHANNELS))
@@ -418,7 +418,9 @@ def _block_residual(g, rng, x, shape):
     if stride != 1 or F != C:
         skip, _ = _conv(g, rng, x, shape, F, stride=stride, bias=False)
         skip = _bn(g, rng, skip, F)
-    return g.node("Relu", [g.node("Add", [y, skip] if rng.random() < 0.7 else [skip, y])]), ys
+    # Caffe2's exports (the light zoo's ShuffleNet) write the residual as a variadic Sum
+    op = "Add" if rng.random() < 0.7 else "Sum"
+    return g.node("Relu", [g.node(op, [y, skip] if rng.random() < 0.7 else [skip, y])]), ys
 
 
 def _block_stem(g, rng, x, shape):
