@@ -203,42 +203,64 @@ _CMP = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: 
 
 
 def simplify(e: Expr, ranges: dict | None = None) -> Expr:
-    """Fold constants, normalize index arithmetic, decide comparisons the ranges settle."""
-    ranges = ranges if ranges is not None else {}
-    if isinstance(e, (Var, Const)):
-        return e
-    if e.dtype == INDEX_DTYPE and (isinstance(e, Binary) or
-                                   (isinstance(e, Cast) and e.value.dtype in ("int32", "int8"))):
-        return from_lin(to_lin(e, ranges))  # (a cast from float/bool is not linear: generic path below)
-    if isinstance(e, Compare):
-        return _simplify_compare(e, ranges)
-    if isinstance(e, Logical):
-        a, b = simplify(e.a, ranges), simplify(e.b, ranges)
-        for x, y in ((a, b), (b, a)):
-            if isinstance(x, Const):
-                if e.op == "and":
-                    return y if x.value else Const(False, "bool")
-                return Const(True, "bool") if x.value else y
-        return Logical(e.op, a, b)
-    if isinstance(e, Not):
-        a = simplify(e.a, ranges)
-        return Const(not a.value, "bool") if isinstance(a, Const) else Not(a)
-    if isinstance(e, Select):
-        cond = simplify(e.cond, ranges)
-        if isinstance(cond, Const):
-            return simplify(e.t if cond.value else e.f, ranges)
-        return Select(cond, simplify(e.t, ranges), simplify(e.f, ranges))
+    """Fold constants, normalize index arithmetic, decide comparisons the ranges settle.
+    Dispatches on the node's kind through `_SIMPLIFY` (kinds it lacks, Load and Call: children
+    simplified, the node rebuilt when one changed)."""
+    return _SIMPLIFY.get(type(e), _simplify_children)(e, ranges if ranges is not None else {})
+
+
+def _leaf(e: Expr, ranges) -> Expr:
+    return e
+
+
+def _simplify_children(e: Expr, ranges) -> Expr:
     kids = children(e)
     new = tuple(simplify(k, ranges) for k in kids)
-    if isinstance(e, Cast) and isinstance(new[0], Const):
-        return Const(_cast_value(new[0].value, e.dtype), e.dtype)
-    if isinstance(e, Binary) and isinstance(new[0], Const) and isinstance(new[1], Const):
-        folded = _fold_binary(e.op, new[0].value, new[1].value, e.dtype)
-        if folded is not None:
-            return Const(folded, e.dtype)
     if any(n is not k for n, k in zip(new, kids)):
         return rebuild(e, new)
     return e
+
+
+def _simplify_binary(e: Binary, ranges) -> Expr:
+    if e.dtype == INDEX_DTYPE:
+        return from_lin(to_lin(e, ranges))
+    a, b = simplify(e.a, ranges), simplify(e.b, ranges)
+    if isinstance(a, Const) and isinstance(b, Const):
+        folded = _fold_binary(e.op, a.value, b.value, e.dtype)
+        if folded is not None:
+            return Const(folded, e.dtype)
+    return e if a is e.a and b is e.b else rebuild(e, (a, b))
+
+
+def _simplify_cast(e: Cast, ranges) -> Expr:
+    if e.dtype == INDEX_DTYPE and e.value.dtype in ("int32", "int8"):
+        return from_lin(to_lin(e, ranges))   # (a cast from float/bool is not linear: folded below)
+    v = simplify(e.value, ranges)
+    if isinstance(v, Const):
+        return Const(_cast_value(v.value, e.dtype), e.dtype)
+    return e if v is e.value else rebuild(e, (v,))
+
+
+def _simplify_logical(e: Logical, ranges) -> Expr:
+    a, b = simplify(e.a, ranges), simplify(e.b, ranges)
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, Const):
+            if e.op == "and":
+                return y if x.value else Const(False, "bool")
+            return Const(True, "bool") if x.value else y
+    return Logical(e.op, a, b)
+
+
+def _simplify_not(e: Not, ranges) -> Expr:
+    a = simplify(e.a, ranges)
+    return Const(not a.value, "bool") if isinstance(a, Const) else Not(a)
+
+
+def _simplify_select(e: Select, ranges) -> Expr:
+    cond = simplify(e.cond, ranges)
+    if isinstance(cond, Const):   # only the branch taken is simplified
+        return simplify(e.t if cond.value else e.f, ranges)
+    return Select(cond, simplify(e.t, ranges), simplify(e.f, ranges))
 
 
 def _simplify_compare(e: Compare, ranges) -> Expr:
@@ -261,6 +283,11 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
         d.const = 0
         return Compare(e.op, from_lin(d), Const(-const, INDEX_DTYPE))
     return Compare(e.op, a, b)
+
+
+_SIMPLIFY = {Var: _leaf, Const: _leaf, Binary: _simplify_binary, Cast: _simplify_cast,
+             Compare: _simplify_compare, Logical: _simplify_logical,
+             Not: _simplify_not, Select: _simplify_select}
 
 
 def _cast_value(v, dtype):
