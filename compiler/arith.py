@@ -121,7 +121,7 @@ def to_lin(e: Expr, ranges: dict) -> Lin:
         return Lin({e: [e, 1]}, 0)
     if isinstance(e, Binary) and e.dtype == INDEX_DTYPE:
         if e.op in ("add", "sub"):
-            return to_lin(e.a, ranges).add(to_lin(e.b, ranges), 1 if e.op == "add" else -1)
+            return _recombine_divmod(to_lin(e.a, ranges).add(to_lin(e.b, ranges), 1 if e.op == "add" else -1), ranges)
         if e.op == "mul":
             la, lb = to_lin(e.a, ranges), to_lin(e.b, ranges)
             if la.is_const():
@@ -151,6 +151,26 @@ def to_lin(e: Expr, ranges: dict) -> Lin:
     if e.dtype != INDEX_DTYPE:
         raise TypeError(f"to_lin on a {e.dtype} expression")
     return _atom(simplify(e, ranges))
+
+
+def _recombine_divmod(lin: Lin, ranges: dict) -> Lin:
+    """m·c·(x // c) + m·(x % c) is m·x, whatever the sign of x (floor division). A channel index
+    split into (block, lane) and joined again, `(k // 16) * 16 + k % 16`, then reads as k, so a
+    guard on k bounds it (a concat's part read through a layout copy: k = c - 24 >= 0)."""
+    mods = {}
+    for k, (a, coef) in lin.terms.items():
+        if type(a) is Binary and a.op == "floormod" and type(a.b) is Const:
+            mods[(struct_key(a.a), a.b.value)] = (k, coef)
+    if not mods:
+        return lin
+    for k, (a, coef) in list(lin.terms.items()):
+        if type(a) is not Binary or a.op != "floordiv" or type(a.b) is not Const or k not in lin.terms:
+            continue
+        hit = mods.get((struct_key(a.a), a.b.value))
+        if hit is None or hit[0] not in lin.terms or coef != hit[1] * a.b.value:
+            continue
+        lin = Lin({kk: v for kk, v in lin.terms.items() if kk not in (k, hit[0])}, lin.const).add(to_lin(a.a, ranges), hit[1])
+    return lin
 
 
 def _divmod(op: str, la: Lin, c: int, ranges: dict) -> Lin:

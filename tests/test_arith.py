@@ -21,6 +21,18 @@ def test_divmod_keeps_what_the_ranges_cannot_decide():
     assert format_expr(arith.simplify((x * 8 + 3) // 4, {x: (0, 10)})) == "(x * 2)"
 
 
+def test_a_split_and_joined_index_is_the_index_whatever_its_sign():
+    """(k // 16) * 16 + k % 16 is k under floor division even where k may be negative (a concat's
+    part read through a layout copy, k = c - 24): joined back, a guard on k bounds it."""
+    c = Var("c")
+    ranges = {c: (0, 63)}
+    k = c - 24
+    assert format_expr(arith.simplify((k // 16) * 16 + k % 16, ranges)) == "(c - 24)"
+    assert format_expr(arith.simplify(((k // 16) * 16 + k % 16) * 3, ranges)) == "((c * 3) - 72)"
+    assert "//" in format_expr(arith.simplify((k // 16) * 32 + k % 16, ranges))   # not a join: kept
+    assert "//" in format_expr(arith.simplify((k // 16) * 16 + (k + 1) % 16, ranges))
+
+
 def test_linear_terms_collect_and_cancel():
     i, k = Var("i"), Var("k")
     e = (i * 32 + k) - (k - 5) + i * 2

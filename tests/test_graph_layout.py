@@ -602,3 +602,21 @@ def test_a_squeeze_excite_of_few_channels_stays_blocked():
     r = r0 / (1 + np.exp(-r0))
     e0 = np_conv(r, p["we"]) + p["be"].reshape(1, -1, 1, 1)
     assert_close(build_model(graph).run(x=x)[0], a / (1 + np.exp(-e0)))
+
+
+def test_a_concat_of_a_blocked_part_and_an_nchw_activation_at_a_partial_block():
+    """A part that is not blocked yet (the RGB input itself) joins a conv's 24 channels: the
+    concat reads it through a ToNCHWc copy fused into the same kernel, its lane index split into
+    (block, lane) and joined again, which the bounds check must still see is guarded (the model
+    fuzzer's finding: 'the read in0[...] can leave the tensor')."""
+    F = B + B // 2
+    p = {"w0": rand(RNG, (F, 3, 3, 3)), "w1": rand(RNG, (B, F + 3, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["x"], ["xr"]),
+             helper.make_node("Concat", ["a", "xr"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "w1"], ["y"], kernel_shape=[1, 1])]
+    graph = from_onnx(model(nodes, {"x": ((1, 3, 5, 6), "float32")}, {"y": (None, "float32")}, p))
+    assert "ConcatNCHWc" in [n.op_type for n in for_target(graph, TARGET).nodes]
+    x = rand(RNG, (1, 3, 5, 6))
+    c = np.concatenate([np_conv(x, p["w0"], pads=(1, 1, 1, 1)), np.maximum(x, 0)], axis=1)
+    assert_close(build_model(graph).run(x=x)[0], np_conv(c, p["w1"]))
