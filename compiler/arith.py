@@ -9,6 +9,8 @@ Only `INDEX_DTYPE` expressions are linearized; other integer types keep their wr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from .expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild
 
@@ -305,7 +307,7 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
     return Compare(e.op, a, b)
 
 
-_SIMPLIFY = {Var: _leaf, Const: _leaf, Binary: _simplify_binary, Cast: _simplify_cast,
+_SIMPLIFY: dict[type, Callable[[Any, dict], Expr]] = {Var: _leaf, Const: _leaf, Binary: _simplify_binary, Cast: _simplify_cast,
              Compare: _simplify_compare, Logical: _simplify_logical,
              Not: _simplify_not, Select: _simplify_select}
 

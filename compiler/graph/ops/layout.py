@@ -193,7 +193,7 @@ def _concat_nchwc_lower(node, xs, ins, opset):
         def part(i):
             k = c - starts[i] if starts[i] else c
             return xs[i].read((n, k // B, y, w, k % B))
-        v = E.Const(0.0, xs[0].dtype)   # the output's padding channels
+        v: E.Expr = E.Const(0.0, xs[0].dtype)   # the output's padding channels
         for i in reversed(range(len(xs))):
             v = E.if_then_else(c < starts[i] + channels[i], part(i), v)
         return v
