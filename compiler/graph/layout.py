@@ -208,8 +208,8 @@ class _Rewrite:
         """Identity, and Dropout at inference whose mask nobody reads: the blocked value passes
         through (an alias, no kernel); SqueezeNet's and GoogLeNet's Dropout before their last
         layers otherwise cost a copy out of the layout and one back."""
-        if any(o and o in self.read for o in n.outputs[1:]):
-            return False
+        if any(o and o in self.read for o in n.outputs[1:]) or (len(n.inputs) > 2 and n.inputs[2]):
+            return False   # a mask someone reads, or a training_mode input: the NCHW node decides
         data = self.g.values[self.blocked[n.inputs[0]]]
         self._emit(n, "Identity", [data.name], data.shape, data.dtype, {})
         return True
