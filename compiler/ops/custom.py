@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from .. import expr as E
+from ..lift import lift_recomputed_math
 from ..runtime import build
 from ..schedule import create_schedule
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
@@ -27,9 +28,14 @@ from .base import OpDef
 
 
 def custom_op(name: str, inputs, output, params=None) -> OpDef:
-    """The OpDef of a compute definition: kernel arguments `inputs` then `output`."""
+    """The OpDef of a compute definition: kernel arguments `inputs` then `output`.
+
+    Its DAG is the definition with the expensive sub-expressions a reduction would recompute
+    lifted into stages of their own (compiler.lift), what every schedule of it starts from; the
+    reference runs the definition as written."""
     inputs = list(inputs)
-    return OpDef(name, inputs, output, dict(params or {}), estimate_flops(output), naive_reference(inputs, output))
+    lifted = lift_recomputed_math(output)
+    return OpDef(name, inputs, lifted, dict(params or {}), estimate_flops(lifted), naive_reference(inputs, output))
 
 
 def estimate_flops(output) -> int:

@@ -37,6 +37,7 @@ import math
 
 from ..errors import ScheduleError
 from ..expr import walk
+from ..lift import LIFTED_TAG
 from ..lower import lower
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
@@ -136,13 +137,17 @@ def inline_producers(s, out_op, target, keep=None) -> None:
     and clamped index vary across the vector's lanes in every tap and make each load a gather
     (an Inception block's 3x3 average pool with count_include_pad over 192 x 35 x 35: 0.8 ms,
     2.3 GB/s, against onnxruntime's 0.05). Padding of other axes stays inlined: its test is one
-    per vector (a channel-blocked max pool: materialized, the copy took half its time)."""
+    per vector (a channel-blocked max pool: materialized, the copy took half its time).
+    A stage compiler.lift made of an expensive value a reduction would recompute is computed
+    once, at the root: inlined, it would be recomputed again."""
     kept = keep if callable(keep) else (lambda op: op is keep)
     for st in s.stages:
         op = st.op
         if not isinstance(op, ComputeOp) or op is out_op or kept(op):
             continue
-        if _pads_last_axis(op) and any(r.reduce_axis and any(t.op is op for t in r.input_tensors())
+        if op.tag == LIFTED_TAG:
+            schedule_injective_stage(st, target)
+        elif _pads_last_axis(op) and any(r.reduce_axis and any(t.op is op for t in r.input_tensors())
                                        for r in (x.op for x in s.stages) if isinstance(r, ComputeOp)):
             schedule_pad_stage(st, target)
         else:
