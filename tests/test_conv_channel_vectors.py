@@ -183,3 +183,36 @@ def test_a_channel_block_wider_than_a_register_keeps_its_weight_panel_within_hal
         assert FB == VL or panel <= caps.l2 // 2, (C, FB, panel, caps.l2)
     deep = get_op("conv2d_nchw", N=1, C=caps.l2 // (2 * 9 * 4 * VL) + 1, H=7, W=7, F=4 * VL, KH=3, KW=3, padding=1)
     assert channel_tile(deep, HOST)[0] == VL  # two registers' panel is over half the L2
+
+
+RECIPE_CASES = [
+    dict(N=1, C=16, H=9, W=11, F=2 * VL, KH=3, KW=3, stride=2, padding=1),     # deep enough for an input copy
+    dict(N=1, C=24, H=7, W=7, F=4 * VL, KH=1, KW=1, stride=2),
+    dict(N=1, C=3, H=13, W=15, F=VL, KH=7, KW=7, stride=2, padding=3),           # an RGB stem
+]
+
+
+@pytest.mark.parametrize("params", RECIPE_CASES, ids=["3x3s2", "1x1s2", "stem"])
+def test_every_choice_of_the_nchw_recipe_computes_the_convolution(params):
+    """conv2d_nchw's recipe (conv2d_nchw_choices, the tuner's recipe sketch): its first values are
+    the default schedule itself, and every tile of either vector axis, walk order, input copy and
+    taps order it offers computes the reference on sizes no tile divides."""
+    from compiler.lower import lower
+    from compiler.ops import default_schedule
+    from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
+    op = get_op("conv2d_nchw", **params)
+    choices = anchor_recipe_choices(op, HOST)
+    default = {k: v[0] for k, v in choices.items()}
+    assert str(lower(schedule_anchor_recipe(op, HOST, default), op.tensors)) == str(lower(default_schedule(op, HOST), op.tensors))
+    assert len({t[0] for t in choices["tile"]}) == 2 and len(choices["tile"]) == len({tuple(t) for t in choices["tile"]})
+    variants = [{**default, "tile": t} for t in choices["tile"]]
+    variants += [{**default, knob: v} for knob, values in choices.items() if knob != "tile" for v in values[1:]]
+    variants += [{**default, "tile": choices["tile"][-1], "channel_blocks_first": not default["channel_blocks_first"]}]
+    for i, chosen in enumerate(variants):
+        _check_against_reference(op, schedule_anchor_recipe(op, HOST, chosen), seed=i)
+
+
+def test_a_depthwise_layer_vectorized_over_channels_has_no_recipe():
+    from compiler.ops.schedule_anchor import anchor_recipe_choices
+    op = get_op("conv2d_nchw", N=1, C=2 * VL, H=7, W=7, F=2 * VL, KH=3, KW=3, padding=1, groups=2 * VL)
+    assert not anchor_recipe_choices(op, HOST)

@@ -317,9 +317,11 @@ def _default_blocks_input(opdef) -> bool:
 
 def test_sketch_space_starts_from_the_default_schedule():
     """The GEMM and channel-vector conv defaults are annotations of sketches (starting_points),
-    which compute the operator; a guided search measures them first. Where the default's loop
-    order is not a sketch rule (a grouped conv), there is no starting point."""
+    which compute the operator; a guided search measures them first. A convolution's recipe
+    sketch adds the default's nearest alternatives after it. Where the default's loop order is
+    not a sketch rule (a grouped conv), only the recipe's alternatives start."""
     from tuner.search import EvolutionarySearch
+    from tuner.space.sketch_recipe import RECIPE_SKETCH_ID
     rng = np.random.default_rng(3)
     cases = [(get_op("matmul", M=50, N=64, K=36), "matmul:tile_cache_write"),
              (get_op("conv2d_nchw", N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1),
@@ -332,8 +334,10 @@ def test_sketch_space_starts_from_the_default_schedule():
              (get_op("conv2d_nchw", N=1, C=32, H=7, W=7, F=64, KH=1, KW=1), "conv2d_nchw:tile_cache_write@1")]
     for opdef, sketch_id in cases:
         space = SketchSpace(opdef)
-        (start,) = space.starting_points()
+        start, *alternatives = space.starting_points()
         assert start.payload["sketch"] == sketch_id
+        assert all(c.payload["sketch"] == RECIPE_SKETCH_ID for c in alternatives)
+        assert bool(alternatives) == (opdef.name == "conv2d_nchw")
         blocked = opdef.name == "conv2d_nchw" and _default_blocks_input(opdef)
         assert start.payload["params"]["conv2d_nchw" if opdef.name == "conv2d_nchw" else "matmul"].get(
             "block_input", False) == blocked
@@ -341,7 +345,7 @@ def test_sketch_space_starts_from_the_default_schedule():
         search = EvolutionarySearch(space, opdef=opdef, rng=0, seeds=space.starting_points())
         assert search.next_batch(4)[0] == start
     grouped = get_op("conv2d_nchw", N=1, C=32, H=8, W=8, F=32, KH=3, KW=3, padding=1, groups=2)
-    assert SketchSpace(grouped).starting_points() == []
+    assert all(c.payload["sketch"] == RECIPE_SKETCH_ID for c in SketchSpace(grouped).starting_points())
     assert TemplateSpace(OPS["matmul"]()).starting_points() == [TemplateSpace(OPS["matmul"]()).get(0)]
 
 

@@ -45,7 +45,7 @@ from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
 from .schedule_common import unit_step
-from .schedule_conv import schedule_conv_nchw
+from .schedule_conv import conv2d_nchw_choices, schedule_conv_nchw
 from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
@@ -250,7 +250,8 @@ def _packing_pays(view, target) -> bool:
 
 # Anchors whose default schedule takes the tuner's choices as arguments: the view's name ->
 # (its choices: {knob: values, the default first}, the schedule function taking them).
-RECIPES = {"conv2d_nchwc": (conv2d_nchwc_choices, schedule_conv_nchwc)}
+RECIPES = {"conv2d_nchwc": (conv2d_nchwc_choices, schedule_conv_nchwc),
+           "conv2d_nchw": (conv2d_nchw_choices, schedule_conv_nchw)}
 
 
 def anchor_recipe_choices(opdef, target=None) -> dict | None:

@@ -173,21 +173,45 @@ def materialize_pad(s, target):
             schedule_pad_stage(st, target)
 
 
-def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
+def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
+                       channel_blocks_first: bool | None = None, input_block: int | None = None,
+                       taps: bool | None = None) -> Schedule:
     """conv2d_nchw and depthwise_conv2d_nchw: vector over x, unrolled over f and y (or, where
     channel_vectors_pay, schedule_conv_nchw_channels).
 
     `epilogue`: the output of a fused compute (compiler/ops/schedule_anchor.py), one elementwise
     stage of the convolution's shape reading it (bias, residual add, activation); the register
     tiles are stored through it instead of into the convolution's own output (or, without
-    `fuse_epilogue`, into the convolution's output, the epilogue a pass of its own)."""
+    `fuse_epilogue`, into the convolution's output, the epilogue a pass of its own).
+
+    The tuner's choices (conv2d_nchw_choices; None: this module's rule): `tile`, ["channels", FB,
+    XB, YB] or ["columns", XB, FB, YB], the vector axis and the register tile;
+    `channel_blocks_first`, the channel tiles outermost (weights read once) or the spatial ones;
+    `input_block`, the channels of a channel tile's NCHWc input copy (0: none); `taps`, whether a
+    channel tile unrolls the taps inside the channel loop (taps_unrolled)."""
     target = resolve_target(target)
-    if channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5:
-        return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue)
-    if depthwise_channel_vectors(opdef, target):
+    mode = tile[0] if tile is not None else None
+    if mode == "channels" or (mode is None and (channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5)):
+        return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue, tile=tile[1:] if tile else None,
+                                           channel_blocks_first=channel_blocks_first, input_block=input_block,
+                                           taps=taps)
+    if mode is None and depthwise_channel_vectors(opdef, target):
         return schedule_depthwise_channels(opdef, target, epilogue, fuse_epilogue)
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)
+    XB, FB, YB = column_tile(opdef, target) if tile is None else (int(v) for v in tile[1:])
+    if channel_blocks_first is None:
+        channel_blocks_first = opdef.name != "conv2d_nchw" or weights_dominate(opdef)
+    order = [1, 2, 3] if channel_blocks_first else [3, 2, 1]
+    acc = register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
+                        epilogue=epilogue, fuse_epilogue=fuse_epilogue)
+    prepare_conv_input(s, acc, opdef, target)
+    return s
+
+
+def _column_tile_problem(opdef, target) -> tuple:
+    """pick_tile's arguments for a column-vector tile: (vector lengths, lanes, dims, cost)."""
+    out = opdef.output
     vl = lanes(target, out.dtype)
     N, F, OH, OW = out.shape
     KW = opdef.params["KW"]
@@ -197,14 +221,66 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
     # for each of the KW unrolled taps; rows that overhang cost more than their waste (more row
     # pointers live), channels do not
     taps = KW if KW <= MAX_UNROLLED_TAPS else 1
-    XB, (FB, YB) = pick_tile(vector_tiles(OW, vl), vl, [(F, min(fpg, 16), True), (OH, 8, False)],
-                              lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1),
-                              target.capabilities)
-    order = [1, 2, 3] if opdef.name != "conv2d_nchw" or weights_dominate(opdef) else [3, 2, 1]
-    acc = register_tile(s, out, [(1, FB), (2, YB)], 3, XB, target, opdef.flops, outer_order=order,
-                        epilogue=epilogue, fuse_epilogue=fuse_epilogue)
-    prepare_conv_input(s, acc, opdef, target)
-    return s
+    return (vector_tiles(OW, vl), vl, [(F, min(fpg, 16), True), (OH, 8, False)],
+            lambda r, c: (c[0] + c[1] * r, c[1] * r * taps if c[0] > 1 else 1))
+
+
+def column_tile(opdef, target) -> tuple:
+    """(XB, FB, YB) of a column-vector tile: columns (the vector), channels and rows."""
+    vec, vl, dims, cost = _column_tile_problem(opdef, target)
+    XB, (FB, YB) = pick_tile(vec, vl, dims, cost, target.capabilities)
+    return XB, FB, YB
+
+
+MAX_NCHW_TILE_CHOICES = 6  # register tiles of each vector axis the tuner tries (conv2d_nchw_choices)
+
+
+def conv2d_nchw_choices(opdef, target) -> dict:
+    """The choices schedule_conv_nchw takes, each knob's values with the default first (the
+    tuner's recipe sketch samples them, tuner/space/sketch_recipe.py): `tile`, the default's
+    register tile, then the other tiles of its vector axis that fit the registers as pick_tile
+    ranks them, then the best of the other axis (MAX_NCHW_TILE_CHOICES each); the walk order of
+    the tiles; for channel tiles, the NCHWc input copy and the taps' unrolling, each None (the
+    rule, which depends on the tile) or forced. Empty for a depthwise convolution vectorized over
+    channels (its schedule takes no choices)."""
+    target = resolve_target(target)
+    prepacked = opdef.inputs[1].ndim == 5
+    channels_default = prepacked or channel_vectors_pay(opdef, target)
+    if opdef.name != "conv2d_nchw" or (not channels_default and depthwise_channel_vectors(opdef, target)):
+        return {}
+    vl = lanes(target, opdef.output.dtype)
+    groups = opdef.params.get("groups", 1)
+    chans = []
+    if prepacked or (opdef.output.shape[1] // groups) % vl == 0:
+        fb = opdef.inputs[1].shape[-1] if prepacked else None
+        default = list(channel_tile(opdef, target, fb))
+        tiles, _, dims, cost = _channel_tile_problem(opdef, target, fb)
+        ranked = [[vt, *f] for vt, f in feasible_tiles(tiles, vl, dims, cost, target.capabilities)]
+        chans = [["channels", *t] for t in _distinct([default] + ranked)][:MAX_NCHW_TILE_CHOICES]
+    cols = []
+    if not prepacked:
+        default = list(column_tile(opdef, target))
+        vec, _, dims, cost = _column_tile_problem(opdef, target)
+        ranked = [[vt, *f] for vt, f in feasible_tiles(vec, vl, dims, cost, target.capabilities)]
+        cols = [["columns", *t] for t in _distinct([default] + ranked)][:MAX_NCHW_TILE_CHOICES]
+    first, second = (chans, cols) if channels_default else (cols, chans)
+    choices: dict[str, list] = {"tile": first + second}
+    dominate = weights_dominate(opdef)
+    choices["channel_blocks_first"] = [dominate, not dominate]
+    if chans:
+        C = opdef.inputs[0].shape[1]
+        if groups == 1 and C % INPUT_BLOCK == 0 and C > INPUT_BLOCK:
+            choices["input_block"] = [None, 0, INPUT_BLOCK]
+        choices["taps"] = [None, True, False]
+    return choices
+
+
+def _distinct(tiles: list) -> list:
+    out: list = []
+    for t in tiles:
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def channel_vectors_pay(opdef, target) -> bool:
@@ -240,7 +316,9 @@ def channel_vectors_pay(opdef, target) -> bool:
     return C // groups >= vl or (vl <= SHORT_VECTOR_LANES and (C // groups) * window >= vl)
 
 
-def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
+def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
+                                channel_blocks_first: bool | None = None, input_block: int | None = None,
+                                taps: bool | None = None) -> Schedule:
     """conv2d_nchw with the output channels as the vector axis (NCHWc-style): a tile is FB
     channels (1 or 2 registers) x XB columns x YB rows, each reduction step FB/lanes weight
     vectors and XB*YB input broadcasts. Every lane is used whatever the image width (a 7-wide
@@ -264,10 +342,15 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     groups = opdef.params.get("groups", 1)
     fpg = out.shape[1] // groups
     prepacked = opdef.inputs[1].ndim == 5   # conv2d_nchw_packed: the weights come in FB blocks
-    FB, XB, YB = channel_tile(opdef, target, opdef.inputs[1].shape[-1] if prepacked else None)
-    order = [1, 2, 3] if weights_dominate(opdef) else [2, 3, 1]
-    shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities)
-    RB = input_channel_block(opdef, target, shared)
+    if tile is None:
+        FB, XB, YB = channel_tile(opdef, target, opdef.inputs[1].shape[-1] if prepacked else None)
+    else:
+        FB, XB, YB = (int(v) for v in tile)
+    if channel_blocks_first is None:
+        channel_blocks_first = weights_dominate(opdef)
+    order = [1, 2, 3] if channel_blocks_first else [2, 3, 1]
+    shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) if taps is None else bool(taps)
+    RB = input_channel_block(opdef, target, shared) if input_block is None else int(input_block)
     red_order = None if shared and not RB else [1, 2, 0]
     if not RB:
         materialize_pad(s, target)
@@ -457,6 +540,13 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
     input channels, took 32-channel tiles whose 590 KB panels came from L3 every row of Zen 4's
     1 MB L2, at 86-110 GFLOPS against 134-140 with 16-channel tiles, same runs (oneDNN 138-188);
     res4's 3x3 and res5's 1x1 layers, 262-295 KB panels, ran the same either way."""
+    tiles, vl, dims, cost = _channel_tile_problem(opdef, target, fb)
+    FB, (XB, YB) = pick_tile(tiles, vl, dims, cost, target.capabilities)
+    return FB, XB, YB
+
+
+def _channel_tile_problem(opdef, target, fb: int | None = None) -> tuple:
+    """pick_tile's arguments for channel_tile: (channel vector lengths, lanes, dims, cost)."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, F, OH, OW = out.shape
@@ -469,9 +559,7 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
         row_bytes = (data.shape[1] // groups) * taps * np.dtype(weight.dtype).itemsize   # one channel's panel
         # vector_tiles always offers one register or less, so one candidate is left
         tiles = [t for t in vector_tiles(F // groups, vl) if t <= vl or t * row_bytes <= target.capabilities.l2 // 2]
-    FB, (XB, YB) = pick_tile(tiles, vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r),
-                              target.capabilities)
-    return FB, XB, YB
+    return tiles, vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r)
 
 
 def taps_unrolled(opdef, fregs: int, XB: int, YB: int, caps) -> bool:
@@ -650,7 +738,8 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
     return cst
 
 
-__all__ = ["schedule_conv_nchw", "schedule_conv_nchw_channels", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
+__all__ = ["schedule_conv_nchw", "conv2d_nchw_choices", "column_tile",
+           "schedule_conv_nchw_channels", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",

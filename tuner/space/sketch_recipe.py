@@ -1,11 +1,14 @@
 """The recipe sketch: an anchor's default schedule with its choices as the parameters.
 
-A model's fused convolution (compiler/ops/schedule_anchor.py: a conv2d_nchwc anchor with its
-epilogue) gets a default schedule no rule of the sketch space writes: register tiles of channel
-blocks, the reduction row-accumulated in L1 where the weights outrun L2. The generic sketches
-rarely match it in the few trials a model's task gets (ResNet-18's 100 trials: not one of
-19 tasks beat its default), so the space carries the recipe itself as one more sketch, whose
-parameters are the recipe's knobs (anchor_recipe_choices: the register tile, row accumulation).
+A convolution (compiler/ops/schedule_anchor.py: a conv2d_nchwc anchor with its epilogue, a
+conv2d_nchw one, the inventory's conv2d_nchw) gets a default schedule no rule of the sketch space
+writes: register tiles of channel blocks, the reduction row-accumulated in L1 where the weights
+outrun L2; for NCHW, channel or column vectors, an input copied into channel blocks, weight
+panels, the taps unrolled or not. The generic sketches rarely match it in the few trials a task
+gets (ResNet-18's 100 trials: not one of 19 tasks beat its default; ResNet-50's NCHW layers at
+32 trials: none), so the space carries the recipe itself as one more sketch, whose parameters
+are the recipe's knobs (anchor_recipe_choices: the register tile and its vector axis, the walk
+order, row accumulation, the input copy, the taps' order).
 Sampling draws each knob; mutation redraws one; crossover takes each knob from either parent;
 the starting points are the default's nearest alternatives, so a short search measures them
 first. Its candidates are traces like every sketch's: the recorded steps replay without this
