@@ -226,8 +226,9 @@ def main() -> int:
             if args.trials > 0:
                 store = open_store(f"sqlite:///{tmp}/{name}.db")
                 t0 = time.perf_counter()
-                tune(Task.create(workload), store, space="sketch", trials=args.trials, batch_size=8, seed=args.seed)
+                result = tune(Task.create(workload), store, space="sketch", trials=args.trials, batch_size=8, seed=args.seed)
                 seconds = time.perf_counter() - t0
+                print(f"  {name}: tuned in {seconds:.1f} s ({result.time_summary()})", flush=True)
                 with ApplyHistoryBest(store):
                     tuned = build_op(opdef, target)
                 store.close()

@@ -20,6 +20,13 @@ it was measured. What it does, and why:
 - **Repeats adapt.** Sampling goes on until the median of the clean samples is stable (its
   estimated relative standard error under `target_rel_err`), within `min_seconds` ..
   `max_seconds` and `min_samples` .. `max_samples`.
+- **A kernel far behind is not timed at length** (`slow_cutoff_s`, seconds per call; a search
+  sets it to a multiple of the best it has measured): once CUT_SAMPLES clean samples put its
+  median past the cutoff, or one sample puts it FAR_BEHIND times past it, sampling stops and the
+  figure is the median of those samples (`cut_short`); the measuring worker does not even start
+  sampling a kernel whose checked call was that far past it (`single_call_timing`). A search only needs to know that such a
+  kernel is slow and by roughly how much; ten samples of a kernel 20x slower than the best cost
+  20x the time of the best's, and were most of the wall time of short runs on large computes.
 - **How busy the host was** (`host_busy`): CPUs' worth of time other processes used during the
   timing (from /proc/stat minus this process's own CPU time), for people and records.
 
@@ -58,6 +65,8 @@ from dataclasses import dataclass, field
 _TASK_DIR = "/proc/self/task"
 
 MEASURE_NICE = -10          # the measuring process's priority, where the OS allows it
+CUT_SAMPLES = 3             # clean samples past slow_cutoff_s that end a timing
+FAR_BEHIND = 4.0            # one clean sample this many times past slow_cutoff_s ends it
 SHORT_SPIN = "10000"        # libgomp spin iterations before a waiting thread sleeps, without it
 TEAM_BINDING = {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}   # one team thread per core, fixed
 BINDING_SETTINGS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")   # any of them: the user chose
@@ -171,6 +180,7 @@ class TimingOptions:
     attempts: int = 4              # tries in all when too few samples are clean
     backoff_s: float = 0.05        # first back-off; doubles per retry
     disturbed_lost: float = 0.02   # a timing whose threads lost more than this share is disturbed
+    slow_cutoff_s: float = math.inf  # per call: a kernel past this is timed briefly (see the module docstring)
 
     def check(self) -> "TimingOptions":
         if self.min_samples < 1 or self.max_samples < self.min_samples:
@@ -179,6 +189,8 @@ class TimingOptions:
             raise ValueError("attempts must be at least 1")
         if not (0 <= self.min_seconds <= self.max_seconds) or self.max_seconds <= 0:
             raise ValueError("need 0 <= min_seconds <= max_seconds and max_seconds > 0")
+        if not self.slow_cutoff_s > 0:
+            raise ValueError("slow_cutoff_s must be positive (math.inf: no cutoff)")
         return self
 
 
@@ -200,12 +212,14 @@ class Timing:
     attempts: int = 1
     checked: bool = True           # False: no /proc, samples could not be checked
     seconds: float = 0.0           # wall time the timing took, back-offs included
+    cut_short: bool = False        # stopped early: the kernel was past TimingOptions.slow_cutoff_s
 
     def to_dict(self) -> dict:
         return {"median": self.median, "min": self.minimum, "spread": self.spread, "count": self.count,
                 "calls_per_sample": self.calls_per_sample, "disturbed": self.disturbed,
                 "lost_fraction": self.lost_fraction, "clean_fraction": self.clean_fraction,
-                "host_busy": self.host_busy, "attempts": self.attempts, "checked": self.checked}
+                "host_busy": self.host_busy, "attempts": self.attempts, "checked": self.checked,
+                "cut_short": self.cut_short}
 
 
 def median_rel_err(values: list) -> float:
@@ -247,17 +261,17 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
         for attempt in range(opts.attempts):
             clock.refresh()
             threads = max(1, clock.threads)
-            samples, clean, lost_ns, wall = _sample(run_batch, n, opts, clock)
+            samples, clean, lost_ns, wall, cut = _sample(run_batch, n, opts, clock)
             lost_fraction = min(1.0, lost_ns / 1e9 / (wall * threads)) if wall > 0 else 0.0
             clean_all.extend(clean)
-            if not clock.available:
+            if not clock.available or cut:
                 break
             quiet = lost_fraction <= opts.disturbed_lost and len(clean) >= opts.min_samples
             if quiet or attempt == opts.attempts - 1:
                 break
             sleep(opts.backoff_s * 2 ** attempt)
         clean_fraction = len(clean) / len(samples) if samples else 0.0
-        use_clean = len(clean_all) >= opts.min_samples
+        use_clean = len(clean_all) >= opts.min_samples or (cut and bool(clean_all))
         basis = clean_all if use_clean else samples
         med, mn, spread = _summary(basis)
         # judged on the last attempt: a moment of load that a retry got past is not a disturbance
@@ -270,7 +284,7 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
         return Timing(median=med, minimum=mn, spread=spread, count=len(basis), samples=samples, basis=list(basis),
                       calls_per_sample=n, disturbed=bool(disturbed), lost_fraction=lost_fraction,
                       clean_fraction=clean_fraction, host_busy=host_busy, attempts=attempt + 1,
-                      checked=clock.available, seconds=elapsed)
+                      checked=clock.available, seconds=elapsed, cut_short=cut)
     finally:
         if own_clock:
             clock.close()
@@ -290,7 +304,8 @@ def _calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int
 
 
 def _sample(run_batch, n: int, opts: TimingOptions, clock: ThreadWaitClock):
-    """One attempt: samples (s per call), the clean ones, run-queue wait (ns) and wall seconds."""
+    """One attempt: samples (s per call), the clean ones, run-queue wait (ns), wall seconds, and
+    whether it stopped at the slow cutoff."""
     samples: list = []
     clean: list = []
     lost_ns = 0
@@ -307,6 +322,8 @@ def _sample(run_batch, n: int, opts: TimingOptions, clock: ThreadWaitClock):
         lost_ns += waited
         if waited <= max(opts.clean_floor_s, opts.clean_share * dt) * 1e9:
             clean.append(dt / n)
+            if _past_cutoff(clean, opts.slow_cutoff_s):
+                return samples, clean, lost_ns, perf() - t_start, True
         elapsed = t1 - t_start
         if len(samples) >= opts.max_samples or (elapsed >= opts.max_seconds and len(samples) >= opts.min_samples):
             break
@@ -315,4 +332,19 @@ def _sample(run_batch, n: int, opts: TimingOptions, clock: ThreadWaitClock):
             break
         if elapsed >= opts.max_seconds * 4:   # a kernel so slow that min_samples take too long
             break
-    return samples, clean, lost_ns, perf() - t_start
+    return samples, clean, lost_ns, perf() - t_start, False
+
+
+def single_call_timing(seconds: float) -> Timing:
+    """The figure of a kernel whose one (checked) call already put it FAR_BEHIND past a slow
+    cutoff: that call, unchecked for disturbance, cut short."""
+    return Timing(median=seconds, minimum=seconds, spread=0.0, count=1, samples=[seconds], basis=[seconds],
+                  checked=False, seconds=seconds, cut_short=True)
+
+
+def _past_cutoff(clean: list, cutoff: float) -> bool:
+    """Whether the clean samples so far show a kernel past the slow cutoff (module docstring)."""
+    if cutoff == math.inf:
+        return False
+    med = statistics.median(clean)
+    return med > cutoff and (len(clean) >= CUT_SAMPLES or med > FAR_BEHIND * cutoff)

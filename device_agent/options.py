@@ -24,6 +24,8 @@ class MeasureOptions:
     atol: float = 0.0
     seed: int = 0                      # of the random inputs every candidate of a task runs on
     num_threads: int | None = None     # threads for parallel loops; None: the kernel target's cores
+    slow_cutoff_s: float = 0.0         # per call: a kernel slower than this is timed briefly (0: never;
+                                       # compiler.timing); a search sets it from its best so far
 
     def __post_init__(self):
         if self.number < 1 or self.repeat < 1:
@@ -34,16 +36,20 @@ class MeasureOptions:
             raise ValueError(f"attempts must be at least 1, got {self.attempts}")
         if self.min_repeat_ms < 0 or self.max_repeat_ms < 0 or self.cooldown_ms < 0:
             raise ValueError("min_repeat_ms, max_repeat_ms and cooldown_ms must not be negative")
+        if not self.slow_cutoff_s >= 0:
+            raise ValueError(f"slow_cutoff_s must be 0 (no cutoff) or positive, got {self.slow_cutoff_s!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1 (or None: the target's cores), got {self.num_threads}")
 
     def timing_options(self):
         """The measurement protocol's options: `repeat` clean samples at least, of `number` calls
-        at least, over `min_repeat_ms` .. `max_repeat_ms` per attempt."""
+        at least, over `min_repeat_ms` .. `max_repeat_ms` per attempt, briefer past `slow_cutoff_s`."""
+        import math
+
         from compiler.timing import TimingOptions
         return TimingOptions(min_samples=self.repeat, min_calls=self.number, min_seconds=self.min_repeat_ms / 1000.0,
                              max_seconds=max(self.max_repeat_ms, self.min_repeat_ms, 1.0) / 1000.0,
-                             attempts=self.attempts)
+                             attempts=self.attempts, slow_cutoff_s=self.slow_cutoff_s or math.inf)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +64,8 @@ class MeasureOptions:
         return pb.MeasureOptions(number=self.number, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms,
                                  cooldown_ms=self.cooldown_ms, rtol=self.rtol, atol=self.atol, seed=self.seed,
                                  num_threads=self.num_threads or 0, timeout_seconds=self.timeout,
-                                 max_repeat_ms=self.max_repeat_ms, attempts=self.attempts)
+                                 max_repeat_ms=self.max_repeat_ms, attempts=self.attempts,
+                                 slow_cutoff_s=self.slow_cutoff_s)
 
     @staticmethod
     def from_proto(o) -> MeasureOptions:
@@ -70,7 +77,8 @@ class MeasureOptions:
                               min_repeat_ms=o.min_repeat_ms, max_repeat_ms=o.max_repeat_ms or d.max_repeat_ms,
                               attempts=o.attempts or d.attempts, cooldown_ms=o.cooldown_ms,
                               timeout=o.timeout_seconds if o.timeout_seconds > 0 else d.timeout,
-                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None)
+                              rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None,
+                              slow_cutoff_s=max(0.0, o.slow_cutoff_s))
 
 
 __all__ = ["MeasureOptions"]

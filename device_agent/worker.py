@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.timing import FAR_BEHIND, single_call_timing
 from compiler.verify import as_comparable, compare_output, poisoned, same_as_poison
 
 from .options import MeasureOptions
@@ -109,22 +110,26 @@ def _run_kernel(kernel, inputs, out_specs, variant: int) -> list:
     return outs
 
 
-def _check(cand, refs, inputs, out_specs, rtol, atol) -> str:
-    """'' when the candidate computes what the reference outputs `refs` hold, else why not."""
+def _check(cand, refs, inputs, out_specs, rtol, atol) -> tuple[str, float]:
+    """('' when the candidate computes what the reference outputs `refs` hold, else why not;
+    seconds its first checked call took)."""
+    first_call = 0.0
     for variant in (0, 1):
         if variant == 1 and not any(same_as_poison(r, s.dtype, 0) for r, s in zip(refs, out_specs)):
             break  # no reference value equals the first poison: a missed element cannot hide
         ins = [a.copy() for a in inputs]
         outs = [poisoned(s.shape, s.dtype, variant) for s in out_specs]
+        t0 = time.perf_counter()
         cand(*ins, *outs)
+        first_call = first_call or time.perf_counter() - t0
         for spec, a, b in zip(cand.args, ins, inputs):
             if not np.array_equal(as_comparable(a), as_comparable(b), equal_nan=a.dtype.kind == "f"):
-                return f"the kernel wrote to its input {spec.name}"
+                return f"the kernel wrote to its input {spec.name}", first_call
         for spec, got, ref in zip(out_specs, outs, refs):
             msg = compare_output(spec.name, got, ref, rtol, atol)
             if msg:
-                return msg
-    return ""
+                return msg, first_call
+    return "", first_call
 
 
 # (reference digest, seed, num_inputs) -> (kernel, inputs, outputs), the most recently used
@@ -222,9 +227,14 @@ def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -
         refs = _run_kernel(ref, inputs, out_specs, 0)
         _remember_reference(ref_key, (ref, inputs, refs))
     try:
-        msg = _check(cand, refs, inputs, out_specs, opts.rtol, opts.atol)
+        msg, first_call = _check(cand, refs, inputs, out_specs, opts.rtol, opts.atol)
         if msg:
             return done(WRONG_ANSWER, msg)
+        if opts.slow_cutoff_s and first_call > FAR_BEHIND * opts.slow_cutoff_s:
+            # far behind the search's best: its checked call is its one sample (compiler.timing)
+            result = done(NO_ERROR, "", [first_call])
+            result["timing"] = single_call_timing(first_call).to_dict()
+            return result
         arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
         if opts.cooldown_ms > 0:
             time.sleep(opts.cooldown_ms / 1000.0)

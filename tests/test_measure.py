@@ -231,6 +231,12 @@ def test_measure_one_in_process(mm_built):
     timing = res["timing"]   # the measurement protocol's summary: the figure is the median of the samples
     assert timing["count"] >= 2 and timing["min"] <= timing["median"] and timing["median"] > 0
     assert min(res["costs"]) == timing["min"] and timing["checked"]
+    assert not timing["cut_short"]
+    # far past a search's slow cutoff: checked, then its checked call is its one sample
+    res = measure_one(MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs,
+                                     MeasureOptions(repeat=10, slow_cutoff_s=1e-12)))
+    assert res["error_code"] == 0 and len(res["costs"]) == 1 and res["timing"]["cut_short"]
+    assert res["timing"]["count"] == 1 and res["costs"][0] == res["timing"]["median"] > 0
     res = measure_one(MeasureRequest(br.kernel_bytes, None, br.num_inputs))
     assert res["error_code"] == W.RUNNER_ERROR and "reference" in res["error_msg"]
     res = measure_one({"kernel_bytes": b"junk", "reference_bytes": br.reference_bytes, "num_inputs": 2})
@@ -350,16 +356,20 @@ def test_measure_options_are_one_value_with_one_set_of_defaults():
     converted in one place, a field left unset (0) meaning the default where 0 is unusable."""
     from rpc_tracker.protocol import pb
     from tuner.measure import RPCRunner
-    opts = MeasureOptions(number=3, repeat=4, min_repeat_ms=2.5, timeout=7.0, seed=9, num_threads=2, rtol=1e-3)
+    opts = MeasureOptions(number=3, repeat=4, min_repeat_ms=2.5, timeout=7.0, seed=9, num_threads=2, rtol=1e-3,
+                          slow_cutoff_s=0.25)
     assert MeasureOptions.from_proto(opts.to_proto(pb)) == opts
+    assert opts.timing_options().slow_cutoff_s == 0.25 and MeasureOptions().timing_options().slow_cutoff_s == float("inf")
     assert MeasureOptions.from_proto(pb.MeasureOptions()) == MeasureOptions(min_repeat_ms=0.0, rtol=0.0)
     assert MeasureRequest.from_dict(MeasureRequest(b"k", None, 2, opts).to_dict()).options == opts
     for bad in (dict(number=0), dict(repeat=0), dict(timeout=0.0), dict(attempts=0), dict(num_threads=0),
-                dict(min_repeat_ms=-1.0)):
+                dict(min_repeat_ms=-1.0), dict(slow_cutoff_s=-1.0)):
         with pytest.raises(ValueError):
             MeasureOptions(**bad)
     with LocalRunner(opts) as local:
         assert local.request(BuildResult(b"k", b"r", num_inputs=2)).options == opts
+        briefly = MeasureOptions(slow_cutoff_s=0.5)
+        assert local.request(BuildResult(b"k", b"r", num_inputs=2), briefly).options == briefly
     remote = RPCRunner("127.0.0.1:1", "key", options=opts)
     try:
         assert remote.options == opts and MeasureOptions.from_proto(remote._options_message) == opts

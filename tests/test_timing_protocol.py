@@ -42,6 +42,35 @@ def test_a_busy_host_is_retried_with_back_off_then_flagged():
     assert t.median > 0 and t.count == len(t.samples)           # the figure from the disturbed samples, flagged
 
 
+class QuietClock(ThreadWaitClock):
+    """A clock whose threads never wait: every sample is clean."""
+
+    def wait_ns(self) -> int:
+        return 0
+
+
+def sleeper(seconds):
+    def run_batch(n):
+        for _ in range(n):
+            time.sleep(seconds)
+    return run_batch
+
+
+def test_a_kernel_past_the_slow_cutoff_is_timed_in_a_few_samples():
+    """A search's candidate well behind the best is not timed ten times: three samples past the
+    cutoff end the timing, one sample FAR_BEHIND times past it does, and its figure is still its
+    own median."""
+    from compiler.timing import CUT_SAMPLES
+    opts = TimingOptions(min_samples=10, min_seconds=0.0, max_seconds=5.0, slow_cutoff_s=0.004)
+    t = time_samples(sleeper(0.006), opts, clock=QuietClock())
+    assert t.cut_short and t.count == CUT_SAMPLES == len(t.samples) and 0.006 <= t.median < 0.012
+    far = time_samples(sleeper(0.02), opts, clock=QuietClock())
+    assert far.cut_short and far.count == 1 and far.median >= 0.02 and not far.disturbed
+    near = time_samples(sleeper(0.002), opts, clock=QuietClock())
+    assert not near.cut_short and near.count >= 10
+    assert time_samples(sleeper(0.006), TimingOptions(min_samples=5, min_seconds=0.0), clock=QuietClock()).count >= 5
+
+
 HOLD = """
 import sys, time
 from compiler import host_lock

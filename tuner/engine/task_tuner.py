@@ -17,6 +17,7 @@ speed-up (the default stays the best).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import threading
@@ -44,6 +45,8 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
     raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
 
 
+SLOW_CUTOFF = 2.0         # a search's candidate this many times slower than the best so far is timed briefly
+SEARCH_MAX_REPEAT_MS = 120.0  # a search's timing samples this long at most (the re-timing takes the runner's)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
 
 
@@ -106,6 +109,7 @@ class TaskTuner:
         self.space = make_space(space, self.opdef, self.target)
         self.strategy_name = strategy or DEFAULT_STRATEGY[space]
         self._stop = threading.Event()
+        self._kept_builds: dict = {}   # fingerprint -> BuildResult of the fastest candidates (the re-timing's)
         self._finished: TuneResult | None = None
         self._baseline_done = not self.baseline
         self.exhausted = False
@@ -172,7 +176,7 @@ class TaskTuner:
         if not batch:
             self.exhausted = self.result.exhausted = True
             return None
-        results = self._measure(batch)
+        results = self._measure(batch, options=self._search_options())
         t0 = time.perf_counter()
         ids = self.store.add_records(self.task, list(zip(batch, results)), job_id=self.job_id)
         self.result.add_time("records", time.perf_counter() - t0)
@@ -192,12 +196,30 @@ class TaskTuner:
         self.result.tuner_seconds += seconds
         self.result.add_time("search", seconds)
 
-    def _measure(self, candidates, phase: str | None = None) -> list[MeasureResult]:
-        """Build and time `candidates`; their time counts as build and measure, or all as `phase`."""
+    def _search_options(self):
+        """The runner's measurement options as a search needs them: a timing ranks candidates, it
+        need not settle the last half per cent, so it samples for SEARCH_MAX_REPEAT_MS at most
+        (the end-of-run re-timing of the best takes the runner's full options); and once anything
+        was measured, with a slow cutoff at SLOW_CUTOFF times the best cost so far (the
+        baseline's or a candidate's), so a candidate far behind is timed in a few samples, not
+        ten (most of a short run's time on a large compute went to timing such candidates). A
+        cutoff the user set is kept."""
+        options = self.runner.options
+        changes: dict = {"max_repeat_ms": min(options.max_repeat_ms, max(SEARCH_MAX_REPEAT_MS, options.min_repeat_ms))}
+        best = min(self.result.best_cost, self.result.baseline_cost)
+        if math.isfinite(best) and best > 0 and not options.slow_cutoff_s:
+            changes["slow_cutoff_s"] = SLOW_CUTOFF * best
+        return dataclasses.replace(options, **changes)
+
+    def _measure(self, candidates, phase: str | None = None, options=None) -> list[MeasureResult]:
+        """Build and time `candidates` (with `options` instead of the runner's own); their time
+        counts as build and measure, or all as `phase`. The builds of the fastest are kept for
+        the re-timing (`_keep_builds`)."""
         t0 = time.perf_counter()
         builds = self.builder.build(self.task, candidates)
         t1 = time.perf_counter()
-        results = self._count(self.runner.run(self.task, builds))
+        results = self._count(self.runner.run(self.task, builds, options))
+        self._keep_builds(candidates, builds, results)
         t2 = time.perf_counter()
         if phase is None:
             self.result.add_time("build", t1 - t0)
@@ -205,6 +227,25 @@ class TaskTuner:
         else:
             self.result.add_time(phase, t2 - t0)
         return results
+
+    def _keep_builds(self, candidates, builds, results) -> None:
+        """Keep the kernels of the fastest candidates measured so far (top_k of them, and the
+        default's), so the re-timing at the end does not build them again."""
+        if self.top_k <= 0:
+            return
+        for cand, br, res in zip(candidates, builds, results):
+            if res.ok and br.kernel_bytes is not None:
+                self._kept_builds[cand.fingerprint] = (res.cost, cand.kind == "default", br)
+        if len(self._kept_builds) > self.top_k + 1:
+            ranked = sorted(self._kept_builds.items(), key=lambda kv: (not kv[1][1], kv[1][0]))
+            self._kept_builds = dict(ranked[:self.top_k + 1])
+
+    def _builds_of(self, candidates) -> list:
+        """BuildResults of `candidates`: kept ones as they are, the rest built now."""
+        missing = [c for c in candidates if c.fingerprint not in self._kept_builds]
+        built = dict(zip([c.fingerprint for c in missing], self.builder.build(self.task, missing) if missing else []))
+        return [self._kept_builds[c.fingerprint][2] if c.fingerprint in self._kept_builds else built[c.fingerprint]
+                for c in candidates]
 
     def _count(self, results: list) -> list:
         """Note how many valid timings the run took and how many of them were disturbed."""
@@ -263,7 +304,8 @@ class TaskTuner:
     def retime_candidates(self) -> list:
         """What the end of the run re-times against the default, in proportion to what was found:
         the fastest records, at most `top_k` and one per RETIME_PER_TRIALS trials of this task,
-        and with a baseline only those first measured within RETIME_WITHIN of it. A candidate
+        within RETIME_NEAR_BEST of the fastest, and with a baseline only those first measured
+        within RETIME_WITHIN of it. A candidate
         that measured slower than the default by more than the noise will not beat it in a
         re-timing; timing it again cost short runs several times what their trials cost."""
         trials = self.result.trials + self.result.resumed_trials
@@ -274,6 +316,8 @@ class TaskTuner:
         base_cost = self.result.baseline_cost
         if self.baseline and math.isfinite(base_cost):
             records = [rec for rec in records if rec.cost <= base_cost * (1 + RETIME_WITHIN)]
+        if records:   # one that measured well behind the fastest will not overtake it in a re-timing
+            records = [rec for rec in records if rec.cost <= records[0].cost * (1 + RETIME_NEAR_BEST)]
         return [rec.candidate for rec in records]
 
     def _retime(self):
@@ -291,7 +335,7 @@ class TaskTuner:
         base = default_candidate(self.workload_key)
         if not cands:   # nothing came near the default: its one timing stands, and it stays the best
             return
-        builds = self.builder.build(self.task, cands + ([base] if self.baseline else []))
+        builds = self._builds_of(cands + ([base] if self.baseline else []))
         cand_builds, base_build = builds[:len(cands)], (builds[-1] if self.baseline else None)
         timed: dict = {c.fingerprint: [] for c in cands}
         ratios: dict = {c.fingerprint: [] for c in cands}
@@ -348,6 +392,7 @@ class TaskTuner:
 MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however consistent
 RETIME_WITHIN = 0.05   # candidates first measured more than this slower than the default are not re-timed
 RETIME_PER_TRIALS = 4  # at most one re-timed candidate per this many trials of the task
+RETIME_NEAR_BEST = 0.15  # nor those first measured more than this slower than the fastest candidate
 
 
 def beats_default(ratios: list) -> bool:

@@ -112,15 +112,17 @@ class RPCRunner(Runner):
         """measured_by of a result no agent produced."""
         return f"farm:{self.device_key}"
 
-    def run(self, task: Task, build_results: list) -> list:
+    def run(self, task: Task, build_results: list, options: MeasureOptions | None = None) -> list:
         out: list = [None] * len(build_results)
-        for i, res in self.run_iter(task, build_results):
+        for i, res in self.run_iter(task, build_results, options):
             out[i] = res
         return out
 
-    def run_iter(self, task: Task, build_results: list):
+    def run_iter(self, task: Task, build_results: list, options: MeasureOptions | None = None):
         """Yield (index into build_results, MeasureResult) as results arrive: build errors first,
-        then measurements in the order agents finish them, then the unanswered ones at the end."""
+        then measurements in the order agents finish them, then the unanswered ones at the end.
+        `options`: this call's instead of the runner's."""
+        message = self._options_message if options is None else options.to_proto(pb)
         if task.device_key != self.device_key:
             raise ValueError(f"task {task.workload.name} is for device key {task.device_key!r} but this "
                              f"RPCRunner measures on {self.device_key!r}; its records would name the wrong "
@@ -136,7 +138,7 @@ class RPCRunner(Runner):
                 continue
             rid = uuid.uuid4().hex
             requests[rid] = pb.MeasureRequest(request_id=rid, kernel=br.kernel_bytes, num_inputs=br.num_inputs,
-                                              options=self._options_message)
+                                              options=message)
             references[rid] = br.reference_bytes or b""
             index[rid] = i
         if requests:

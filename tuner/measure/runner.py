@@ -27,9 +27,13 @@ class Runner(ABC):
         the tuner keeps the cost model and its warm start to records of that kind."""
         return False
 
+    options: MeasureOptions = MeasureOptions()
+
     @abstractmethod
-    def run(self, task: Task, build_results: list) -> list:
-        """Measure `build_results`; build errors pass through with the build's error code."""
+    def run(self, task: Task, build_results: list, options: MeasureOptions | None = None) -> list:
+        """Measure `build_results`; build errors pass through with the build's error code.
+        `options`: this call's measurement options instead of the runner's own (a search's slow
+        cutoff: MeasureOptions.slow_cutoff_s)."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release processes or connections."""
@@ -88,17 +92,19 @@ class LocalRunner(Runner):
     def timings_emulated(self) -> bool | None:
         return self.emulated
 
-    def request(self, br: BuildResult) -> MeasureRequest:
+    def request(self, br: BuildResult, options: MeasureOptions | None = None) -> MeasureRequest:
         if br.kernel_bytes is None:  # `passthrough` answers such a build without measuring it
             raise ValueError("request() needs a build result with a kernel; this build produced none")
-        return MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, self.options)
+        return MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, options or self.options)
 
-    def run(self, task: Task, build_results: list) -> list:
+    def run(self, task: Task, build_results: list, options: MeasureOptions | None = None) -> list:
+        options = options or self.options
         out = []
         for br in build_results:
             res = passthrough(br, "local")
             if res is None:
-                res = to_measure_result(self.worker.run(self.request(br), self.options.timeout), br, "local", self.emulated)
+                res = to_measure_result(self.worker.run(self.request(br, options), options.timeout), br, "local",
+                                        self.emulated)
             out.append(res)
         return out
 
