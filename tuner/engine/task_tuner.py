@@ -46,7 +46,8 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
 
 
 SLOW_CUTOFF = 2.0         # a search's candidate this many times slower than the best so far is timed briefly
-SEARCH_MAX_REPEAT_MS = 120.0  # a search's timing samples this long at most (the re-timing takes the runner's)
+SEARCH_MAX_REPEAT_MS = 120.0  # a search's timing samples this long at most
+RETIME_MAX_REPEAT_MS = 400.0  # a re-timing's timing samples this long at most (its rounds are its precision)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
 
 
@@ -211,6 +212,15 @@ class TaskTuner:
             changes["slow_cutoff_s"] = SLOW_CUTOFF * best
         return dataclasses.replace(options, **changes)
 
+    def _retime_options(self):
+        """The runner's options with each timing's sampling capped at RETIME_MAX_REPEAT_MS: the
+        re-timing's precision comes from its paired rounds (a median over rounds of timings next
+        to the default's), and on a noisy host each timing otherwise sampled its full second
+        chasing half a per cent, 30 of them for five candidates."""
+        options = self.runner.options
+        return dataclasses.replace(options, max_repeat_ms=min(options.max_repeat_ms,
+                                                              max(RETIME_MAX_REPEAT_MS, options.min_repeat_ms)))
+
     def _measure(self, candidates, phase: str | None = None, options=None) -> list[MeasureResult]:
         """Build and time `candidates` (with `options` instead of the runner's own); their time
         counts as build and measure, or all as `phase`. The builds of the fastest are kept for
@@ -352,7 +362,7 @@ class TaskTuner:
                     who.append(None)
                 seq.append(cand_builds[i])
                 who.append(cands[i])
-            results = self._count(self.runner.run(self.task, seq))
+            results = self._count(self.runner.run(self.task, seq, self._retime_options()))
             last_base = math.nan
             for c, res in zip(who, results):
                 cost = res.cost if res.ok else math.nan
