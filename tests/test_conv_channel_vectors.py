@@ -195,8 +195,8 @@ RECIPE_CASES = [
 @pytest.mark.parametrize("params", RECIPE_CASES, ids=["3x3s2", "1x1s2", "stem"])
 def test_every_choice_of_the_nchw_recipe_computes_the_convolution(params):
     """conv2d_nchw's recipe (conv2d_nchw_choices, the tuner's recipe sketch): its first values are
-    the default schedule itself, and every tile of either vector axis, walk order, input copy and
-    taps order it offers computes the reference on sizes no tile divides."""
+    the default schedule itself, and tiles of either vector axis, and every walk order, input copy,
+    taps order and panel packing it offers compute the reference on sizes no tile divides."""
     from compiler.lower import lower
     from compiler.ops import default_schedule
     from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
@@ -205,7 +205,9 @@ def test_every_choice_of_the_nchw_recipe_computes_the_convolution(params):
     default = {k: v[0] for k, v in choices.items()}
     assert str(lower(schedule_anchor_recipe(op, HOST, default), op.tensors)) == str(lower(default_schedule(op, HOST), op.tensors))
     assert len({t[0] for t in choices["tile"]}) == 2 and len(choices["tile"]) == len({tuple(t) for t in choices["tile"]})
-    variants = [{**default, "tile": t} for t in choices["tile"]]
+    tiles = choices["tile"]
+    picked = [tiles[1], next(t for t in tiles if t[0] != tiles[0][0]), tiles[-1]]   # both vector axes
+    variants = [{**default, "tile": t} for i, t in enumerate(picked) if t not in picked[:i]]
     variants += [{**default, knob: v} for knob, values in choices.items() if knob != "tile" for v in values[1:]]
     variants += [{**default, "tile": choices["tile"][-1], "channel_blocks_first": not default["channel_blocks_first"]}]
     for i, chosen in enumerate(variants):
@@ -216,3 +218,21 @@ def test_a_depthwise_layer_vectorized_over_channels_has_no_recipe():
     from compiler.ops.schedule_anchor import anchor_recipe_choices
     op = get_op("conv2d_nchw", N=1, C=2 * VL, H=7, W=7, F=2 * VL, KH=3, KW=3, padding=1, groups=2 * VL)
     assert not anchor_recipe_choices(op, HOST)
+
+
+def test_large_weights_are_packed_one_channel_block_at_a_time():
+    """Weights over PANEL_PER_BLOCK_BYTES with channel blocks outermost: each block's panel is
+    packed inside its block's (parallel) iteration into a buffer of one block, not all of them
+    into a second copy of the weights first; the result is unchanged."""
+    from compiler.lower import lower
+    from compiler.ops.schedule_conv import PANEL_PER_BLOCK_BYTES, packing_per_block_pays
+    params = dict(N=1, C=96 * VL, H=6, W=6, F=48 * VL, KH=1, KW=1, stride=2)   # res5 1x1/2-like
+    op = get_op("conv2d_nchw", **params)
+    FB = channel_tile(op, HOST)[0]
+    assert op.inputs[1].shape[0] * op.inputs[1].shape[1] * 4 > PANEL_PER_BLOCK_BYTES and packing_per_block_pays(op, HOST, FB)
+    per_block = schedule_conv_nchw_channels(op, HOST)
+    whole = schedule_conv_nchw_channels(op, HOST, pack_per_block=False)
+    ir_block, ir_whole = str(lower(per_block, op.tensors)), str(lower(whole, op.tensors))
+    assert ir_block != ir_whole
+    _check_against_reference(op, per_block, seed=4)
+    _check_against_reference(op, whole, seed=4)

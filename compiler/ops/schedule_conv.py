@@ -175,7 +175,7 @@ def materialize_pad(s, target):
 
 def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
                        channel_blocks_first: bool | None = None, input_block: int | None = None,
-                       taps: bool | None = None) -> Schedule:
+                       taps: bool | None = None, pack_per_block: bool | None = None) -> Schedule:
     """conv2d_nchw and depthwise_conv2d_nchw: vector over x, unrolled over f and y (or, where
     channel_vectors_pay, schedule_conv_nchw_channels).
 
@@ -188,13 +188,14 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
     XB, YB] or ["columns", XB, FB, YB], the vector axis and the register tile;
     `channel_blocks_first`, the channel tiles outermost (weights read once) or the spatial ones;
     `input_block`, the channels of a channel tile's NCHWc input copy (0: none); `taps`, whether a
-    channel tile unrolls the taps inside the channel loop (taps_unrolled)."""
+    channel tile unrolls the taps inside the channel loop (taps_unrolled); `pack_per_block`,
+    whether its weight panels are packed per channel block (packing_per_block_pays)."""
     target = resolve_target(target)
     mode = tile[0] if tile is not None else None
     if mode == "channels" or (mode is None and (channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5)):
         return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue, tile=tile[1:] if tile else None,
                                            channel_blocks_first=channel_blocks_first, input_block=input_block,
-                                           taps=taps)
+                                           taps=taps, pack_per_block=pack_per_block)
     if mode is None and depthwise_channel_vectors(opdef, target):
         return schedule_depthwise_channels(opdef, target, epilogue, fuse_epilogue)
     out = opdef.output
@@ -240,8 +241,8 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     tuner's recipe sketch samples them, tuner/space/sketch_recipe.py): `tile`, the default's
     register tile, then the other tiles of its vector axis that fit the registers as pick_tile
     ranks them, then the best of the other axis (MAX_NCHW_TILE_CHOICES each); the walk order of
-    the tiles; for channel tiles, the NCHWc input copy and the taps' unrolling, each None (the
-    rule, which depends on the tile) or forced. Empty for a depthwise convolution vectorized over
+    the tiles; for channel tiles, the NCHWc input copy, the taps' unrolling and packing the
+    weights per channel block, each None (the rule, which depends on the tile) or forced. Empty for a depthwise convolution vectorized over
     channels (its schedule takes no choices)."""
     target = resolve_target(target)
     prepacked = opdef.inputs[1].ndim == 5
@@ -272,6 +273,9 @@ def conv2d_nchw_choices(opdef, target) -> dict:
         if groups == 1 and C % INPUT_BLOCK == 0 and C > INPUT_BLOCK:
             choices["input_block"] = [None, 0, INPUT_BLOCK]
         choices["taps"] = [None, True, False]
+        if not prepacked:
+            fb = int(chans[0][1])
+            choices["pack_per_block"] = [None, not packing_per_block_pays(opdef, target, fb)]
     return choices
 
 
@@ -318,7 +322,7 @@ def channel_vectors_pay(opdef, target) -> bool:
 
 def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
                                 channel_blocks_first: bool | None = None, input_block: int | None = None,
-                                taps: bool | None = None) -> Schedule:
+                                taps: bool | None = None, pack_per_block: bool | None = None) -> Schedule:
     """conv2d_nchw with the output channels as the vector axis (NCHWc-style): a tile is FB
     channels (1 or 2 registers) x XB columns x YB rows, each reduction step FB/lanes weight
     vectors and XB*YB input broadcasts. Every lane is used whatever the image width (a 7-wide
@@ -354,15 +358,40 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
     red_order = None if shared and not RB else [1, 2, 0]
     if not RB:
         materialize_pad(s, target)
+    if pack_per_block is None:
+        pack_per_block = packing_per_block_pays(opdef, target, FB)
+    per_block = channel_blocks_first and pack_per_block and not prepacked and FB < fpg
+    block_loop: list = []
     acc = register_tile(s, out, [(2, YB), (3, XB)], 1, FB, target, opdef.flops, outer_order=order,
                         vec_group=fpg if groups > 1 else 0, red_order=red_order, store_dim=3, epilogue=epilogue,
-                        fuse_epilogue=fuse_epilogue, red_block=RB)
+                        fuse_epilogue=fuse_epilogue, red_block=RB, block_loop=block_loop if per_block else None)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     if RB:
         block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for)
     if not prepacked:
-        pack_weight_panels(s, acc, opdef.inputs[1], FB, vl, parallel_for)
+        if block_loop:   # each block's panel packed inside its block's iteration, serially
+            panel = pack_weight_panels(s, acc, opdef.inputs[1], FB, vl, lambda work: False)
+            stored, loop = block_loop[0]
+            panel.compute_at(stored, loop)
+        else:
+            pack_weight_panels(s, acc, opdef.inputs[1], FB, vl, parallel_for)
     return s
+
+
+PANEL_PER_BLOCK_BYTES = 1 << 20   # weights above this are packed per channel block (packing_per_block_pays)
+
+
+def packing_per_block_pays(opdef, target, fb: int) -> bool:
+    """Whether a channel tile's weight panels are packed inside the loop over channel blocks, one
+    block's panel at a time into a buffer that stays in cache, rather than all of them into a
+    second copy of the weights before the convolution: where the weights are large (over
+    PANEL_PER_BLOCK_BYTES), that copy is written to memory and read back, three passes over
+    the weights instead of one (res5's 1x1/2 downsample, 8 MB of weights: a fifth of its time
+    went to packing). The blocks then are the parallel loop, so there must be several per core."""
+    weight = opdef.inputs[1]
+    nbytes = int(_prod(weight.shape)) * np.dtype(weight.dtype).itemsize
+    blocks = opdef.output.shape[1] // fb
+    return nbytes > PANEL_PER_BLOCK_BYTES and blocks >= 4 * resolve_target(target).num_cores
 
 
 def depthwise_channel_vectors(opdef, target) -> bool:
@@ -636,12 +665,14 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
     return s
 
 
-def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, vec_group: int = 0):
+def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, vec_group: int = 0,
+                      outer_of: dict | None = None):
     """Split the output stage's axes into [other axes, outer tile loops] [tile axes, vector axis].
 
     `unrolled` = [(dim, factor)] of the register tile's unrolled axes; `outer_order` orders the
-    outer tile loops by dim. Returns (tile dims, {dim: inner loop}, outer loops). Shared by the
-    default schedules and the tuner's convolution templates.
+    outer tile loops by dim. Returns (tile dims, {dim: inner loop}, outer loops); `outer_of`,
+    when given, is filled with {dim: its outer tile loop}. Shared by the default schedules and
+    the tuner's convolution templates.
     """
     axes = list(st.op.axis)
     outer, inner, pre = {}, {}, []
@@ -654,6 +685,8 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
             outer[dim], inner[dim] = st.split(ax, factor=factor)
         else:
             outer[dim], inner[dim] = None, ax
+    if outer_of is not None:
+        outer_of.update({d: loop for d, loop in outer.items() if loop is not None})
     tile_dims = [d for d, _ in unrolled] + [vec_dim]
     outer_loops = [axes[d] for d in range(len(axes)) if d not in tile_dims] + pre
     outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
@@ -677,7 +710,8 @@ def accumulate_locally(s, out, epilogue, fuse_epilogue: bool, target, order=None
 
 def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                   vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
-                  fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True):
+                  fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True,
+                  block_loop: list | None = None):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).
@@ -693,13 +727,18 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
     through it (`out`, now a copy of the tile, is inlined into it); without `fuse_epilogue` the
     tile is stored into `out` and the epilogue is an elementwise pass of its own (for tiles whose
     unrolled store would be too much straight-line code with the epilogue in it).
-    `unroll_reduction=False`: the reduction loops stay loops (see schedule_conv_nchwc)."""
+    `unroll_reduction=False`: the reduction loops stay loops (see schedule_conv_nchwc).
+    `block_loop` (a list): where the vector axis's tile loop is the outermost tile loop, the
+    loops down to it are fused into the parallel loop and the other tile loops into a serial
+    one inside it, and (stored stage, parallel loop) is appended, for a producer to be computed
+    once per vector block (pack_per_block); else the list stays empty."""
     ndim = len(out.shape)
     order = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     st, cst = accumulate_locally(s, out, epilogue, fuse_epilogue, target, order)
+    outer_of: dict = {}
     tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor,
                                                       outer_order or [d for d, _ in unrolled] + [vec_dim],
-                                                      vec_group)
+                                                      vec_group, outer_of=outer_of)
     store = vec_dim if store_dim is None else store_dim
     for d in tile_dims:
         if d != store:
@@ -730,6 +769,15 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
         unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
     else:
         unroll_inner_reduction(cst, rax, tile_statements)
+    vec_outer = outer_of.get(vec_dim)
+    if block_loop is not None and vec_outer is not None and outer_order and outer_order[0] == vec_dim:
+        cut = outer_loops.index(vec_outer) + 1
+        head, tail = fuse_all(st, outer_loops[:cut]), fuse_all(st, outer_loops[cut:])
+        cst.compute_at(st, tail if tail is not None else head)
+        if want_parallel(target, work) and head.extent > 1:
+            st.parallel(head)
+        block_loop.append((st, head))
+        return cst
     # one loop over all tiles: parallel, and the reduction is computed inside it
     loop = fuse_all(st, outer_loops)
     cst.compute_at(st, loop)
@@ -739,7 +787,7 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
 
 
 __all__ = ["schedule_conv_nchw", "conv2d_nchw_choices", "column_tile",
-           "schedule_conv_nchw_channels", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
+           "schedule_conv_nchw_channels", "packing_per_block_pays", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
            "pack_weight_panels", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",
