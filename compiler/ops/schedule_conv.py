@@ -268,13 +268,14 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     choices: dict[str, list] = {"tile": first + second}
     dominate = weights_dominate(opdef)
     choices["channel_blocks_first"] = [dominate, not dominate]
-    if chans:
+    if chans:   # each forced value the opposite of the rule's for the first channel tile
         C = opdef.inputs[0].shape[1]
+        fb, xb, yb = (int(v) for v in chans[0][1:])
+        shared = taps_unrolled(opdef, fb // vl, xb, yb, target.capabilities)
         if groups == 1 and C % INPUT_BLOCK == 0 and C > INPUT_BLOCK:
-            choices["input_block"] = [None, 0, INPUT_BLOCK]
-        choices["taps"] = [None, True, False]
+            choices["input_block"] = [None, 0 if input_channel_block(opdef, target, shared) else INPUT_BLOCK]
+        choices["taps"] = [None, not shared]
         if not prepacked:
-            fb = int(chans[0][1])
             choices["pack_per_block"] = [None, not packing_per_block_pays(opdef, target, fb)]
     return choices
 
