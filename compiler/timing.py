@@ -24,9 +24,10 @@ it was measured. What it does, and why:
   sets it to a multiple of the best it has measured): once CUT_SAMPLES clean samples put its
   median past the cutoff, or one sample puts it FAR_BEHIND times past it, sampling stops and the
   figure is the median of those samples (`cut_short`); the measuring worker does not even start
-  sampling a kernel whose checked call was that far past it (`single_call_timing`). A search only needs to know that such a
-  kernel is slow and by roughly how much; ten samples of a kernel 20x slower than the best cost
-  20x the time of the best's, and were most of the wall time of short runs on large computes.
+  sampling a kernel whose checked call was that far past it (`single_call_timing`). A search
+  only needs to know that such a kernel is slow and by roughly how much; ten samples of a kernel
+  20x slower than the best cost 20x the time of the best's, and were most of the wall time of
+  short runs on large computes.
 - **How busy the host was** (`host_busy`): CPUs' worth of time other processes used during the
   timing (from /proc/stat minus this process's own CPU time), for people and records.
 

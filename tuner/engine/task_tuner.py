@@ -200,7 +200,7 @@ class TaskTuner:
     def _search_options(self):
         """The runner's measurement options as a search needs them: a timing ranks candidates, it
         need not settle the last half per cent, so it samples for SEARCH_MAX_REPEAT_MS at most
-        (the end-of-run re-timing of the best takes the runner's full options); and once anything
+        (the end-of-run re-timing samples longer: _retime_options); and once anything
         was measured, with a slow cutoff at SLOW_CUTOFF times the best cost so far (the
         baseline's or a candidate's), so a candidate far behind is timed in a few samples, not
         ten (most of a short run's time on a large compute went to timing such candidates). A
