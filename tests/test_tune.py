@@ -432,8 +432,7 @@ def test_search_batches_time_candidates_far_behind_the_best_briefly(tmp_path, ma
     assert baseline[1] is None
     for (_, opts), best in zip(search, bests):
         assert opts.slow_cutoff_s == pytest.approx(SLOW_CUTOFF * best) and opts.repeat == real.options.repeat
-        assert opts.max_repeat_ms <= real.options.max_repeat_ms
-    assert all(opts.max_repeat_ms <= real.options.max_repeat_ms and not opts.slow_cutoff_s for _, opts in runner.seen[3:])
+    assert all(opts is None for _, opts in runner.seen[3:])
     # the re-timing times the kernels the search built: nothing is built again
     assert len(watched_builder.built) == builds_before_retime
     no_base = TaskTuner(_task(), open_store(f"sqlite:///{tmp_path / 'n.db'}"), builder=watched_builder, runner=runner,

@@ -46,8 +46,6 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
 
 
 SLOW_CUTOFF = 2.0         # a search's candidate this many times slower than the best so far is timed briefly
-SEARCH_MAX_REPEAT_MS = 120.0  # a search's timing samples this long at most
-RETIME_MAX_REPEAT_MS = 400.0  # a re-timing's timing samples this long at most (its rounds are its precision)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
 
 
@@ -198,28 +196,17 @@ class TaskTuner:
         self.result.add_time("search", seconds)
 
     def _search_options(self):
-        """The runner's measurement options as a search needs them: a timing ranks candidates, it
-        need not settle the last half per cent, so it samples for SEARCH_MAX_REPEAT_MS at most
-        (the end-of-run re-timing samples longer: _retime_options); and once anything
-        was measured, with a slow cutoff at SLOW_CUTOFF times the best cost so far (the
-        baseline's or a candidate's), so a candidate far behind is timed in a few samples, not
-        ten (most of a short run's time on a large compute went to timing such candidates). A
-        cutoff the user set is kept."""
+        """The runner's measurement options as a search needs them: once anything was measured,
+        with a slow cutoff at SLOW_CUTOFF times the best cost so far (the baseline's or a
+        candidate's), so a candidate far behind is timed in a few samples, not ten (most of a
+        short run's time on a large compute went to timing such candidates); a contender is
+        timed in full, since its figure while tuning is what the re-timing checks. None before
+        anything was measured or where the user set a cutoff (kept)."""
         options = self.runner.options
-        changes: dict = {"max_repeat_ms": min(options.max_repeat_ms, max(SEARCH_MAX_REPEAT_MS, options.min_repeat_ms))}
         best = min(self.result.best_cost, self.result.baseline_cost)
-        if math.isfinite(best) and best > 0 and not options.slow_cutoff_s:
-            changes["slow_cutoff_s"] = SLOW_CUTOFF * best
-        return dataclasses.replace(options, **changes)
-
-    def _retime_options(self):
-        """The runner's options with each timing's sampling capped at RETIME_MAX_REPEAT_MS: the
-        re-timing's precision comes from its paired rounds (a median over rounds of timings next
-        to the default's), and on a noisy host each timing otherwise sampled its full second
-        chasing half a per cent, 30 of them for five candidates."""
-        options = self.runner.options
-        return dataclasses.replace(options, max_repeat_ms=min(options.max_repeat_ms,
-                                                              max(RETIME_MAX_REPEAT_MS, options.min_repeat_ms)))
+        if not math.isfinite(best) or best <= 0 or options.slow_cutoff_s:
+            return None
+        return dataclasses.replace(options, slow_cutoff_s=SLOW_CUTOFF * best)
 
     def _measure(self, candidates, phase: str | None = None, options=None) -> list[MeasureResult]:
         """Build and time `candidates` (with `options` instead of the runner's own); their time
@@ -362,7 +349,7 @@ class TaskTuner:
                     who.append(None)
                 seq.append(cand_builds[i])
                 who.append(cands[i])
-            results = self._count(self.runner.run(self.task, seq, self._retime_options()))
+            results = self._count(self.runner.run(self.task, seq))
             last_base = math.nan
             for c, res in zip(who, results):
                 cost = res.cost if res.ok else math.nan
