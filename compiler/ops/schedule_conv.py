@@ -242,8 +242,8 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     register tile, then the other tiles of its vector axis that fit the registers as pick_tile
     ranks them, then the best of the other axis (MAX_NCHW_TILE_CHOICES each); the walk order of
     the tiles; for channel tiles, the NCHWc input copy, the taps' unrolling and packing the
-    weights per channel block, each None (the rule, which depends on the tile) or forced. Empty for a depthwise convolution vectorized over
-    channels (its schedule takes no choices)."""
+    weights per channel block, each None (the rule, which depends on the tile) or forced. Empty
+    for a depthwise convolution vectorized over channels (its schedule takes no choices)."""
     target = resolve_target(target)
     prepacked = opdef.inputs[1].ndim == 5
     channels_default = prepacked or channel_vectors_pay(opdef, target)
@@ -254,16 +254,11 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     chans = []
     if prepacked or (opdef.output.shape[1] // groups) % vl == 0:
         fb = opdef.inputs[1].shape[-1] if prepacked else None
-        default = list(channel_tile(opdef, target, fb))
-        tiles, _, dims, cost = _channel_tile_problem(opdef, target, fb)
-        ranked = [[vt, *f] for vt, f in feasible_tiles(tiles, vl, dims, cost, target.capabilities)]
-        chans = [["channels", *t] for t in _distinct([default] + ranked)][:MAX_NCHW_TILE_CHOICES]
+        chans = _tile_choices("channels", channel_tile(opdef, target, fb), _channel_tile_problem(opdef, target, fb),
+                              target)
     cols = []
     if not prepacked:
-        default = list(column_tile(opdef, target))
-        vec, _, dims, cost = _column_tile_problem(opdef, target)
-        ranked = [[vt, *f] for vt, f in feasible_tiles(vec, vl, dims, cost, target.capabilities)]
-        cols = [["columns", *t] for t in _distinct([default] + ranked)][:MAX_NCHW_TILE_CHOICES]
+        cols = _tile_choices("columns", column_tile(opdef, target), _column_tile_problem(opdef, target), target)
     first, second = (chans, cols) if channels_default else (cols, chans)
     choices: dict[str, list] = {"tile": first + second}
     dominate = weights_dominate(opdef)
@@ -280,12 +275,16 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     return choices
 
 
-def _distinct(tiles: list) -> list:
-    out: list = []
-    for t in tiles:
-        if t not in out:
-            out.append(t)
-    return out
+def _tile_choices(axis: str, default: tuple, problem: tuple, target) -> list:
+    """[axis, *tile] of the default tile, then the other tiles pick_tile's `problem` (vector
+    lengths, lanes, dims, cost) finds feasible, as it ranks them, MAX_NCHW_TILE_CHOICES in all."""
+    vec, vl, dims, cost = problem
+    out = [[axis, *default]]
+    for vt, factors in feasible_tiles(vec, vl, dims, cost, target.capabilities):
+        tile = [axis, vt, *factors]
+        if tile not in out:
+            out.append(tile)
+    return out[:MAX_NCHW_TILE_CHOICES]
 
 
 def channel_vectors_pay(opdef, target) -> bool:
