@@ -11,6 +11,7 @@ schedule can be stored as JSON and replayed on a fresh, structurally equal defin
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from . import expr as E
@@ -453,12 +454,17 @@ class Schedule:
         self._record("rfactor", tensor=stage_index, axis=axis_index, factor_axis=factor_axis)
         return rf_tensor
 
-    def cache_read(self, tensor: Tensor, scope: str, readers, block: dict | None = None) -> Tensor:
+    def cache_read(self, tensor: Tensor, scope: str, readers, block: dict | None = None,
+                   merge: list | None = None) -> Tensor:
         """Copy `tensor` into a new stage that `readers` read instead.
 
         `block` = {axis: factor} packs the copy into a blocked layout: each blocked axis is cut
         into outer blocks (moved to the front) and an inner block of `factor` (moved to the back),
         e.g. B[K, N] with {1: 16} becomes Bp[ceil(N/16), K, 16]; the tail block is zero-padded.
+        `merge` = [first, last] joins the consecutive unblocked axes first..last into one (the
+        same memory order, one axis for a schedule to tile): OIHW weights [F, C, KH, KW] with
+        {0: 16} and [1, 3] become [F/16, C·KH·KW, 16], which a copy can transpose 16 x 16 at a
+        time like a matrix's (compiler/ops/schedule_conv.py's weight panels).
         """
         if scope not in ("local", "global"):
             raise ScheduleError(f"cache_read: scope must be 'local' or 'global', got {scope!r}")
@@ -479,7 +485,8 @@ class Schedule:
                 raise ScheduleError(f"cache_read: block axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
             if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
                 raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
-        layout = _BlockLayout(tensor.shape, block)
+        merge = _check_merge(merge, tensor.ndim, block)
+        layout = _BlockLayout(tensor.shape, block, merge)
         name = f"{tensor.name}_{'packed' if block else scope}"
         taken = {st.name for st in self.stages}
         base, n = name, 1
@@ -489,6 +496,8 @@ class Schedule:
         step = dict(tensor=self._tensor_ref(tensor, self.stage_of(tensor)), scope=scope,
                     readers=[self.stages.index(st) for st in reader_stages],
                     block={str(k): v for k, v in sorted(block.items())} or None)
+        if merge is not None:
+            step["merge"] = list(merge)
         first = min(self.stages.index(st) for st in reader_stages)
         cache_op = cache.op
         assert isinstance(cache_op, ComputeOp)  # compute() always makes one (Tensor.op is any Operation)
@@ -510,22 +519,67 @@ def _shape(axes) -> tuple:
     return tuple(a.extent for a in axes)
 
 
-class _BlockLayout:
-    """Index mapping of a blocked copy (see Schedule.cache_read)."""
+def _check_merge(merge, ndim: int, block: dict):
+    """cache_read's `merge` as a (first, last) pair, or None; ScheduleError where it is not two
+    consecutive-range axes of the tensor, first < last, none of them blocked."""
+    if merge is None:
+        return None
+    try:
+        first, last = (int(a) for a in merge)
+    except (TypeError, ValueError):
+        raise ScheduleError(f"cache_read: merge must be [first, last] axis numbers, got {merge!r}") from None
+    if not 0 <= first < last < ndim:
+        raise ScheduleError(f"cache_read: merge [{first}, {last}] is not a range of two or more of the {ndim} axes")
+    if any(a in block for a in range(first, last + 1)):
+        raise ScheduleError(f"cache_read: merge [{first}, {last}] includes a blocked axis")
+    return first, last
 
-    def __init__(self, shape, block: dict):
+
+class _BlockLayout:
+    """Index mapping of a blocked copy (see Schedule.cache_read): outer blocks, the unblocked
+    axes (those of `merge`, a (first, last) range, joined into one), inner blocks."""
+
+    def __init__(self, shape, block: dict, merge: tuple | None = None):
         self.src_shape = tuple(shape)
         self.block = dict(sorted(block.items()))
+        self.merge = merge
         outer = [-(-shape[a] // f) for a, f in self.block.items()]
-        middle = [d for a, d in enumerate(shape) if a not in self.block]
+        middle = self._join([d for a, d in enumerate(shape) if a not in self.block], math.prod)
         inner = list(self.block.values())
         self.shape = tuple(outer + middle + inner)
+
+    def _join(self, middle: list, combine) -> list:
+        """The unblocked axes' values with the merged range's replaced by combine(theirs)."""
+        if self.merge is None:
+            return middle
+        first, last = self.merge
+        lo = first - sum(1 for a in self.block if a < first)
+        return middle[:lo] + [combine(middle[lo:lo + last - first + 1])] + middle[lo + last - first + 1:]
+
+    def _split_merged(self, middle: list) -> list:
+        """The merged axis's index back to the source axes it joins (innermost fastest)."""
+        if self.merge is None:
+            return list(middle)
+        first, last = self.merge
+        lo = first - sum(1 for a in self.block if a < first)
+        k, parts = middle[lo], []
+        for d in reversed(self.src_shape[first + 1:last + 1]):
+            parts.append(k % d)
+            k = k // d   # nested floordivs: the flattened address simplifies back to k
+        parts.append(k)
+        return list(middle[:lo]) + parts[::-1] + list(middle[lo + 1:])
+
+    def _merged_index(self, parts: list):
+        k = parts[0]
+        for d, v in zip(self.src_shape[self.merge[0] + 1:self.merge[1] + 1], parts[1:]):
+            k = k * d + v
+        return k
 
     def read_source(self, tensor, idx):
         nb = len(self.block)
         outer, middle, inner = idx[:nb], idx[nb:len(idx) - nb], idx[len(idx) - nb:]
         src, guard = [], None
-        mid = iter(middle)
+        mid = iter(self._split_merged(middle))
         blocked = {a: (o, i, f) for (a, f), o, i in zip(self.block.items(), outer, inner)}
         for a, d in enumerate(self.src_shape):
             if a in blocked:
@@ -543,7 +597,7 @@ class _BlockLayout:
 
     def map_read(self, idx):
         outer = [idx[a] // f for a, f in self.block.items()]
-        middle = [v for a, v in enumerate(idx) if a not in self.block]
+        middle = self._join([v for a, v in enumerate(idx) if a not in self.block], self._merged_index)
         inner = [idx[a] % f for a, f in self.block.items()]
         return tuple(outer + middle + inner)
 

@@ -552,6 +552,52 @@ def test_cache_read_padding_is_zero():
     np.testing.assert_allclose(y, x.sum(1), rtol=1e-5, atol=1e-6)
 
 
+def _filter_bank(F=20, Cin=3, KH=3, KW=2, Y=6):
+    """out[f, y] = sum over (c, kh, kw) of W[f, c, kh, kw] * X[c, y + kh, kw]: a conv's weights."""
+    W = C.placeholder((F, Cin, KH, KW), "float32", "W")
+    X = C.placeholder((Cin, Y + KH - 1, KW), "float32", "X")
+    c, kh, kw = C.reduce_axis(Cin, "c"), C.reduce_axis(KH, "kh"), C.reduce_axis(KW, "kw")
+    out = C.compute((F, Y), lambda f, y: C.sum(W[f, c, kh, kw] * X[c, y + kh, kw], axis=[c, kh, kw]), name="Out")
+    return W, X, out
+
+
+@pytest.mark.parametrize("block, shape", [({0: 8}, (3, 18, 8)), ({0: 4}, (5, 18, 4)), ({}, (20, 18))])
+def test_cache_read_merge_joins_axes(block, shape):
+    W, X, out = _filter_bank()                     # 20 filters: 8 does not divide them
+    s = C.create_schedule(out)
+    packed = s.cache_read(W, "global", [out], block=block, merge=[1, 3])
+    assert packed.shape == shape
+    assert s.steps[-1]["merge"] == [1, 3]
+    w, x = rnd(20, 3, 3, 2, seed=1), rnd(3, 8, 2, seed=2)
+    (y,) = run(s, [W, X, out], [w, x])
+    ref = np.einsum("fckw,cykw->fy", w.astype(np.float64), np.lib.stride_tricks.sliding_window_view(
+        x.astype(np.float64), 3, axis=1).transpose(0, 1, 3, 2)[:, :6])
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    # the copy's source address is the merged index itself: no division left in the lowered copy
+    W2, X2, out2 = _filter_bank()
+    fresh = apply_steps(out2, steps_from_json(steps_to_json(s.steps)))
+    assert str(lower(fresh, [W2, X2, out2])) == str(lower(s, [W, X, out]))
+    if block == {0: 8}:
+        st = s[packed]
+        fo, k, fi = st.op.axis
+        ko, ki = st.split(k, factor=6)
+        st.reorder(fo, ko, fi, ki)
+        st.vectorize(ki)
+        text = str(lower(s, [W, X, out]))
+        (copy,) = [line for line in text.splitlines() if line.strip().startswith("W_packed[")]
+        assert "//" not in copy and "%" not in copy, copy
+        (y2,) = run(s, [W, X, out], [w, x])
+        np.testing.assert_allclose(y2, y, rtol=1e-6)
+
+
+def test_cache_read_merge_errors():
+    W, X, out = _filter_bank()
+    s = C.create_schedule(out)
+    for bad, match in (([1], "merge must be"), ("ab", "merge must be"), ([2, 1], "not a range"),
+                       ([1, 1], "not a range"), ([0, 4], "not a range"), ([0, 2], "includes a blocked axis")):
+        expect_error(s, lambda bad=bad: s.cache_read(W, "global", [out], block={0: 8}, merge=bad), match)
+
+
 # ----------------------------------------------------------------------------- steps and replay
 
 def _rich_schedule(names=("A", "B", "C")):

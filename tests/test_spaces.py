@@ -210,10 +210,10 @@ def test_sketch_of_nchw_conv_expresses_channel_vectors():
                               "parallel": 2, "unroll_inner": True, "auto_unroll": 0, "pack": True}}
     cand = space.make_candidate("pad:root|conv2d_nchw:tile_cache_write@1", params)
     steps = cand.payload["steps"]
-    (cw,) = [st for st in steps if st["op"] == "cache_write"]
-    assert cw["order"] == [0, 2, 3, 1]
+    # the tile's local copy, then the weight panel's transposing register tile (schedule_transposed_panels)
+    assert [st["order"] for st in steps if st["op"] == "cache_write"] == [[0, 2, 3, 1], [0, 2, 1]]
     (cr,) = [st for st in steps if st["op"] == "cache_read"]
-    assert cr["block"] == {"0": 16}
+    assert cr["block"] == {"0": 16} and cr["merge"] == [1, 3]   # panels [F/16][C·KH·KW][16]
     check_builds_and_computes(opdef, cand, np.random.default_rng(0))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from compiler.ops.schedule_conv import schedule_block_copy, schedule_weight_panels
+from compiler.ops.schedule_conv import panel_merge, schedule_block_copy, schedule_weight_panels
 from compiler.schedule import Schedule, Stage, create_schedule
 
 from ...candidate import Candidate
@@ -112,9 +112,11 @@ class SketchApplier:
         if width <= 1:
             return
         tensor = self.s.placeholders[inp]
-        packed_tensor = self.s.cache_read(tensor, "global", [reader], block={axis: width})
+        rows_of_weights = axis == 0 and tensor.ndim > 2   # blocks of rows (a conv's OIHW weights)
+        merge = panel_merge(tensor, width, self.lanes[i]) if rows_of_weights else None
+        packed_tensor = self.s.cache_read(tensor, "global", [reader], block={axis: width}, merge=merge)
         packed = self.s[packed_tensor]
-        if axis == 0 and tensor.ndim > 2:   # blocks of rows (a conv's OIHW weights): see schedule_weight_panels
+        if rows_of_weights:   # see schedule_weight_panels
             schedule_weight_panels(self.s, packed_tensor, self.lanes[i], lambda work: bool(p.get("parallel")))
             return
         rows = packed.op.axis[:-1]
