@@ -15,6 +15,7 @@ import math
 from typing import Literal
 
 from . import expr as E
+from .arith import expr_range, to_lin
 from .errors import ScheduleError
 from .expr import Const, transform
 from .tensor import (
@@ -455,7 +456,7 @@ class Schedule:
         return rf_tensor
 
     def cache_read(self, tensor: Tensor, scope: str, readers, block: dict | None = None,
-                   merge: list | None = None) -> Tensor:
+                   merge: list | None = None, stride: dict | None = None) -> Tensor:
         """Copy `tensor` into a new stage that `readers` read instead.
 
         `block` = {axis: factor} packs the copy into a blocked layout: each blocked axis is cut
@@ -465,6 +466,10 @@ class Schedule:
         same memory order, one axis for a schedule to tile): OIHW weights [F, C, KH, KW] with
         {0: 16} and [1, 3] become [F/16, C·KH·KW, 16], which a copy can transpose 16 x 16 at a
         time like a matrix's (compiler/ops/schedule_conv.py's weight panels).
+        `stride` = {axis: s} copies only every s-th element along the axis, where every reader
+        reads only those (its index there a multiple of s at every point: a 1x1 convolution's
+        strided input, [N, C, H, W] with {2: 2, 3: 2} a compact [N, C, H/2, W/2]); blocking
+        then applies to the compact extents.
         """
         if scope not in ("local", "global"):
             raise ScheduleError(f"cache_read: scope must be 'local' or 'global', got {scope!r}")
@@ -486,7 +491,8 @@ class Schedule:
             if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
                 raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
         merge = _check_merge(merge, tensor.ndim, block)
-        layout = _BlockLayout(tensor.shape, block, merge)
+        stride = _check_stride(stride, tensor, reader_stages)
+        layout = _BlockLayout(tensor.shape, block, merge, stride)
         name = f"{tensor.name}_{'packed' if block else scope}"
         taken = {st.name for st in self.stages}
         base, n = name, 1
@@ -498,6 +504,8 @@ class Schedule:
                     block={str(k): v for k, v in sorted(block.items())} or None)
         if merge is not None:
             step["merge"] = list(merge)
+        if stride:
+            step["stride"] = {str(k): v for k, v in sorted(stride.items())}
         first = min(self.stages.index(st) for st in reader_stages)
         cache_op = cache.op
         assert isinstance(cache_op, ComputeOp)  # compute() always makes one (Tensor.op is any Operation)
@@ -535,12 +543,60 @@ def _check_merge(merge, ndim: int, block: dict):
     return first, last
 
 
+def _check_stride(stride, tensor: Tensor, reader_stages) -> dict:
+    """cache_read's `stride` as {axis: step}; ScheduleError unless every read of `tensor` by the
+    readers indexes each strided axis with a multiple of its step at every point of the reader's
+    iteration domain (the copy holds nothing else)."""
+    if not stride:
+        return {}
+    try:
+        stride = {int(k): v for k, v in stride.items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ScheduleError(f"cache_read: stride must map axis numbers to steps, got {stride!r}") from None
+    for ax, step in stride.items():
+        if not 0 <= ax < tensor.ndim:
+            raise ScheduleError(f"cache_read: stride axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+            raise ScheduleError(f"cache_read: stride for axis {ax} must be a positive integer")
+    for st in reader_stages:
+        op = st.op
+        ranges = {iv.var: (getattr(iv, "lo", 0), getattr(iv, "lo", 0) + iv.extent - 1)
+                  for iv in list(op.axis) + list(op.reduce_axis)}
+        for n in E.walk(op.body):
+            if isinstance(n, TensorRead) and n.tensor is tensor:
+                for ax, step in stride.items():
+                    if not _multiple_of(n.indices[ax], step, ranges):
+                        raise ScheduleError(f"cache_read: stage {st.name} reads {tensor.name} along axis {ax} at "
+                                            f"positions that are not all multiples of {step}")
+    return stride
+
+
+def _multiple_of(index, step: int, ranges: dict) -> bool:
+    """Whether `index` is a multiple of `step` wherever its variables range over `ranges`: every
+    term's coefficient a multiple (a term whose value is fixed counts as a constant)."""
+    try:
+        lin = to_lin(index, ranges)
+    except TypeError:
+        return False
+    const = lin.const
+    for atom, coef in lin.terms.values():
+        r = expr_range(atom, ranges)
+        if r is not None and r[0] == r[1]:
+            const += coef * r[0]
+        elif coef % step:
+            return False
+    return const % step == 0
+
+
 class _BlockLayout:
     """Index mapping of a blocked copy (see Schedule.cache_read): outer blocks, the unblocked
-    axes (those of `merge`, a (first, last) range, joined into one), inner blocks."""
+    axes (those of `merge`, a (first, last) range, joined into one), inner blocks; a strided
+    axis holds every step-th element of the source's."""
 
-    def __init__(self, shape, block: dict, merge: tuple | None = None):
-        self.src_shape = tuple(shape)
+    def __init__(self, shape, block: dict, merge: tuple | None = None, stride: dict | None = None):
+        self.stride = dict(stride or {})
+        self.src_shape = tuple(-(-d // self.stride.get(a, 1)) for a, d in enumerate(shape))
+        shape = self.src_shape
         self.block = dict(sorted(block.items()))
         self.merge = merge
         outer = [-(-shape[a] // f) for a, f in self.block.items()]
@@ -591,11 +647,13 @@ class _BlockLayout:
                 src.append(v)
             else:
                 src.append(next(mid))
+        src = [v * self.stride[a] if a in self.stride else v for a, v in enumerate(src)]
         if guard is None:
             return tensor[tuple(src)]
         return E.if_then_else(guard, tensor[tuple(src)], Const(0, tensor.dtype))
 
     def map_read(self, idx):
+        idx = [v // self.stride[a] if a in self.stride else v for a, v in enumerate(idx)]
         outer = [idx[a] // f for a, f in self.block.items()]
         middle = self._join([v for a, v in enumerate(idx) if a not in self.block], self._merged_index)
         inner = [idx[a] % f for a, f in self.block.items()]

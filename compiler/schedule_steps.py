@@ -38,7 +38,7 @@ STEP_FIELDS = {
     "compute_root": ({"stage"}, set()),
     "cache_write": ({"tensor", "scope"}, {"order"}),
     "rfactor": ({"tensor", "axis"}, {"factor_axis"}),
-    "cache_read": ({"tensor", "scope", "readers"}, {"block", "merge"}),
+    "cache_read": ({"tensor", "scope", "readers"}, {"block", "merge", "stride"}),
 }
 
 
@@ -122,7 +122,8 @@ def _dispatch(s: Schedule, n: int, op: str, step: dict):
             except (TypeError, ValueError):
                 raise ScheduleError(f"step {n} (cache_read): block axes must be integers, got "
                                     f"{list(block)}") from None
-        s.cache_read(tensor, step["scope"], [st.tensor for st in reader_stages], block=block, merge=step.get("merge"))
+        s.cache_read(tensor, step["scope"], [st.tensor for st in reader_stages], block=block, merge=step.get("merge"),
+                     stride=step.get("stride"))
         return
     st = _stage(s, n, step["stage"], "stage")
     if op == "split":

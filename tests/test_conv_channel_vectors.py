@@ -214,6 +214,47 @@ def test_every_choice_of_the_nchw_recipe_computes_the_convolution(params):
         _check_against_reference(op, schedule_anchor_recipe(op, HOST, chosen), seed=i)
 
 
+STRIDED_POINTWISE = [
+    dict(N=2, C=2 * VL, H=9, W=11, F=2 * VL, KH=1, KW=1, stride=2),        # odd sizes: the last row and column kept
+    dict(N=1, C=24, H=10, W=13, F=VL, KH=1, KW=1, stride=(3, 2)),          # input channels no block divides
+    dict(N=1, C=2 * VL, H=7, W=7, F=2 * VL, KH=1, KW=1, stride=2, groups=2),
+]
+
+
+@pytest.mark.parametrize("params", STRIDED_POINTWISE, ids=["odd", "3x2", "groups"])
+def test_a_strided_1x1_convolution_reads_a_compact_copy_of_its_input(params):
+    """A strided 1x1 convolution without padding copies only the input positions it reads
+    (subsample_input, cache_read's stride), channel-blocked or not, with channel or column
+    vectors, and still computes the reference; asked not to, it reads the input itself."""
+    from compiler.lower import lower
+    from compiler.ops.schedule_conv import input_step, schedule_conv_nchw, subsample_pays
+    op = get_op("conv2d_nchw", **params)
+    sh, sw = op.params["stride"]
+    assert subsample_pays(op) and input_step(op) == {a: v for a, v in ((2, sh), (3, sw)) if v > 1}
+    N, Cin, H, W = op.inputs[0].shape
+    compact = f"{N}x{Cin}x{-(-H // sh)}x{-(-W // sw)}"
+    variants = [schedule_conv_nchw(op, HOST, tile=["columns", *_column(op)])]
+    if (op.output.shape[1] // op.params["groups"]) % VL == 0:
+        variants += [schedule_conv_nchw_channels(op, HOST, input_block=b) for b in (0, 8) if op.params["groups"] == 1 or not b]
+    for i, sch in enumerate(variants):
+        text = str(lower(sch, op.tensors))
+        shapes = [line.split("[float32 * ")[1].split("]")[0] for line in text.splitlines() if "allocate data_" in line]
+        assert shapes and all(s == compact or s.count("x") == 4 for s in shapes), shapes   # compact, or compact and blocked
+        _check_against_reference(op, sch, seed=10 + i)
+    if (op.output.shape[1] // op.params["groups"]) % VL == 0:
+        whole = schedule_conv_nchw_channels(op, HOST, subsample=False, input_block=0)
+        assert "allocate data_" not in str(lower(whole, op.tensors))
+        _check_against_reference(op, whole, seed=9)
+    padded = get_op("conv2d_nchw", **{**params, "padding": 1})
+    assert not subsample_pays(padded)          # a padded border is read too: nothing to leave out
+    _check_against_reference(padded, schedule_conv_nchw(padded, HOST), seed=8)
+
+
+def _column(op):
+    from compiler.ops.schedule_conv import column_tile
+    return column_tile(op, HOST)
+
+
 def test_a_depthwise_layer_vectorized_over_channels_has_no_recipe():
     from compiler.ops.schedule_anchor import anchor_recipe_choices
     op = get_op("conv2d_nchw", N=1, C=2 * VL, H=7, W=7, F=2 * VL, KH=3, KW=3, padding=1, groups=2 * VL)

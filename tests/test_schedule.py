@@ -598,6 +598,50 @@ def test_cache_read_merge_errors():
         expect_error(s, lambda bad=bad: s.cache_read(W, "global", [out], block={0: 8}, merge=bad), match)
 
 
+def _pointwise_strided(F=5, Cin=6, H=7, W=9, sh=2, sw=3):
+    """A 1x1 convolution with strides (sh, sw): out[f, y, x] = sum_c W[f, c] * X[c, y*sh, x*sw]."""
+    X = C.placeholder((Cin, H, W), "float32", "X")
+    Wt = C.placeholder((F, Cin), "float32", "Wt")
+    c = C.reduce_axis(Cin, "c")
+    OH, OW = (H - 1) // sh + 1, (W - 1) // sw + 1
+    out = C.compute((F, OH, OW), lambda f, y, x: C.sum(Wt[f, c] * X[c, y * sh, x * sw], axis=c), name="Out")
+    return X, Wt, out
+
+
+@pytest.mark.parametrize("block, shape", [(None, (6, 4, 3)), ({0: 4}, (2, 4, 3, 4))])
+def test_cache_read_stride_copies_only_the_positions_read(block, shape):
+    X, Wt, out = _pointwise_strided()               # 7 rows at stride 2: 4 kept; 9 columns at stride 3: 3
+    s = C.create_schedule(out)
+    sub = s.cache_read(X, "global", [out], block=block, stride={1: 2, 2: 3})
+    assert sub.shape == shape and s.steps[-1]["stride"] == {"1": 2, "2": 3}
+    x, w = rnd(6, 7, 9, seed=3), rnd(5, 6, seed=4)
+    (y,) = run(s, [X, Wt, out], [x, w])
+    ref = np.einsum("fc,cyx->fyx", w.astype(np.float64), x[:, ::2, ::3].astype(np.float64))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    X2, W2, out2 = _pointwise_strided()
+    fresh = apply_steps(out2, steps_from_json(steps_to_json(s.steps)))
+    assert str(lower(fresh, [X2, W2, out2])) == str(lower(s, [X, Wt, out]))
+    reads = [line for line in str(lower(s, [X, Wt, out])).splitlines() if "X_" in line and "Out[" in line]
+    # the reader indexes the compact copy directly: no division left but the channel block's
+    assert reads and all(line.count("//") == (1 if block else 0) for line in reads), reads
+
+
+def test_cache_read_stride_refuses_positions_it_would_not_hold():
+    X, Wt, out = _pointwise_strided(sh=2, sw=1)
+    s = C.create_schedule(out)
+    expect_error(s, lambda: s.cache_read(X, "global", [out], stride={2: 2}), "not all multiples of 2")
+    expect_error(s, lambda: s.cache_read(X, "global", [out], stride={1: 4}), "not all multiples of 4")
+    expect_error(s, lambda: s.cache_read(X, "global", [out], stride={3: 2}), "stride axis 3 out of range")
+    expect_error(s, lambda: s.cache_read(X, "global", [out], stride={1: 0}), "positive integer")
+    expect_error(s, lambda: s.cache_read(X, "global", [out], stride=[1, 2]), "stride must map")
+    # a window wider than one tap reads every row: nothing to leave out
+    A = C.placeholder((8,), "float32", "A")
+    r = C.reduce_axis(2, "r")
+    win = C.compute((4,), lambda i: C.sum(A[i * 2 + r], axis=r), name="Win")
+    sw = C.create_schedule(win)
+    expect_error(sw, lambda: sw.cache_read(A, "global", [win], stride={0: 2}), "not all multiples")
+
+
 # ----------------------------------------------------------------------------- steps and replay
 
 def _rich_schedule(names=("A", "B", "C")):

@@ -175,7 +175,8 @@ def materialize_pad(s, target):
 
 def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
                        channel_blocks_first: bool | None = None, input_block: int | None = None,
-                       taps: bool | None = None, pack_per_block: bool | None = None) -> Schedule:
+                       taps: bool | None = None, pack_per_block: bool | None = None,
+                       subsample: bool | None = None) -> Schedule:
     """conv2d_nchw and depthwise_conv2d_nchw: vector over x, unrolled over f and y (or, where
     channel_vectors_pay, schedule_conv_nchw_channels).
 
@@ -189,13 +190,15 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
     `channel_blocks_first`, the channel tiles outermost (weights read once) or the spatial ones;
     `input_block`, the channels of a channel tile's NCHWc input copy (0: none); `taps`, whether a
     channel tile unrolls the taps inside the channel loop (taps_unrolled); `pack_per_block`,
-    whether its weight panels are packed per channel block (packing_per_block_pays)."""
+    whether its weight panels are packed per channel block (packing_per_block_pays);
+    `subsample`, whether a strided 1x1 convolution's channel tile reads a compact copy of the
+    input positions it uses (subsample_pays; column tiles always do)."""
     target = resolve_target(target)
     mode = tile[0] if tile is not None else None
     if mode == "channels" or (mode is None and (channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5)):
         return schedule_conv_nchw_channels(opdef, target, epilogue, fuse_epilogue, tile=tile[1:] if tile else None,
                                            channel_blocks_first=channel_blocks_first, input_block=input_block,
-                                           taps=taps, pack_per_block=pack_per_block)
+                                           taps=taps, pack_per_block=pack_per_block, subsample=subsample)
     if mode is None and depthwise_channel_vectors(opdef, target):
         return schedule_depthwise_channels(opdef, target, epilogue, fuse_epilogue)
     out = opdef.output
@@ -254,8 +257,11 @@ def conv2d_nchw_choices(opdef, target) -> dict:
     chans = []
     if prepacked or (opdef.output.shape[1] // groups) % vl == 0:
         fb = opdef.inputs[1].shape[-1] if prepacked else None
-        chans = _tile_choices("channels", channel_tile(opdef, target, fb), _channel_tile_problem(opdef, target, fb),
-                              target)
+        # the choices include the 2-register channel blocks the default leaves out for their panel's
+        # size (channel_tile): with the panels packed per block, res5's 3x3 ran 126-130 GFLOPS with a
+        # 32 x 7 x 1 tile against 124-127 with the default's 16 x 7 x 1 (cascadelake's 1 MB L2)
+        chans = _tile_choices("channels", channel_tile(opdef, target, fb),
+                              _channel_tile_problem(opdef, target, fb, panel_in_l2=False), target)
     cols = []
     if not prepacked:
         cols = _tile_choices("columns", column_tile(opdef, target), _column_tile_problem(opdef, target), target)
@@ -268,8 +274,11 @@ def conv2d_nchw_choices(opdef, target) -> dict:
         fb, xb, yb = (int(v) for v in chans[0][1:])
         shared = taps_unrolled(opdef, fb // vl, xb, yb, target.capabilities)
         if groups == 1 and C % INPUT_BLOCK == 0 and C > INPUT_BLOCK:
-            choices["input_block"] = [None, 0 if input_channel_block(opdef, target, shared) else INPUT_BLOCK]
+            rule = input_channel_block(opdef, target, shared, subsample_pays(opdef))
+            choices["input_block"] = [None, 0 if rule else INPUT_BLOCK]
         choices["taps"] = [None, not shared]
+        if input_step(opdef):
+            choices["subsample"] = [None, not subsample_pays(opdef)]
         if not prepacked:
             choices["pack_per_block"] = [None, not packing_per_block_pays(opdef, target, fb)]
     return choices
@@ -322,7 +331,8 @@ def channel_vectors_pay(opdef, target) -> bool:
 
 def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
                                 channel_blocks_first: bool | None = None, input_block: int | None = None,
-                                taps: bool | None = None, pack_per_block: bool | None = None) -> Schedule:
+                                taps: bool | None = None, pack_per_block: bool | None = None,
+                                subsample: bool | None = None) -> Schedule:
     """conv2d_nchw with the output channels as the vector axis (NCHWc-style): a tile is FB
     channels (1 or 2 registers) x XB columns x YB rows, each reduction step FB/lanes weight
     vectors and XB*YB input broadcasts. Every lane is used whatever the image width (a 7-wide
@@ -354,7 +364,8 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
         channel_blocks_first = weights_dominate(opdef)
     order = [1, 2, 3] if channel_blocks_first else [2, 3, 1]
     shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) if taps is None else bool(taps)
-    RB = input_channel_block(opdef, target, shared) if input_block is None else int(input_block)
+    step = input_step(opdef) if (subsample_pays(opdef) if subsample is None else subsample) else None
+    RB = input_channel_block(opdef, target, shared, bool(step)) if input_block is None else int(input_block)
     red_order = None if shared and not RB else [1, 2, 0]
     if not RB:
         materialize_pad(s, target)
@@ -367,7 +378,9 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
                         fuse_epilogue=fuse_epilogue, red_block=RB, block_loop=block_loop if per_block else None)
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
     if RB:
-        block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for)
+        block_input_channels(s, acc, opdef.inputs[0], RB, parallel_for, step=step)
+    elif step:
+        subsample_input(s, acc, opdef.inputs[0], step, target)
     if not prepacked:
         if block_loop:   # each block's panel packed inside its block's iteration, serially
             panel = pack_weight_panels(s, acc, opdef.inputs[1], FB, vl, lambda work: False)
@@ -437,7 +450,7 @@ def schedule_depthwise_channels(opdef, target=None, epilogue=None, fuse_epilogue
     return s
 
 
-def input_channel_block(opdef, target, taps_shared: bool) -> int:
+def input_channel_block(opdef, target, taps_shared: bool, subsampled: bool = False) -> int:
     """Channels per block of the NCHWc copy of a channel-vector conv's input (0: no copy).
 
     Where the weights dominate (res4, res5: 7x7 and 14x14 maps, 256-2048 channels) a tile's
@@ -449,24 +462,32 @@ def input_channel_block(opdef, target, taps_shared: bool) -> int:
     2048>512 ran 123 GFLOPS against 65 (oneDNN 106; znver3, 2 threads), res4's 3x3 132 against
     84. Not where the input is the bigger operand (res2, res3: the copy costs what it saves),
     nor for grouped convolutions, nor where the taps share their broadcasts in registers
-    (taps_unrolled with a window wider than 1x1), which orders the reduction its own way."""
+    (taps_unrolled with a window wider than 1x1), which orders the reduction its own way.
+    A strided 1x1 convolution's input is `subsampled` (subsample_input) whatever the operands'
+    sizes, and blocking that copy costs nothing more: res3's 1x1/2 downsample ran 147-160
+    GFLOPS blocked against 111-118 (oneDNN 118-122; cascadelake, 2 threads)."""
     KH, KW = opdef.params["KH"], opdef.params["KW"]
     C = opdef.inputs[0].shape[1]
-    if opdef.params.get("groups", 1) != 1 or C % INPUT_BLOCK or C == INPUT_BLOCK or not weights_dominate(opdef):
+    if opdef.params.get("groups", 1) != 1 or C % INPUT_BLOCK or C == INPUT_BLOCK:
+        return 0
+    if subsampled:
+        return INPUT_BLOCK
+    if not weights_dominate(opdef):
         return 0
     if taps_shared and KH * KW > 1:
         return 0
     return INPUT_BLOCK
 
 
-def block_input_channels(s, acc, data, block: int, want_parallel_for):
+def block_input_channels(s, acc, data, block: int, want_parallel_for, step: dict | None = None):
     """The conv's (padded) input copied into [C/block][N][H][W][block] for `acc`, the padding
-    inlined into the copy. The copy walks each block's rows with the channels unrolled inside
+    inlined into the copy (`step`, input_step's {axis: stride}: only the positions a strided 1x1
+    convolution reads). The copy walks each block's rows with the channels unrolled inside
     the columns: 'block' reads one plane apart that the next column reuses, one contiguous
     store. `want_parallel_for(work)` decides its parallel loop. Shared with the conv template."""
     pad = next((st for st in s.stages if st.op.name == "pad"), None)
     src = pad.tensor if pad is not None else data
-    st = s[s.cache_read(src, "global", [acc], block={1: block})]
+    st = s[s.cache_read(src, "global", [acc], block={1: block}, stride=step)]
     if pad is not None:
         pad.compute_inline()
     return schedule_block_copy(st, want_parallel_for)
@@ -589,8 +610,9 @@ def channel_tile(opdef, target, fb: int | None = None) -> tuple:
     return FB, XB, YB
 
 
-def _channel_tile_problem(opdef, target, fb: int | None = None) -> tuple:
-    """pick_tile's arguments for channel_tile: (channel vector lengths, lanes, dims, cost)."""
+def _channel_tile_problem(opdef, target, fb: int | None = None, panel_in_l2: bool = True) -> tuple:
+    """pick_tile's arguments for channel_tile: (channel vector lengths, lanes, dims, cost);
+    `panel_in_l2`: channel blocks wider than a register only while their panel fits half the L2."""
     out = opdef.output
     vl = lanes(target, out.dtype)
     _, F, OH, OW = out.shape
@@ -602,7 +624,8 @@ def _channel_tile_problem(opdef, target, fb: int | None = None) -> tuple:
         taps = opdef.params["KH"] * opdef.params["KW"]
         row_bytes = (data.shape[1] // groups) * taps * np.dtype(weight.dtype).itemsize   # one channel's panel
         # vector_tiles always offers one register or less, so one candidate is left
-        tiles = [t for t in vector_tiles(F // groups, vl) if t <= vl or t * row_bytes <= target.capabilities.l2 // 2]
+        tiles = [t for t in vector_tiles(F // groups, vl)
+                 if t <= vl or not panel_in_l2 or t * row_bytes <= target.capabilities.l2 // 2]
     return tiles, vl, [(OW, 8, True), (OH, 4, True)], lambda r, c: (c[0] * c[1] + r, r)
 
 
@@ -622,11 +645,42 @@ def taps_unrolled(opdef, fregs: int, XB: int, YB: int, caps) -> bool:
     return KW <= free
 
 
+def input_step(opdef) -> dict:
+    """{2: sh, 3: sw}, the strides of a 1x1 convolution without padding that reads every
+    sh-th row or sw-th column of its NCHW input: the positions a compact copy holds (its reads
+    are then those of a unit-stride convolution); {} for any other convolution."""
+    p = opdef.params
+    sh, sw = p["stride"]
+    if p["KH"] != 1 or p["KW"] != 1 or any(p["padding"]) or (sh, sw) == (1, 1):
+        return {}
+    return {a: st for a, st in ((2, sh), (3, sw)) if st > 1}
+
+
+def subsample_pays(opdef) -> bool:
+    """Whether a strided 1x1 convolution reads a compact copy of the input positions it uses
+    (input_step) rather than the input itself, as oneDNN's 'reduce to unit stride' does: the
+    copy is a quarter of the input at stride 2 and its rows are read whole; every read of the
+    input otherwise takes one float of each pair. ResNet-50's res4 1x1/2 downsample ran 119-135
+    GFLOPS strided against 151-173 on a subsampled input (its copy: ~6 % of the layer's time;
+    oneDNN 130-149; cascadelake, 2 threads)."""
+    return bool(input_step(opdef))
+
+
+def subsample_input(s, acc, data, step: dict, target):
+    """`data` copied into the compact [N, C, H/sh, W/sw] that `acc` reads (input_step), the copy
+    scheduled like a padding stage (parallel rows, the row loop left to LLVM)."""
+    schedule_pad_stage(s[s.cache_read(data, "global", [acc], stride=step)], target)
+
+
 def prepare_conv_input(s, acc, opdef, target):
-    """The NCHW conv's input as its micro-kernel `acc` reads it: de-interleaved columns for a
-    column stride above 1, else the padded input materialized."""
+    """The NCHW conv's input as its micro-kernel `acc` reads it: for a strided 1x1 convolution a
+    compact copy of the positions it reads (subsample_input), de-interleaved columns for any
+    other column stride above 1, else the padded input materialized."""
     sw = opdef.params["stride"][1]
-    if sw > 1:
+    step = input_step(opdef)
+    if step:
+        subsample_input(s, acc, opdef.inputs[0], step, target)
+    elif sw > 1:
         deinterleave_padded_columns(s, acc, opdef.inputs[0], sw, target)
     else:
         materialize_pad(s, target)
@@ -803,7 +857,8 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
 
 __all__ = ["schedule_conv_nchw", "conv2d_nchw_choices", "column_tile",
            "schedule_conv_nchw_channels", "packing_per_block_pays", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
-           "schedule_depthwise_channels", "input_channel_block", "block_input_channels",
+           "schedule_depthwise_channels", "input_channel_block", "block_input_channels", "input_step",
+           "subsample_pays", "subsample_input",
            "pack_weight_panels", "panel_merge", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",
            "taps_unrolled", "unrolled_fits", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",
