@@ -490,9 +490,9 @@ class Schedule:
                 raise ScheduleError(f"cache_read: block axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
             if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
                 raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
-        merge = _check_merge(merge, tensor.ndim, block)
+        joined = _check_merge(merge, tensor.ndim, block)
         stride = _check_stride(stride, tensor, reader_stages)
-        layout = _BlockLayout(tensor.shape, block, merge, stride)
+        layout = _BlockLayout(tensor.shape, block, joined, stride)
         name = f"{tensor.name}_{'packed' if block else scope}"
         taken = {st.name for st in self.stages}
         base, n = name, 1
@@ -502,8 +502,8 @@ class Schedule:
         step = dict(tensor=self._tensor_ref(tensor, self.stage_of(tensor)), scope=scope,
                     readers=[self.stages.index(st) for st in reader_stages],
                     block={str(k): v for k, v in sorted(block.items())} or None)
-        if merge is not None:
-            step["merge"] = list(merge)
+        if joined is not None:
+            step["merge"] = list(joined)
         if stride:
             step["stride"] = {str(k): v for k, v in sorted(stride.items())}
         first = min(self.stages.index(st) for st in reader_stages)
@@ -527,7 +527,7 @@ def _shape(axes) -> tuple:
     return tuple(a.extent for a in axes)
 
 
-def _check_merge(merge, ndim: int, block: dict):
+def _check_merge(merge, ndim: int, block: dict) -> tuple[int, int] | None:
     """cache_read's `merge` as a (first, last) pair, or None; ScheduleError where it is not two
     consecutive-range axes of the tensor, first < last, none of them blocked."""
     if merge is None:
@@ -593,7 +593,7 @@ class _BlockLayout:
     axes (those of `merge`, a (first, last) range, joined into one), inner blocks; a strided
     axis holds every step-th element of the source's."""
 
-    def __init__(self, shape, block: dict, merge: tuple | None = None, stride: dict | None = None):
+    def __init__(self, shape, block: dict, merge: tuple[int, int] | None = None, stride: dict | None = None):
         self.stride = dict(stride or {})
         self.src_shape = tuple(-(-d // self.stride.get(a, 1)) for a, d in enumerate(shape))
         shape = self.src_shape
@@ -626,8 +626,10 @@ class _BlockLayout:
         return list(middle[:lo]) + parts[::-1] + list(middle[lo + 1:])
 
     def _merged_index(self, parts: list):
+        assert self.merge is not None   # only called by _join, which checks
+        first, last = self.merge
         k = parts[0]
-        for d, v in zip(self.src_shape[self.merge[0] + 1:self.merge[1] + 1], parts[1:]):
+        for d, v in zip(self.src_shape[first + 1:last + 1], parts[1:]):
             k = k * d + v
         return k
 

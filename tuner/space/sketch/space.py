@@ -5,6 +5,7 @@ evolution operators (mutation, switching sketch, crossover) a guided search uses
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 from compiler.dtypes import nbytes
@@ -24,6 +25,7 @@ AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 MAX_INNER = 16            # innermost tile of a non-vector spatial axis, inner reduction tile
 MAX_MIDDLE = 8            # the S2 level (register tiles per attached region)
 MAX_KEPT_LOWERED = 4096   # validated loop programs kept for the cost model's features
+MAX_MADE = 50_000         # candidates (or errors) remembered by their parameters (make_candidate)
 REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to the target's
 MAX_SKETCHES = 16
 SWITCH_SKETCH_P = 0.1     # how often a mutation moves a candidate to another sketch
@@ -40,6 +42,7 @@ class SketchSpace(SearchSpace):
         self.opdef, self.target = resolve_task(task_or_opdef, target)
         self.validate = validate
         self._lowered: dict = {}  # fingerprint -> loop program lowered while validating it
+        self._made: dict = {}     # (sketch id, params) as JSON -> the Candidate made of them, or its SpaceError
         self.dag = SketchDag(self.opdef)
         self.sketches = generate_sketches(self.opdef, self.target)
         if not self.sketches:  # pragma: no cover - every DAG has at least one sketch
@@ -209,6 +212,33 @@ class SketchSpace(SearchSpace):
                              f"{type(e).__name__}: {e}") from None
 
     def make_candidate(self, sketch_id: str, params: dict) -> Candidate:
+        """The candidate of sketch `sketch_id` with `params`, applied and (when validating)
+        lowered; SpaceError where they do not fit. Parameters met before give the candidate (or
+        the error) made of them then, without applying and lowering them again: evolution breeds
+        the same child many times (a sixth to a half of a batch's children), and lowering was
+        most of the search's time."""
+        try:
+            key = json.dumps([sketch_id, params], sort_keys=True)
+        except (TypeError, ValueError):
+            key = None
+        made = self._made.get(key) if key is not None else None
+        if isinstance(made, SpaceError):
+            raise SpaceError(str(made))
+        if made is not None:
+            return made
+        try:
+            made = self._make_candidate(sketch_id, params)
+        except SpaceError as e:
+            made = e
+        if key is not None:
+            if len(self._made) >= MAX_MADE:
+                self._made.clear()
+            self._made[key] = made
+        if isinstance(made, SpaceError):
+            raise made
+        return made
+
+    def _make_candidate(self, sketch_id: str, params: dict) -> Candidate:
         s = self.apply(sketch_id, params)
         func = None
         if self.validate:
