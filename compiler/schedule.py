@@ -481,15 +481,7 @@ class Schedule:
         for st in reader_stages:
             if not any(t is tensor for t in st.op.input_tensors()):
                 raise ScheduleError(f"cache_read: stage {st.name} does not read {tensor.name}")
-        try:
-            block = {int(k): v for k, v in (block or {}).items()}
-        except (TypeError, ValueError, AttributeError):
-            raise ScheduleError(f"cache_read: block must map axis numbers to factors, got {block!r}") from None
-        for ax, f in block.items():
-            if not 0 <= ax < tensor.ndim:
-                raise ScheduleError(f"cache_read: block axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
-            if not isinstance(f, int) or isinstance(f, bool) or f <= 0:
-                raise ScheduleError(f"cache_read: block factor for axis {ax} must be a positive integer")
+        block = _axis_map(block, tensor, "block", "factors", "block factor")
         joined = _check_merge(merge, tensor.ndim, block)
         stride = _check_stride(stride, tensor, reader_stages)
         layout = _BlockLayout(tensor.shape, block, joined, stride)
@@ -543,21 +535,28 @@ def _check_merge(merge, ndim: int, block: dict) -> tuple[int, int] | None:
     return first, last
 
 
+def _axis_map(value, tensor: Tensor, name: str, values: str, value_name: str) -> dict:
+    """cache_read's `block` or `stride` as {axis: positive int}; ScheduleError naming `name`
+    where it is not a map of the tensor's axis numbers to positive integers."""
+    try:
+        out = {int(k): v for k, v in (value or {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ScheduleError(f"cache_read: {name} must map axis numbers to {values}, got {value!r}") from None
+    for ax, v in out.items():
+        if not 0 <= ax < tensor.ndim:
+            raise ScheduleError(f"cache_read: {name} axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ScheduleError(f"cache_read: {value_name} for axis {ax} must be a positive integer")
+    return out
+
+
 def _check_stride(stride, tensor: Tensor, reader_stages) -> dict:
     """cache_read's `stride` as {axis: step}; ScheduleError unless every read of `tensor` by the
     readers indexes each strided axis with a multiple of its step at every point of the reader's
     iteration domain (the copy holds nothing else)."""
     if not stride:
         return {}
-    try:
-        stride = {int(k): v for k, v in stride.items()}
-    except (TypeError, ValueError, AttributeError):
-        raise ScheduleError(f"cache_read: stride must map axis numbers to steps, got {stride!r}") from None
-    for ax, step in stride.items():
-        if not 0 <= ax < tensor.ndim:
-            raise ScheduleError(f"cache_read: stride axis {ax} out of range for {tensor.ndim}-d {tensor.name}")
-        if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
-            raise ScheduleError(f"cache_read: stride for axis {ax} must be a positive integer")
+    stride = _axis_map(stride, tensor, "stride", "steps", "stride")
     for st in reader_stages:
         op = st.op
         ranges = {iv.var: (getattr(iv, "lo", 0), getattr(iv, "lo", 0) + iv.extent - 1)
