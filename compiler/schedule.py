@@ -559,8 +559,8 @@ def _check_stride(stride, tensor: Tensor, reader_stages) -> dict:
     stride = _axis_map(stride, tensor, "stride", "steps", "stride")
     for st in reader_stages:
         op = st.op
-        ranges = {iv.var: (getattr(iv, "lo", 0), getattr(iv, "lo", 0) + iv.extent - 1)
-                  for iv in list(op.axis) + list(op.reduce_axis)}
+        # every variable of a ComputeOp's body runs from 0 (a reduce axis's lo is folded into its reads)
+        ranges = {iv.var: (0, iv.extent - 1) for iv in list(op.axis) + list(op.reduce_axis)}
         for n in E.walk(op.body):
             if isinstance(n, TensorRead) and n.tensor is tensor:
                 for ax, step in stride.items():

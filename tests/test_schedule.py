@@ -640,6 +640,11 @@ def test_cache_read_stride_refuses_positions_it_would_not_hold():
     win = C.compute((4,), lambda i: C.sum(A[i * 2 + r], axis=r), name="Win")
     sw = C.create_schedule(win)
     expect_error(sw, lambda: sw.cache_read(A, "global", [win], stride={0: 2}), "not all multiples")
+    # a one-long reduction from 1 reads the odd positions: its lo counts, not just its extent
+    r1 = C.reduce_axis((1, 2), "r1")
+    odd = C.compute((4,), lambda i: C.sum(A[i * 2 + r1], axis=r1), name="Odd")
+    so = C.create_schedule(odd)
+    expect_error(so, lambda: so.cache_read(A, "global", [odd], stride={0: 2}), "not all multiples")
 
 
 # ----------------------------------------------------------------------------- steps and replay
