@@ -227,10 +227,10 @@ def test_a_strided_1x1_convolution_reads_a_compact_copy_of_its_input(params):
     (subsample_input, cache_read's stride), channel-blocked or not, with channel or column
     vectors, and still computes the reference; asked not to, it reads the input itself."""
     from compiler.lower import lower
-    from compiler.ops.schedule_conv import input_step, schedule_conv_nchw, subsample_pays
+    from compiler.ops.schedule_conv import input_step, schedule_conv_nchw
     op = get_op("conv2d_nchw", **params)
     sh, sw = op.params["stride"]
-    assert subsample_pays(op) and input_step(op) == {a: v for a, v in ((2, sh), (3, sw)) if v > 1}
+    assert input_step(op) == {a: v for a, v in ((2, sh), (3, sw)) if v > 1}
     N, Cin, H, W = op.inputs[0].shape
     compact = f"{N}x{Cin}x{-(-H // sh)}x{-(-W // sw)}"
     variants = [schedule_conv_nchw(op, HOST, tile=["columns", *_column(op)])]
@@ -246,7 +246,7 @@ def test_a_strided_1x1_convolution_reads_a_compact_copy_of_its_input(params):
         assert "allocate data_" not in str(lower(whole, op.tensors))
         _check_against_reference(op, whole, seed=9)
     padded = get_op("conv2d_nchw", **{**params, "padding": 1})
-    assert not subsample_pays(padded)          # a padded border is read too: nothing to leave out
+    assert not input_step(padded)          # a padded border is read too: nothing to leave out
     _check_against_reference(padded, schedule_conv_nchw(padded, HOST), seed=8)
 
 

@@ -199,6 +199,25 @@ def test_sketch_rules_follow_the_compute_definition():
     assert not any("@" in sid for sid in ids(OPS["conv2d_nhwc"]()))   # its channels are already last
 
 
+def test_sketch_parameters_met_again_are_not_applied_and_lowered_again(monkeypatch):
+    """make_candidate remembers what parameters made: the same parameters (a copy) give the same
+    candidate, and parameters that did not fit the same SpaceError, each made once."""
+    space = SketchSpace(get_op("matmul", M=24, N=32, K=16))
+    made = []
+    real = space._make_candidate
+    monkeypatch.setattr(space, "_make_candidate", lambda sid, p: made.append(sid) or real(sid, p))
+    cand = space.sample(np.random.default_rng(5))
+    made.clear()
+    sid, params = cand.payload["sketch"], cand.payload["params"]
+    assert space.make_candidate(sid, copy.deepcopy(params)) is cand and made == []
+    bad = copy.deepcopy(params)
+    bad[next(n for n in bad if bad[n])]["tile"] = "not a tile"
+    for _ in range(2):
+        with pytest.raises(SpaceError):
+            space.make_candidate(sid, bad)
+    assert made == [sid]
+
+
 def test_sketch_of_nchw_conv_expresses_channel_vectors():
     """The default schedule's recipe for deep NCHW layers (schedule_conv_nchw_channels): a local
     tile cached [n][y][x][f] with f vectorized, the weights packed along f, stored along x."""

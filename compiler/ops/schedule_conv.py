@@ -192,7 +192,7 @@ def schedule_conv_nchw(opdef, target=None, epilogue=None, fuse_epilogue: bool = 
     channel tile unrolls the taps inside the channel loop (taps_unrolled); `pack_per_block`,
     whether its weight panels are packed per channel block (packing_per_block_pays);
     `subsample`, whether a strided 1x1 convolution's channel tile reads a compact copy of the
-    input positions it uses (subsample_pays; column tiles always do)."""
+    input positions it uses (input_step; column tiles always do)."""
     target = resolve_target(target)
     mode = tile[0] if tile is not None else None
     if mode == "channels" or (mode is None and (channel_vectors_pay(opdef, target) or opdef.inputs[1].ndim == 5)):
@@ -274,11 +274,11 @@ def conv2d_nchw_choices(opdef, target) -> dict:
         fb, xb, yb = (int(v) for v in chans[0][1:])
         shared = taps_unrolled(opdef, fb // vl, xb, yb, target.capabilities)
         if groups == 1 and C % INPUT_BLOCK == 0 and C > INPUT_BLOCK:
-            rule = input_channel_block(opdef, target, shared, subsample_pays(opdef))
+            rule = input_channel_block(opdef, target, shared, bool(input_step(opdef)))
             choices["input_block"] = [None, 0 if rule else INPUT_BLOCK]
         choices["taps"] = [None, not shared]
         if input_step(opdef):
-            choices["subsample"] = [None, not subsample_pays(opdef)]
+            choices["subsample"] = [None, False]
         if not prepacked:
             choices["pack_per_block"] = [None, not packing_per_block_pays(opdef, target, fb)]
     return choices
@@ -364,7 +364,7 @@ def schedule_conv_nchw_channels(opdef, target=None, epilogue=None, fuse_epilogue
         channel_blocks_first = weights_dominate(opdef)
     order = [1, 2, 3] if channel_blocks_first else [2, 3, 1]
     shared = taps_unrolled(opdef, FB // vl, XB, YB, target.capabilities) if taps is None else bool(taps)
-    step = input_step(opdef) if (subsample_pays(opdef) if subsample is None else subsample) else None
+    step = input_step(opdef) if subsample is None or subsample else None
     RB = input_channel_block(opdef, target, shared, bool(step)) if input_block is None else int(input_block)
     red_order = None if shared and not RB else [1, 2, 0]
     if not RB:
@@ -648,22 +648,17 @@ def taps_unrolled(opdef, fregs: int, XB: int, YB: int, caps) -> bool:
 def input_step(opdef) -> dict:
     """{2: sh, 3: sw}, the strides of a 1x1 convolution without padding that reads every
     sh-th row or sw-th column of its NCHW input: the positions a compact copy holds (its reads
-    are then those of a unit-stride convolution); {} for any other convolution."""
+    are then those of a unit-stride convolution), which such a convolution reads by default
+    (subsample_input), as oneDNN's 'reduce to unit stride' does: the copy is a quarter of the
+    input at stride 2 and its rows are read whole; every read of the input otherwise takes one
+    float of each pair. ResNet-50's res4 1x1/2 downsample ran 119-135 GFLOPS strided against
+    151-173 on a subsampled input (its copy: ~6 % of the layer's time; oneDNN 130-149;
+    cascadelake, 2 threads). {} for any other convolution."""
     p = opdef.params
     sh, sw = p["stride"]
     if p["KH"] != 1 or p["KW"] != 1 or any(p["padding"]) or (sh, sw) == (1, 1):
         return {}
     return {a: st for a, st in ((2, sh), (3, sw)) if st > 1}
-
-
-def subsample_pays(opdef) -> bool:
-    """Whether a strided 1x1 convolution reads a compact copy of the input positions it uses
-    (input_step) rather than the input itself, as oneDNN's 'reduce to unit stride' does: the
-    copy is a quarter of the input at stride 2 and its rows are read whole; every read of the
-    input otherwise takes one float of each pair. ResNet-50's res4 1x1/2 downsample ran 119-135
-    GFLOPS strided against 151-173 on a subsampled input (its copy: ~6 % of the layer's time;
-    oneDNN 130-149; cascadelake, 2 threads)."""
-    return bool(input_step(opdef))
 
 
 def subsample_input(s, acc, data, step: dict, target):
@@ -858,7 +853,7 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
 __all__ = ["schedule_conv_nchw", "conv2d_nchw_choices", "column_tile",
            "schedule_conv_nchw_channels", "packing_per_block_pays", "accumulate_locally", "register_tile", "depthwise_channel_vectors",
            "schedule_depthwise_channels", "input_channel_block", "block_input_channels", "input_step",
-           "subsample_pays", "subsample_input",
+           "subsample_input",
            "pack_weight_panels", "panel_merge", "schedule_block_copy", "schedule_panel_copy", "schedule_weight_panels",
            "schedule_transposed_panels", "channel_vectors_pay", "channel_tile",
            "taps_unrolled", "unrolled_fits", "schedule_conv_nhwc", "split_output_tile", "deinterleave_columns",

@@ -215,8 +215,8 @@ class SketchSpace(SearchSpace):
         """The candidate of sketch `sketch_id` with `params`, applied and (when validating)
         lowered; SpaceError where they do not fit. Parameters met before give the candidate (or
         the error) made of them then, without applying and lowering them again: evolution breeds
-        the same child many times (a sixth to a half of a batch's children), and lowering was
-        most of the search's time."""
+        the same child many times (a 64-trial matmul 512 run asked for 1253 candidates, 893
+        distinct), and lowering is most of the search's time."""
         try:
             key = json.dumps([sketch_id, params], sort_keys=True)
         except (TypeError, ValueError):
