@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import weakref
 from typing import Callable
 
 from compiler.errors import CompilerError
@@ -307,56 +308,64 @@ class _Declarer:
         """Split a loop of `extent` into `num_outputs` loops; policy "factors" (exact
         factorizations), "power2" (power-of-two inner factors, the outer loop takes the rest)
         or "candidate" (explicit lists of inner factors, or of sizes with -1 for the outer)."""
-        ents = _split_entities(name, extent, num_outputs, policy, candidate, max_factor)
-        return self._declare(SplitKnob(name, ents, dict(kind="split", extent=extent, num_outputs=num_outputs,
-                                                        policy=policy)))
+        return self._declare(name, lambda: SplitKnob(
+            name, _split_entities(name, extent, num_outputs, policy, candidate, max_factor),
+            dict(kind="split", extent=extent, num_outputs=num_outputs, policy=policy)))
 
     def define_knob(self, name, values):
         """A knob taking one of `values` (JSON-able, distinct)."""
-        if not isinstance(values, (list, tuple)) or not values:
-            raise SpaceError(f"define_knob({name!r}): values must be a non-empty list")
-        return self._declare(Knob(name, list(values), dict(kind="knob")))
+        def make():
+            if not isinstance(values, (list, tuple)) or not values:
+                raise SpaceError(f"define_knob({name!r}): values must be a non-empty list")
+            return Knob(name, list(values), dict(kind="knob"))
+        return self._declare(name, make)
 
     def define_reorder(self, name, axes_count, policy="all", candidate=None):
         """An order of `axes_count` loops: every permutation ("all") or the given ones ("candidate")."""
-        _check_pos_int(f"define_reorder({name!r}): axes_count", axes_count)
-        if policy == "all":
-            if axes_count > MAX_REORDER_AXES:
-                raise SpaceError(f"define_reorder({name!r}): {axes_count} axes have too many orders; "
-                                 "give policy='candidate' with the orders to try")
-            ents = [list(p) for p in itertools.permutations(range(axes_count))]
-        elif policy == "candidate":
-            if not candidate:
-                raise SpaceError(f"define_reorder({name!r}): policy 'candidate' needs a candidate list")
-            ents = []
-            for p in candidate:
-                if sorted(p) != list(range(axes_count)):
-                    raise SpaceError(f"define_reorder({name!r}): {p!r} is not a permutation of "
-                                     f"range({axes_count})")
-                ents.append(list(p))
-        else:
-            raise SpaceError(f"define_reorder({name!r}): unknown policy {policy!r}; use 'all' or 'candidate'")
-        return self._declare(ReorderKnob(name, ents, dict(kind="reorder", axes_count=axes_count)))
+        def make():
+            _check_pos_int(f"define_reorder({name!r}): axes_count", axes_count)
+            if policy == "all":
+                if axes_count > MAX_REORDER_AXES:
+                    raise SpaceError(f"define_reorder({name!r}): {axes_count} axes have too many orders; "
+                                     "give policy='candidate' with the orders to try")
+                ents = [list(p) for p in itertools.permutations(range(axes_count))]
+            elif policy == "candidate":
+                if not candidate:
+                    raise SpaceError(f"define_reorder({name!r}): policy 'candidate' needs a candidate list")
+                ents = []
+                for p in candidate:
+                    if sorted(p) != list(range(axes_count)):
+                        raise SpaceError(f"define_reorder({name!r}): {p!r} is not a permutation of "
+                                         f"range({axes_count})")
+                    ents.append(list(p))
+            else:
+                raise SpaceError(f"define_reorder({name!r}): unknown policy {policy!r}; use 'all' or 'candidate'")
+            return ReorderKnob(name, ents, dict(kind="reorder", axes_count=axes_count))
+        return self._declare(name, make)
 
     def define_annotate(self, name, n, policy="try_unroll", candidate=None):
         """Annotations of `n` loops: policy "try_unroll" (each unrolled or not), "try_vec" (the
         last vectorized or not), "try_unroll_vec" (both), "none", or "candidate" lists."""
-        _check_pos_int(f"define_annotate({name!r}): n", n, 0)
-        if policy == "candidate":
-            if not candidate:
-                raise SpaceError(f"define_annotate({name!r}): policy 'candidate' needs a candidate list")
-            for c in candidate:
-                if len(c) != n or any(a not in ("none", "unroll", "vec", "parallel") for a in c):
-                    raise SpaceError(f"define_annotate({name!r}): bad candidate {c!r}")
-            ents = [list(c) for c in candidate]
-        elif policy in _ANNOTATE_CHOICES:
-            ents = _ANNOTATE_CHOICES[policy](n)
-        else:
-            raise SpaceError(f"define_annotate({name!r}): unknown policy {policy!r}; use one of "
-                             f"{', '.join(list(_ANNOTATE_CHOICES) + ['candidate'])}")
-        return self._declare(AnnotateKnob(name, ents, dict(kind="annotate", n=n, policy=policy)))
+        def make():
+            _check_pos_int(f"define_annotate({name!r}): n", n, 0)
+            if policy == "candidate":
+                if not candidate:
+                    raise SpaceError(f"define_annotate({name!r}): policy 'candidate' needs a candidate list")
+                for c in candidate:
+                    if len(c) != n or any(a not in ("none", "unroll", "vec", "parallel") for a in c):
+                        raise SpaceError(f"define_annotate({name!r}): bad candidate {c!r}")
+                ents = [list(c) for c in candidate]
+            elif policy in _ANNOTATE_CHOICES:
+                ents = _ANNOTATE_CHOICES[policy](n)
+            else:
+                raise SpaceError(f"define_annotate({name!r}): unknown policy {policy!r}; use one of "
+                                 f"{', '.join(list(_ANNOTATE_CHOICES) + ['candidate'])}")
+            return AnnotateKnob(name, ents, dict(kind="annotate", n=n, policy=policy))
+        return self._declare(name, make)
 
-    def _declare(self, knob):  # pragma: no cover - overridden
+    def _declare(self, name, make):  # pragma: no cover - overridden
+        """Declare knob `name`; `make()` builds it (its values, checked): the define pass calls
+        it, an apply pass only checks the name (the define pass of the same workload built it)."""
         raise NotImplementedError
 
 
@@ -368,12 +377,12 @@ class ConfigSpace(_Declarer):
         self.knobs: dict = {}
 
     # -- define pass
-    def _declare(self, knob: Knob):
-        if not isinstance(knob.name, str) or not knob.name:
-            raise SpaceError(f"a knob needs a non-empty string name, got {knob.name!r}")
-        if knob.name in self.knobs:
-            raise SpaceError(f"template {self.template_name!r} declares knob {knob.name!r} twice")
-        self.knobs[knob.name] = knob
+    def _declare(self, name, make):
+        if not isinstance(name, str) or not name:
+            raise SpaceError(f"a knob needs a non-empty string name, got {name!r}")
+        if name in self.knobs:
+            raise SpaceError(f"template {self.template_name!r} declares knob {name!r} twice")
+        knob = self.knobs[name] = make()
         return knob.wrap(knob.entities[0])
 
     def __getitem__(self, name):
@@ -452,14 +461,14 @@ class Config(_Declarer):
     def template_name(self) -> str:
         return self.space.template_name
 
-    def _declare(self, knob: Knob):
-        if knob.name in self._declared:
-            raise SpaceError(f"template {self.template_name!r} declares knob {knob.name!r} twice")
-        self._declared.add(knob.name)
-        if knob.name not in self.space.knobs:
-            raise SpaceError(f"template {self.template_name!r} declares knob {knob.name!r} only on some "
+    def _declare(self, name, make):
+        if name in self._declared:
+            raise SpaceError(f"template {self.template_name!r} declares knob {name!r} twice")
+        self._declared.add(name)
+        if name not in self.space.knobs:
+            raise SpaceError(f"template {self.template_name!r} declares knob {name!r} only on some "
                              "calls; knobs must be declared unconditionally")
-        return self[knob.name]
+        return self[name]
 
     def __getitem__(self, name):
         knob = self.space.knobs.get(name)
@@ -508,13 +517,29 @@ def _run(fn, cfg, opdef, target):
     return out
 
 
+# id(opdef) -> {(template name, target): ConfigSpace}, dropped with the opdef. A model-guided
+# search instantiates every candidate it ranks (a thousand per 64-trial run), and re-running the
+# define pass for each was a fifth of the search's time. (OpDefs compare by value and do not hash.)
+_DEFINED: dict = {}
+
+
 def define_space(template_name: str, opdef, target=None) -> ConfigSpace:
-    """Run the template's define pass: the ConfigSpace of its knobs for `opdef` on `target`."""
+    """Run the template's define pass: the ConfigSpace of its knobs for `opdef` on `target`.
+    The space is remembered per opdef, template and target (callers only read it)."""
     fn = get_template(template_name)
-    space = ConfigSpace(template_name)
-    _run(fn, space, opdef, resolve_target(target))
-    if not space.knobs:
-        raise SpaceError(f"template {template_name!r} declares no knobs")
+    target = resolve_target(target)
+    per_op = _DEFINED.get(id(opdef))
+    if per_op is None:
+        per_op = _DEFINED[id(opdef)] = {}
+        weakref.finalize(opdef, _DEFINED.pop, id(opdef), None)
+    key = (template_name, fn, target)   # the function too: a name registered again is a new template
+    space = per_op.get(key)
+    if space is None:
+        space = ConfigSpace(template_name)
+        _run(fn, space, opdef, target)
+        if not space.knobs:
+            raise SpaceError(f"template {template_name!r} declares no knobs")
+        per_op[key] = space
     return space
 
 
