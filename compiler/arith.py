@@ -16,29 +16,41 @@ from .expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not,
 
 
 class Lin:
-    """Σ coef·atom + const over int64; atoms are Vars or non-linear sub-expressions."""
+    """Σ coef·atom + const over int64; atoms are Vars or non-linear sub-expressions. The terms
+    dict (key -> (atom, coef)) is never changed once made, so forms share it freely."""
 
     __slots__ = ("terms", "const")
 
     def __init__(self, terms=None, const=0):
-        self.terms = terms or {}  # key -> [atom, coef]
+        self.terms = terms if terms is not None else {}
         self.const = const
 
     def add(self, other: "Lin", scale: int = 1) -> "Lin":
-        terms = {k: [a, c] for k, (a, c) in self.terms.items()}
+        const = self.const + other.const * scale
+        if not other.terms:
+            return Lin(self.terms, const)
+        if not self.terms and scale == 1:
+            return Lin(other.terms, const)
+        terms = dict(self.terms)
         for k, (a, c) in other.terms.items():
-            if k in terms:
-                terms[k][1] += c * scale
-                if terms[k][1] == 0:
+            c *= scale
+            old = terms.get(k)
+            if old is not None:
+                c += old[1]
+                if c:
+                    terms[k] = (old[0], c)
+                else:
                     del terms[k]
-            elif c * scale:
-                terms[k] = [a, c * scale]
-        return Lin(terms, self.const + other.const * scale)
+            elif c:
+                terms[k] = (a, c)
+        return Lin(terms, const)
 
     def scale(self, s: int) -> "Lin":
         if s == 0:
             return Lin()
-        return Lin({k: [a, c * s] for k, (a, c) in self.terms.items()}, self.const * s)
+        if s == 1:
+            return self
+        return Lin({k: (a, c * s) for k, (a, c) in self.terms.items()}, self.const * s)
 
     def is_const(self) -> bool:
         return not self.terms
@@ -62,7 +74,7 @@ def struct_key(e: Expr):
 def _atom(e: Expr) -> Lin:
     if isinstance(e, Const):
         return Lin({}, e.value)
-    return Lin({struct_key(e): [e, 1]}, 0)
+    return Lin({struct_key(e): (e, 1)}, 0)
 
 
 def expr_range(e: Expr, ranges: dict):
@@ -113,39 +125,47 @@ def _atom_range(atom: Expr, ranges: dict):
 
 
 def to_lin(e: Expr, ranges: dict) -> Lin:
-    """Linear form of an int64 expression, simplifying floordiv/floormod with the known ranges."""
-    if isinstance(e, Const):
+    """Linear form of an int64 expression, simplifying floordiv/floormod with the known ranges
+    (a Lin is never changed once made: forms share their terms)."""
+    t = type(e)
+    if type(e) is Const:
         return Lin({}, e.value)
-    if isinstance(e, Var):
+    if t is Var:
         r = ranges.get(e)
         if r is not None and r[0] == r[1]:  # a loop of one iteration: its variable is a constant
             return Lin({}, r[0])
-        return Lin({e: [e, 1]}, 0)
-    if isinstance(e, Binary) and e.dtype == INDEX_DTYPE:
-        if e.op in ("add", "sub"):
-            return _recombine_divmod(to_lin(e.a, ranges).add(to_lin(e.b, ranges), 1 if e.op == "add" else -1), ranges)
-        if e.op == "mul":
+        return Lin({e: (e, 1)}, 0)
+    return _to_lin(e, t, ranges)
+
+
+def _to_lin(e: Any, t: type, ranges: dict) -> Lin:   # e: a node of kind t (Binary, Cast, ...)
+    if t is Binary and e.dtype == INDEX_DTYPE:
+        op = e.op
+        if op == "add" or op == "sub":
+            lin = to_lin(e.a, ranges).add(to_lin(e.b, ranges), 1 if op == "add" else -1)
+            return _recombine_divmod(lin, ranges) if len(lin.terms) > 1 else lin
+        if op == "mul":
             la, lb = to_lin(e.a, ranges), to_lin(e.b, ranges)
-            if la.is_const():
+            if not la.terms:
                 return lb.scale(la.const)
-            if lb.is_const():
+            if not lb.terms:
                 return la.scale(lb.const)
             return _atom(Binary("mul", from_lin(la), from_lin(lb), e.dtype))
-        if e.op in ("floordiv", "floormod"):
+        if op == "floordiv" or op == "floormod":
             lb = to_lin(e.b, ranges)
-            if lb.is_const() and lb.const > 0:
-                return _divmod(e.op, to_lin(e.a, ranges), lb.const, ranges)
-            return _atom(Binary(e.op, from_lin(to_lin(e.a, ranges)), from_lin(lb), e.dtype))
-        if e.op in ("min", "max"):
+            if not lb.terms and lb.const > 0:
+                return _divmod(op, to_lin(e.a, ranges), lb.const, ranges)
+            return _atom(Binary(op, from_lin(to_lin(e.a, ranges)), from_lin(lb), e.dtype))
+        if op == "min" or op == "max":
             la, lb = to_lin(e.a, ranges), to_lin(e.b, ranges)
             r = lin_range(la.add(lb, -1), ranges)
             if r is not None:
                 if r[1] <= 0:
-                    return la if e.op == "min" else lb
+                    return la if op == "min" else lb
                 if r[0] >= 0:
-                    return lb if e.op == "min" else la
-            return _atom(Binary(e.op, from_lin(la), from_lin(lb), e.dtype))
-    if isinstance(e, Cast) and e.dtype == INDEX_DTYPE and e.value.dtype in ("int32", "int8"):
+                    return lb if op == "min" else la
+            return _atom(Binary(op, from_lin(la), from_lin(lb), e.dtype))
+    if t is Cast and e.dtype == INDEX_DTYPE and e.value.dtype in ("int32", "int8"):
         inner = simplify(e.value, ranges)
         if isinstance(inner, Const):
             return Lin({}, inner.value)
@@ -180,9 +200,9 @@ def _divmod(op: str, la: Lin, c: int, ranges: dict) -> Lin:
     q_terms, r_terms = {}, {}
     for k, (a, coef) in la.terms.items():
         if coef % c == 0:
-            q_terms[k] = [a, coef // c]
+            q_terms[k] = (a, coef // c)
         else:
-            r_terms[k] = [a, coef]
+            r_terms[k] = (a, coef)
     qc, rc = divmod(la.const, c)
     rest = Lin(r_terms, rc)
     r = lin_range(rest, ranges)
@@ -301,9 +321,7 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
                 return Const(True, "bool")
             if verdict[1]:
                 return Const(False, "bool")
-        const = d.const
-        d.const = 0
-        return Compare(e.op, from_lin(d), Const(-const, INDEX_DTYPE))
+        return Compare(e.op, from_lin(Lin(d.terms, 0)), Const(-d.const, INDEX_DTYPE))
     return Compare(e.op, a, b)
 
 

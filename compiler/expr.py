@@ -61,9 +61,9 @@ class Expr:
     def astype(self, dtype) -> "Expr":
         return cast(dtype, self)
 
-    # Nodes defined outside this module (tensor reads and reductions in tensor.py, buffer loads in
-    # loop_ir.py) override these two to describe their sub-expressions; the nodes defined here are
-    # handled by the module's children()/rebuild(), which are what visitors call.
+    # Every node kind with sub-expressions overrides these two (here, and tensor reads and
+    # reductions in tensor.py, buffer loads in loop_ir.py); visitors call the module's
+    # children()/rebuild().
     def children(self) -> tuple:
         return ()
 
@@ -122,6 +122,12 @@ class Binary(Expr):
     def __init__(self, op: str, a: Expr, b: Expr, dtype: str):
         self.op, self.a, self.b, self.dtype = op, a, b, dtype
 
+    def children(self) -> tuple:
+        return (self.a, self.b)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Binary(self.op, kids[0], kids[1], self.dtype)
+
 
 class Compare(Expr):
     __slots__ = ("op", "a", "b")
@@ -129,12 +135,24 @@ class Compare(Expr):
     def __init__(self, op: str, a: Expr, b: Expr):
         self.op, self.a, self.b, self.dtype = op, a, b, "bool"
 
+    def children(self) -> tuple:
+        return (self.a, self.b)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Compare(self.op, kids[0], kids[1])
+
 
 class Logical(Expr):
     __slots__ = ("op", "a", "b")
 
     def __init__(self, op: str, a: Expr, b: Expr):
         self.op, self.a, self.b, self.dtype = op, a, b, "bool"
+
+    def children(self) -> tuple:
+        return (self.a, self.b)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Logical(self.op, kids[0], kids[1])
 
 
 class Not(Expr):
@@ -145,6 +163,12 @@ class Not(Expr):
         if a.dtype != "bool":
             raise DTypeError(f"logical not needs a bool condition, got {a.dtype}")
         self.a, self.dtype = a, "bool"
+
+    def children(self) -> tuple:
+        return (self.a,)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Not(kids[0])
 
 
 class Select(Expr):
@@ -159,12 +183,24 @@ class Select(Expr):
     def __init__(self, cond: Expr, t: Expr, f: Expr):
         self.cond, self.t, self.f, self.dtype = cond, t, f, t.dtype
 
+    def children(self) -> tuple:
+        return (self.cond, self.t, self.f)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Select(kids[0], kids[1], kids[2])
+
 
 class Cast(Expr):
     __slots__ = ("value",)
 
     def __init__(self, dtype: str, value: Expr):
         self.dtype, self.value = dtype, value
+
+    def children(self) -> tuple:
+        return (self.value,)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Cast(self.dtype, kids[0])
 
 
 class Call(Expr):
@@ -174,6 +210,12 @@ class Call(Expr):
 
     def __init__(self, func: str, args: tuple, dtype: str):
         self.func, self.args, self.dtype = func, tuple(args), dtype
+
+    def children(self) -> tuple:
+        return self.args
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return Call(self.func, kids, self.dtype)
 
 
 # ----------------------------------------------------------------------------- constructors
@@ -341,35 +383,11 @@ def gelu(x) -> Expr:
 
 def children(e: Expr) -> tuple:
     """The sub-expressions of a node, in a fixed order (used by generic visitors)."""
-    if isinstance(e, (Binary, Compare, Logical)):
-        return (e.a, e.b)
-    if isinstance(e, Not):
-        return (e.a,)
-    if isinstance(e, Select):
-        return (e.cond, e.t, e.f)
-    if isinstance(e, Cast):
-        return (e.value,)
-    if isinstance(e, Call):
-        return e.args
     return e.children()
 
 
 def rebuild(e: Expr, new_children: tuple) -> Expr:
     """Copy `e` with its children replaced (no dtype checks: the children keep their dtypes)."""
-    if isinstance(e, Binary):
-        return Binary(e.op, new_children[0], new_children[1], e.dtype)
-    if isinstance(e, Compare):
-        return Compare(e.op, *new_children)
-    if isinstance(e, Logical):
-        return Logical(e.op, *new_children)
-    if isinstance(e, Not):
-        return Not(new_children[0])
-    if isinstance(e, Select):
-        return Select(*new_children)
-    if isinstance(e, Cast):
-        return Cast(e.dtype, new_children[0])
-    if isinstance(e, Call):
-        return Call(e.func, new_children, e.dtype)
     return e.rebuild(new_children)
 
 
