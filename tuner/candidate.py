@@ -21,6 +21,20 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_TARGET = 8   # the measuring machine cannot run the kernel's target (another ISA, missing CPU features)
 
 
+def copy_json(value):
+    """A deep copy of JSON-like data (dicts, lists, tuples, scalars): what copy.deepcopy gives
+    for it, without deepcopy's memo and dispatch (several times faster; the search copies every
+    candidate's parameters and steps it makes)."""
+    t = type(value)
+    if t is dict:
+        return {k: copy_json(v) for k, v in value.items()}
+    if t is list:
+        return [copy_json(v) for v in value]
+    if t is tuple:
+        return tuple(copy_json(v) for v in value)
+    return value
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A point of a search space: a template config or a sketch trace, as JSON-able data."""

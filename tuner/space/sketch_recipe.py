@@ -17,10 +17,10 @@ module.
 
 from __future__ import annotations
 
-import copy
-
 from compiler.errors import CompilerError
 from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
+
+from ..candidate import copy_json
 
 RECIPE_SKETCH_ID = "recipe"
 RECIPE_PARAMS = "recipe"        # the params' one entry: {knob: value}
@@ -37,23 +37,23 @@ def recipe_choices(opdef, target) -> dict | None:
 
 
 def sample(choices: dict, rng) -> dict:
-    return {RECIPE_PARAMS: {knob: copy.deepcopy(values[int(rng.integers(len(values)))])
+    return {RECIPE_PARAMS: {knob: copy_json(values[int(rng.integers(len(values)))])
                             for knob, values in choices.items()}}
 
 
 def mutate(params: dict, choices: dict, rng) -> dict:
     """One knob of several values redrawn to another of its values."""
-    new = copy.deepcopy(params)
+    new = copy_json(params)
     knobs = [k for k, v in choices.items() if len(v) > 1]
     knob = knobs[int(rng.integers(len(knobs)))]
     others = [v for v in choices[knob] if v != new[RECIPE_PARAMS].get(knob)]
-    new[RECIPE_PARAMS][knob] = copy.deepcopy(others[int(rng.integers(len(others)))])
+    new[RECIPE_PARAMS][knob] = copy_json(others[int(rng.integers(len(others)))])
     return new
 
 
 def crossover(a: dict, b: dict, rng) -> dict:
     pa, pb = a[RECIPE_PARAMS], b[RECIPE_PARAMS]
-    return {RECIPE_PARAMS: {k: copy.deepcopy(pa[k] if rng.random() < 0.5 or k not in pb else pb[k]) for k in pa}}
+    return {RECIPE_PARAMS: {k: copy_json(pa[k] if rng.random() < 0.5 or k not in pb else pb[k]) for k in pa}}
 
 
 def starting_points(choices: dict) -> list:
@@ -64,7 +64,7 @@ def starting_points(choices: dict) -> list:
     for knob, values in choices.items():
         take = STARTING_ALTERNATIVES if knob == "tile" else 1
         for v in values[1:1 + take]:
-            out.append({RECIPE_PARAMS: {**copy.deepcopy(default), knob: copy.deepcopy(v)}})
+            out.append({RECIPE_PARAMS: {**copy_json(default), knob: copy_json(v)}})
     return out
 
 

@@ -4,7 +4,6 @@ evolution operators (mutation, switching sketch, crossover) a guided search uses
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 
@@ -13,7 +12,7 @@ from compiler.errors import CompilerError
 from compiler.lower import lower
 from compiler.schedule import Schedule
 
-from ...candidate import Candidate
+from ...candidate import Candidate, copy_json
 from .. import sketch_recipe as recipe
 from ..base import SearchSpace, SpaceError, resolve_task
 from .apply import SketchApplier, replay_checked
@@ -246,8 +245,8 @@ class SketchSpace(SearchSpace):
                 func = lower(s, self.opdef.tensors)
             except CompilerError as e:
                 raise SpaceError(f"sketch {sketch_id!r} with params {params} does not lower: {e}") from None
-        cand = Candidate("trace", {"sketch": sketch_id, "params": copy.deepcopy(params),
-                                   "steps": copy.deepcopy(s.steps), "workload_key": self.workload_key})
+        cand = Candidate("trace", {"sketch": sketch_id, "params": copy_json(params),
+                                   "steps": copy_json(s.steps), "workload_key": self.workload_key})
         if func is not None:
             if len(self._lowered) >= MAX_KEPT_LOWERED:  # candidates never featurized: drop the oldest
                 del self._lowered[next(iter(self._lowered))]
@@ -322,7 +321,7 @@ class SketchSpace(SearchSpace):
             return cand
 
         def change_one():
-            new = copy.deepcopy(params)
+            new = copy_json(params)
             name = pick(rng, stages)
             i = self.dag.names.index(name)
             p = new[name]
@@ -375,10 +374,10 @@ class SketchSpace(SearchSpace):
                         for axis, t in value.items():
                             d = int(axis[1:]) if axis.startswith("s") else None
                             if d is None or (d != v_old and d != v_new) or v_old == v_new:
-                                p["tile"][axis] = copy.deepcopy(t)
+                                p["tile"][axis] = copy_json(t)
                         self._fit_region(i, p["tile"])
                     elif key in p and key != "tile":
-                        p[key] = copy.deepcopy(value)
+                        p[key] = copy_json(value)
             return new_sk.id, fresh
         return self._first_valid(gen, "switch_sketch")
 
@@ -397,14 +396,14 @@ class SketchSpace(SearchSpace):
                 c = {}
                 for key in x:
                     if key == "tile":
-                        c["tile"] = {ax: copy.deepcopy((x if rng.random() < 0.5 else y)["tile"][ax])
+                        c["tile"] = {ax: copy_json((x if rng.random() < 0.5 else y)["tile"][ax])
                                      for ax in x["tile"]}
                         self._fit_region(self.dag.names.index(name), c["tile"])
                     elif key in ("inner", "split"):
                         src = x if rng.random() < 0.5 else y
                         c["inner"], c["split"] = src["inner"], src["split"]
                     else:
-                        c[key] = copy.deepcopy((x if rng.random() < 0.5 else y).get(key, x[key]))
+                        c[key] = copy_json((x if rng.random() < 0.5 else y).get(key, x[key]))
                 child[name] = c
             return ska.id, child
         return self._first_valid(gen, "crossover")
