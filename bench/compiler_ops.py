@@ -7,7 +7,8 @@ user would write it (float32; an im2col + matmul for convolutions) are timed int
 is reported. Each measurement starts after a short sleep: the worker threads of OpenBLAS and
 of libgomp busy-wait after a call, and would otherwise halve the other side's parallel speed.
 Prints a table, and as its last line one JSON object:
-{"speedup_vs_numpy": {op: numpy_time / our_time}, "gflops": {op: ... or null}, ...}.
+{"speedup_vs_numpy": {op: numpy_time / our_time}, "gflops": {op: ... or null}, "build_ms": {op: build_op's
+time}, ...}.
 
     .venv/bin/python bench/compiler_ops.py [--rounds 5] [--only conv2d_nchw,softmax]
 """
@@ -184,11 +185,11 @@ def main():
         rows.append(run_case(key, name, params, np_fn, args.rounds, rng, args.cooldown))
         r = rows[-1]
         print(f"  {key}: ours {r['ours_ms']:.3f} ms  numpy {r['numpy_ms']:.3f} ms", file=sys.stderr, flush=True)
-    print(f"{'op':<18}{'params':<62}{'ours ms':>9}{'numpy ms':>10}{'speedup':>9}{'GFLOPS':>8}{'GB/s':>7}")
+    print(f"{'op':<18}{'params':<62}{'ours ms':>9}{'numpy ms':>10}{'speedup':>9}{'GFLOPS':>8}{'GB/s':>7}{'build ms':>10}")
     for r in rows:
         g = f"{r['gflops']:.1f}" if r["gflops"] is not None else "-"
         print(f"{r['key']:<18}{_fmt_params(r['params'])[:60]:<62}{r['ours_ms']:>9.3f}{r['numpy_ms']:>10.3f}"
-              f"{r['speedup']:>8.2f}x{g:>8}{r['gbps']:>7.1f}")
+              f"{r['speedup']:>8.2f}x{g:>8}{r['gbps']:>7.1f}{r['build_ms']:>10.0f}")
     speedups = [r["speedup"] for r in rows]
     geo = float(np.exp(np.mean(np.log(speedups)))) if speedups else None
     print(f"geomean speedup {geo:.2f}x over {len(rows)} ops, {time.perf_counter() - t_start:.0f} s, "
@@ -199,6 +200,8 @@ def main():
         "ms": {r["key"]: round(r["ours_ms"], 4) for r in rows},
         "numpy_ms": {r["key"]: round(r["numpy_ms"], 4) for r in rows},
         "geomean_speedup": round(geo, 3) if geo else None,
+        "build_ms": {r["key"]: round(r["build_ms"], 1) for r in rows},   # schedule, lower, LLVM: build_op's time
+        "build_ms_total": round(sum(r["build_ms"] for r in rows), 1),
     }
     print(json.dumps(result))
 

@@ -253,6 +253,35 @@ def test_model_based_epsilon_greedy(op):
     assert st.scores(greedy).mean() > st.scores(explore).mean()
 
 
+def test_evolution_population_persists_with_a_fresh_share(op):
+    """The next batch's evolution starts from the last one's unmeasured survivors, the best
+    measured candidates and at least `fresh_share` of new samples; nothing measured comes back
+    as a survivor."""
+    space = SampledOnly(op)
+    st = EvolutionarySearch(space, opdef=op, rng=5, population_size=32, num_generations=2, fresh_share=0.25)
+    measure = measurer(space)
+    for _ in range(2):
+        b = st.next_batch(8)
+        st.update(b, measure(b))
+    survivors = {c.fingerprint for c in st._survivors}
+    assert len(survivors) == 32
+    sampled = []
+    real_sample = space.sample
+    space.sample = lambda rng: sampled.append(real_sample(rng)) or sampled[-1]
+    try:
+        pop = st._initial_population()
+    finally:
+        del space.sample
+    fps = [c.fingerprint for c in pop]
+    assert len(pop) == 32
+    assert len(sampled) >= 8                                   # a quarter of the population is new
+    kept = survivors & set(fps)
+    assert len(kept) >= 32 - 8 - st.n_best_measured             # the rest: survivors, then measured
+    assert not kept & st.visited                                # a measured survivor is not carried
+    with pytest.raises(ValueError, match="fresh_share"):
+        EvolutionarySearch(space, opdef=op, fresh_share=1.5)
+
+
 # ----------------------------------------------------------------------------- stopping and budgets
 
 def test_early_stopping_triggers():

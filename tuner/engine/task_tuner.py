@@ -56,7 +56,7 @@ def search_effort(name: str, expected_trials: int | None) -> dict:
     proportion for fewer. A model's 100 trials over 19-135 tasks give each one or two batches,
     and its cost model has seen little of the task: ResNet-18's search took a third of its tuning
     time at full effort."""
-    full = {"model": dict(n_parallel=16, sa_iters=12),
+    full = {"model": dict(n_parallel=16, sa_iters=8),
             "evolutionary": dict(population_size=64, num_generations=2)}[name]
     if expected_trials is None or expected_trials >= FULL_EFFORT_TRIALS:
         return full
