@@ -56,14 +56,14 @@ def search_effort(name: str, expected_trials: int | None) -> dict:
     proportion for fewer. A model's 100 trials over 19-135 tasks give each one or two batches,
     and its cost model has seen little of the task: ResNet-18's search took a third of its tuning
     time at full effort."""
-    full = {"model": dict(n_parallel=16, sa_iters=8),
+    full = {"model": dict(n_parallel=16, sa_iters=6),
             "evolutionary": dict(population_size=64, num_generations=2)}[name]
     if expected_trials is None or expected_trials >= FULL_EFFORT_TRIALS:
         return full
     share = max(expected_trials, 1) / FULL_EFFORT_TRIALS
     if name == "evolutionary":
         return dict(population_size=max(16, round(64 * share)), num_generations=1)
-    return dict(n_parallel=max(4, round(16 * share)), sa_iters=6)
+    return dict(n_parallel=max(4, round(16 * share)), sa_iters=4)
 
 
 def make_strategy(name: str, space, opdef, target, seed: int, visited, cost_model=None, group: str = "current",
