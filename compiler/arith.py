@@ -127,9 +127,9 @@ def _atom_range(atom: Expr, ranges: dict):
 def to_lin(e: Expr, ranges: dict) -> Lin:
     """Linear form of an int64 expression, simplifying floordiv/floormod with the known ranges
     (a Lin is never changed once made: forms share their terms)."""
-    t = type(e)
     if type(e) is Const:
         return Lin({}, e.value)
+    t = type(e)
     if t is Var:
         r = ranges.get(e)
         if r is not None and r[0] == r[1]:  # a loop of one iteration: its variable is a constant

@@ -51,7 +51,7 @@ FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the f
 
 def search_effort(name: str, expected_trials: int | None) -> dict:
     """A guided strategy's search effort per batch, sized so ranking costs a fraction of measuring
-    the batch (a few hundred candidates lowered and featurized, ~5-15 ms each): the full effort
+    the batch (about a hundred new candidates lowered and featurized, 2-10 ms each): the full effort
     for a task expecting FULL_EFFORT_TRIALS trials or more (or an unknown number), less in
     proportion for fewer. A model's 100 trials over 19-135 tasks give each one or two batches,
     and its cost model has seen little of the task: ResNet-18's search took a third of its tuning

@@ -190,9 +190,9 @@ class EvolutionarySearch(_ModelGuided):
     The population persists across batches, as the annealing chains of ModelBasedSearch do:
     Ansor starts each round from new random samples, but every sample is lowered to be ranked
     (most of the search's time), and a survivor the model ranked high last batch is a better
-    parent than a new sample. The fresh share keeps the exploration: matmul 512, 64 trials, 8 per
-    batch, made 1 300 candidates with a whole population of samples per batch, ~900 with a
-    quarter.
+    parent than a new sample. The fresh share (at least one sample) keeps the exploration: a
+    64-trial matmul 512 run, 8 per batch, made 1 250 candidates with a whole population of new
+    samples per batch, 750 with a quarter.
     """
 
     def __init__(self, space, opdef=None, target=None, cost_model=None, featurizer=None, rng=None,
