@@ -217,7 +217,7 @@ def test_cli_rejects_bad_input_cleanly(tmp_path, capsys):
     assert "unknown strategy" in capsys.readouterr().err
 
 
-def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery):
+def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery, monkeypatch):
     """Records of other workloads warm the cost model only when their candidates come from the
     same sketches (or template): a matmul's model learns from another matmul, not from a conv."""
     from compiler.target import resolve_target
@@ -237,6 +237,14 @@ def test_warm_start_uses_records_of_the_same_structure_only(tmp_path, machinery)
     model = warm_cost_model(store, task.target, {key}, [make_space("sketch", task.workload.opdef(), target)])
     assert model is not None and model.trained
     assert set(model._hg.tolist()) == {sibling.workload.key}
+    # a second warm start (the next task of the process) reuses the history's feature rows
+    import tuner.features
+    calls = []
+    real = tuner.features.features_for
+    monkeypatch.setattr(tuner.features, "features_for", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = warm_cost_model(store, task.target, {key}, [make_space("sketch", task.workload.opdef(), target)])
+    assert calls == [] and again is not None and again.trained
+    np.testing.assert_allclose(again.predict(model._hX[:4]), model.predict(model._hX[:4]))
     # nothing of a template's structure in the store: no warm start for a template search
     assert warm_cost_model(store, task.target, {key}, [make_space("template", task.workload.opdef(), target)]) is None
     store.close()

@@ -22,6 +22,7 @@ import math
 import statistics
 import threading
 import time
+from collections import OrderedDict
 
 from ..candidate import MeasureResult
 from ..search import STRATEGIES, Budget, EarlyStopping
@@ -415,6 +416,39 @@ def timings_kind(runner, prior: list) -> bool:
     return bool(timed[-1].result.emulated) if timed else False
 
 
+# (target, workload key, candidate fingerprint) -> feature row of a record a warm start used.
+# Every task's warm start featurizes the same history (each record lowered: 2-10 ms, seconds for
+# the 2000-row limit); a process that tunes several tasks (a model, a job worker) pays it once.
+MAX_WARM_ROWS = 8192
+_WARM_ROWS: OrderedDict = OrderedDict()
+_WARM_ROWS_LOCK = threading.Lock()
+
+
+def _history_features(opdef, target: str, key: str, recs: list):
+    """Feature rows of one workload's records, remembered across warm starts (NaN rows where a
+    candidate does not instantiate, as features_for gives them); None when they cannot be made."""
+    import numpy as np
+
+    from ..features import features_for
+    from ..space import SpaceError
+
+    ids = [(target, key, r.candidate.fingerprint) for r in recs]
+    with _WARM_ROWS_LOCK:
+        rows = [_WARM_ROWS.get(i) for i in ids]
+    missing = [j for j, row in enumerate(rows) if row is None]
+    if missing:
+        try:
+            X = features_for(opdef, [recs[j].candidate for j in missing], target)
+        except SpaceError:
+            return None
+        with _WARM_ROWS_LOCK:
+            for j, row in zip(missing, X):
+                rows[j] = _WARM_ROWS[ids[j]] = row
+            while len(_WARM_ROWS) > MAX_WARM_ROWS:
+                _WARM_ROWS.popitem(last=False)
+    return np.stack([row for row in rows if row is not None])   # every row is filled by now
+
+
 def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None,
                     emulated: bool = False):
     """A cost model (`model`, or a new one) pre-trained on other workloads' records for this
@@ -423,8 +457,6 @@ def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: 
     import numpy as np
 
     from ..cost_model import XGBCostModel, throughputs_from_results
-    from ..features import features_for
-    from ..space import SpaceError
 
     structures = [st for st in (sp.structure() for sp in spaces) if st is not None]
     others = [r for r in store.history_of_structure(target, structures, exclude_keys, limit=limit)
@@ -440,9 +472,8 @@ def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: 
             opdef = recs[0].workload.opdef()
         except Exception:  # noqa: BLE001 - a custom workload not registered here: skip it
             continue
-        try:
-            X = features_for(opdef, [r.candidate for r in recs], target)
-        except SpaceError:
+        X = _history_features(opdef, target, key, recs)
+        if X is None:
             continue
         feats.append(X)
         thr.append(throughputs_from_results([r.result for r in recs], opdef.flops))
