@@ -429,24 +429,30 @@ def _history_features(opdef, target: str, key: str, recs: list):
     candidate does not instantiate, as features_for gives them); None when they cannot be made."""
     import numpy as np
 
-    from ..features import features_for
+    from ..features import NUM_FEATURES, features_for
     from ..space import SpaceError
 
     ids = [(target, key, r.candidate.fingerprint) for r in recs]
+    X = np.empty((len(recs), NUM_FEATURES))
+    missing = []
     with _WARM_ROWS_LOCK:
-        rows = [_WARM_ROWS.get(i) for i in ids]
-    missing = [j for j, row in enumerate(rows) if row is None]
+        for j, i in enumerate(ids):
+            row = _WARM_ROWS.get(i)
+            if row is None:
+                missing.append(j)
+            else:
+                X[j] = row
     if missing:
         try:
-            X = features_for(opdef, [recs[j].candidate for j in missing], target)
+            X[missing] = features_for(opdef, [recs[j].candidate for j in missing], target)
         except SpaceError:
             return None
         with _WARM_ROWS_LOCK:
-            for j, row in zip(missing, X):
-                rows[j] = _WARM_ROWS[ids[j]] = row
+            for j in missing:
+                _WARM_ROWS[ids[j]] = X[j].copy()
             while len(_WARM_ROWS) > MAX_WARM_ROWS:
                 _WARM_ROWS.popitem(last=False)
-    return np.stack([row for row in rows if row is not None])   # every row is filled by now
+    return X
 
 
 def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None,
