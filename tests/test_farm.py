@@ -23,10 +23,12 @@ from processes import kill_group, wait_for
 from compiler.ops import default_schedule
 from compiler.runtime import ArgSpec, Kernel
 from compiler.target import Target, llvm_binding
+from compiler.timing import FAR_BEHIND
 from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 from rpc_tracker.server import TrackerConfig, start_tracker
 from tuner.candidate import Candidate, ErrorCode
+from tuner.engine.task_tuner import SLOW_CUTOFF
 from tuner.measure import BuilderPool, BuildResult, FarmAuthError, FarmError, FarmRequestError, LocalRunner, MeasureOptions, RPCRunner
 from tuner.records import open_store
 from tuner.tune import tune
@@ -221,12 +223,16 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
     local_records = local_store.history(workload_key=task.workload.key)
     assert len(farm_records) == 6 and len(local_records) == 3 + 1  # locally the default schedule too
     assert any(r.retimed_cost is not None for r in farm_records)  # re-measured on the farm as well
+    best = min(r.result.minimum for r in farm_records if r.result.ok)
     for rec in farm_records:
         assert rec.device_key == KEY and rec.target == task.target
         assert rec.result.measured_by in agents, rec.result.measured_by
         if rec.result.ok:
             assert 1 <= len(rec.result.costs) <= 32 and all(0 < c < 1 for c in rec.result.costs)
-            assert rec.result.samples >= 2 and rec.result.minimum == min(rec.result.costs)  # the protocol's summary
+            assert rec.result.minimum == min(rec.result.costs)  # the protocol's summary
+            # one sample only for a candidate far behind the search's best so far (its slow cutoff)
+            far_behind = FAR_BEHIND * SLOW_CUTOFF * best
+            assert rec.result.samples >= 2 or rec.result.minimum > far_behind, (rec.result, best)
             assert rec.result.run_seconds > 0 and rec.result.build_seconds > 0
     assert sum(r.result.ok for r in farm_records) >= 4
     assert {r.result.measured_by for r in local_records} == {"local"}
