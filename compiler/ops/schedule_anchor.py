@@ -45,8 +45,9 @@ from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
 from .schedule_common import unit_step
-from .schedule_conv import conv2d_nchw_choices, schedule_conv_nchw
+from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
+from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_recipe
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
@@ -251,7 +252,7 @@ def _packing_pays(view, target) -> bool:
 # Anchors whose default schedule takes the tuner's choices as arguments: the view's name ->
 # (its choices: {knob: values, the default first}, the schedule function taking them).
 RECIPES = {"conv2d_nchwc": (conv2d_nchwc_choices, schedule_conv_nchwc),
-           "conv2d_nchw": (conv2d_nchw_choices, schedule_conv_nchw)}
+           "conv2d_nchw": (conv2d_nchw_recipe_choices, schedule_conv_nchw_recipe)}
 
 
 def anchor_recipe_choices(opdef, target=None) -> dict | None:
