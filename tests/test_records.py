@@ -74,7 +74,7 @@ def test_migration_creates_schema_and_is_idempotent(empty_db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0005"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0006"]
     engine.dispose()
 
 
@@ -89,7 +89,7 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine = sa.create_engine(url)
     with engine.begin() as conn:                  # as if written by the previous tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
-    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0005; run `tunefarm db upgrade"):
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0006; run `tunefarm db upgrade"):
         open_store(url)
     with engine.begin() as conn:                  # written by a newer tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))
@@ -502,3 +502,73 @@ def test_best_ranks_remeasured_first_over_every_device_key(store):
     assert store.best(MATMUL.key, TARGET, k=1, device_key="nowhere") == [] and store.best("0" * 32, TARGET) == []
     assert store.baseline_record(MATMUL.key, TARGET).result.mean_cost == pytest.approx(5.25e-3)
     assert store.baseline_record(MATMUL.key, TARGET, device_key="arm").device_key == "arm"
+
+
+# ---------------------------------------------------------------------------------- at scale
+
+def _counted(store) -> dict[int, int]:
+    """{task id: records} counted in SQL, to check the kept counts against."""
+    with store._session() as s:
+        return dict(s.execute(sa.text("SELECT task_id, COUNT(*) FROM records GROUP BY task_id")).all())
+
+
+def test_record_counts_are_kept_as_records_arrive(store, monkeypatch):
+    """Each task's record count follows every insert path (a batch with a candidate stored
+    before, an import in several multi-row batches with lines stored before and repeated): the
+    store's totals and the workload and target listings sum them and agree with COUNT(*)."""
+    import tuner.records.store as store_module
+    monkeypatch.setattr(store_module, "IMPORT_BATCH", 2)
+    fill(store)
+    store.add_records(TASK, [(cand(1), ok(2e-3)), (cand(5), ok(4e-3))])          # cand(1) is stored already
+    lines = [line.replace(MATMUL.key, "d" * 32) for line in export(store)]
+    assert store.import_jsonl(io.StringIO("\n".join(lines + lines[:2] + export(store)))) == 4   # the relu line is not new
+    counted = _counted(store)
+    assert store.count() == sum(counted.values()) == 9
+    assert store.count(TASK) == 4 and store.count(Task(MATMUL, "llvm -mcpu=cortex-a72", "nowhere")) == 0
+    relu = Workload("relu", {"shape": [64]}).key
+    assert {w["key"]: w["records"] for w in store.list_workloads()} == {MATMUL.key: 4, "d" * 32: 4, relu: 1}
+    assert {t["target"]: t["records"] for t in store.list_targets()} == {TARGET: 8, "llvm -mcpu=cortex-a72": 1}
+
+
+def test_a_filtered_page_merges_its_tasks_newest_first(store):
+    """records_page on a workload's tasks (several device keys) reads each task's index range and
+    merges them: the same records, in the same order, as filtering every record by hand, with
+    keyset cursors and record filters beside the task filters."""
+    for i in range(12):
+        key = ("local", "board-a", "board-b")[i % 3]
+        store.add_records(Task(MATMUL, TARGET, key), [(cand(100 + i), ok(1e-3 + i * 1e-5) if i % 4 else err())])
+    fill(store)
+    every = store.history()
+    mine = sorted((r for r in every if r.workload_key == MATMUL.key), key=lambda r: -r.id)
+    page = store.records_page(workload_key=MATMUL.key, limit=5)
+    assert [r.id for r in page] == [r.id for r in mine[:5]]
+    after = store.records_page(workload_key=MATMUL.key, before_id=page[-1].id, limit=50)
+    assert [r.id for r in page + after] == [r.id for r in mine]
+    failed = store.records_page(workload_key=MATMUL.key, target=TARGET, error_code=int(ErrorCode.WRONG_ANSWER))
+    assert [r.id for r in failed] == [r.id for r in mine if r.result.error_code == ErrorCode.WRONG_ANSWER]
+    boards = store.records_page(workload_key=MATMUL.key, device_key="board-a")
+    assert [r.id for r in boards] == [r.id for r in mine if r.device_key == "board-a"]
+    assert store.records_page(workload_key="f" * 32) == []
+
+
+def test_upgrade_to_0006_counts_the_records_already_stored(empty_db_url):
+    """A database of schema 0005 with records gets each task's record count at the upgrade."""
+    from alembic import command
+
+    from tuner.records.engine import _alembic_config
+    engine = sa.create_engine(empty_db_url)
+    cfg = _alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+        conn.execute(sa.text("INSERT INTO workloads (key, name, params, created_at) VALUES "
+                             "('k1', 'matmul', '{\"M\": 16}', CURRENT_TIMESTAMP)"))
+        conn.execute(sa.text("INSERT INTO tasks (id, workload_key, target, device_key) VALUES "
+                             "(7, 'k1', 'llvm', 'local'), (8, 'k1', 'llvm', 'pi')"))
+        for i in range(3):
+            conn.execute(sa.text("INSERT INTO records (task_id, candidate_kind, candidate, fingerprint, costs, error_code, "
+                                 "error_msg, build_seconds, run_seconds, measured_by, created_at) VALUES "
+                                 f"(7, 'config', '{{}}', 'fp{i}', '[]', 0, '', 0, 0, 'x', CURRENT_TIMESTAMP)"))
+    engine.dispose()
+    with SQLRecordsStore(empty_db_url, upgrade=True) as s:
+        assert s.count() == 3 and {t["target"]: t["records"] for t in s.list_targets()} == {"llvm": 3}

@@ -93,6 +93,8 @@ class TaskRow(Base):
     workload_key: Mapped[str] = mapped_column(ForeignKey("workloads.key"))
     target: Mapped[str] = mapped_column(Text)
     device_key: Mapped[str] = mapped_column(String(255))
+    # the task's records, kept as they are added (a listing sums these, never counts records)
+    record_count: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class JobRow(Base):

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from ..candidate import Candidate, MeasureResult
 from ..workload import Task, Workload
 from . import codec
-from .dialect import insert_ignore, upsert
+from .dialect import insert_ignore, insert_many_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
 from .models import AgentRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
@@ -33,6 +33,7 @@ from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
 MAX_MEASUREMENTS = 5000     # a job's measurements per page: compact rows for charts, not records
+IMPORT_BATCH = 2000          # JSON lines per multi-row insert of an import
 
 
 class RecordsStore(ABC):
@@ -164,7 +165,9 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             ids = [insert_ignore(s, RecordRow.__table__, codec.record_values(task_id, job_id, cand, res, now),
                                  ["task_id", "fingerprint"], returning=RecordRow.id)
                    for cand, res in measured]
-        return [i for i in ids if i is not None]
+            added = [i for i in ids if i is not None]
+            _count_added(s, {task_id: len(added)})
+        return added
 
     def set_retimed(self, task, costs, spreads=None, beats_default=None) -> int:
         """Store re-measured costs (fingerprint -> seconds) of records of `task`, with the spread
@@ -277,6 +280,13 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         """Records, of one task and/or one job if given; `search_only` leaves out the baselines
         (the default schedule's records), which no trial budget counts."""
         with self._session() as s:
+            if job_id is None and not search_only:   # the tasks' counts: no scan of the records
+                total = select(func.coalesce(func.sum(TaskRow.record_count), 0))
+                if task is not None:
+                    key, _ = self._workload_key(task.workload)
+                    total = total.where(TaskRow.workload_key == key, TaskRow.target == task.target,
+                                        TaskRow.device_key == task.device_key)
+                return int(s.execute(total).scalar_one())
             stmt = select(func.count(RecordRow.id))
             if task is not None:
                 task_id = self._find_task_id(s, task)
@@ -293,14 +303,28 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                      device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
                      before_id: int | None = None, limit: int = 50) -> list[Record]:
         """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
-        paging over indexed columns: no page costs more at 100 000 records than at 100)."""
+        paging over indexed columns: no page costs more at a million records than at 100).
+
+        Filters on the task (workload key, target, device key) that leave at most
+        MAX_TASK_RANGES tasks read each task's newest records from the (task_id, id) index and
+        merge them: one statement over the join would walk the records by id, newest first,
+        past every record of other tasks (a workload whose records are old: most of the table)."""
         given = _given_filters(workload_key, target, device_key, job_id, error_code)
         params = {**given, "limit": page_size(limit)}
         if before_id is not None:
             params["before_id"] = int(before_id)
-        stmt = _newest_records(tuple(given), before_id is not None)
+        on_task = tuple(name for name in _TASK_FILTERS if name in given)
         with self._session() as s:
-            return self._to_records(s, s.connection().execute(stmt, params).all())
+            conn = s.connection()
+            if on_task:
+                task_ids = conn.execute(_matching_tasks(on_task), {**{n: given[n] for n in on_task},
+                                                                    "limit": MAX_TASK_RANGES + 1}).scalars().all()
+                if len(task_ids) <= MAX_TASK_RANGES:
+                    stmt = _newest_of_task(tuple(n for n in given if n not in on_task), before_id is not None)
+                    rows = [row for task_id in task_ids for row in conn.execute(stmt, {**params, "task_id": task_id})]
+                    rows.sort(key=lambda row: row[0], reverse=True)    # RECORD_COLUMNS[0]: the id
+                    return self._to_records(s, rows[:params["limit"]])
+            return self._to_records(s, conn.execute(_newest_records(tuple(given), before_id is not None), params).all())
 
     def get_record(self, record_id: int) -> Record:
         with self._session() as s:
@@ -327,23 +351,28 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
     def import_jsonl(self, fileobj) -> int:
         """Add the records of a JSON-lines file; returns how many were new.
 
-        Idempotent (records already stored for their task are skipped). All lines are checked
-        before anything is written, and the writing is one transaction: a bad line raises
-        StoreError naming it and the database is left as it was.
+        Idempotent (records already stored for their task are skipped). One transaction, read
+        and written in batches of IMPORT_BATCH lines (multi-row inserts, flat memory however long
+        the file): a bad line raises StoreError naming it and the database is left as it was.
         """
-        parsed = [codec.from_line(line, n) for n, line in enumerate(fileobj, 1) if line.strip()]
-        added = 0
+        added: dict[int, int] = {}
         with self._session(write=True) as s:
             task_ids: dict[tuple, int] = {}
-            for rec in parsed:
+            batch: list[dict] = []
+            for n, line in enumerate(fileobj, 1):
+                if not line.strip():
+                    continue
+                rec = codec.from_line(line, n)
                 where = (rec.workload_key, rec.target, rec.device_key)
                 if where not in task_ids:
                     task_ids[where] = self._task_id(s, rec.workload_key, rec.workload, rec.target, rec.device_key)
-                values = codec.record_values(task_ids[where], None, rec.candidate, rec.result, rec.created_at)
-                if insert_ignore(s, RecordRow.__table__, values, ["task_id", "fingerprint"],
-                                 returning=RecordRow.id) is not None:
-                    added += 1
-        return added
+                batch.append(codec.record_values(task_ids[where], None, rec.candidate, rec.result, rec.created_at))
+                if len(batch) == IMPORT_BATCH:
+                    _insert_counted(s, batch, added)
+                    batch = []
+            _insert_counted(s, batch, added)
+            _count_added(s, added)
+        return sum(added.values())
 
     # ----------------------------------------------------------------- agents
     def upsert_agent(self, name, device_key, info=None) -> None:
@@ -405,8 +434,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         with self._session() as s:
             rows = s.execute(stmt).all()
             keys = [r.key for r in rows]
-            counts = dict(s.execute(select(TaskRow.workload_key, func.count(RecordRow.id))
-                                    .join(RecordRow, RecordRow.task_id == TaskRow.id)
+            counts = dict(s.execute(select(TaskRow.workload_key, func.sum(TaskRow.record_count))
                                     .where(TaskRow.workload_key.in_(keys)).group_by(TaskRow.workload_key)).all()) if keys else {}
         return [{"key": r.key, "name": r.name, "params": dict(r.params or {}), "is_compute": bool(r.is_compute),
                  "records": int(counts.get(r.key, 0))} for r in rows]
@@ -428,8 +456,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 for t, key in s.execute(select(TaskRow.target, TaskRow.device_key).distinct()
                                         .where(TaskRow.target.in_(targets)).order_by(TaskRow.target, TaskRow.device_key)):
                     keys[t].append(key)
-                counts = dict(s.execute(select(TaskRow.target, func.count(RecordRow.id))
-                                        .join(RecordRow, RecordRow.task_id == TaskRow.id)
+                counts = dict(s.execute(select(TaskRow.target, func.sum(TaskRow.record_count))
                                         .where(TaskRow.target.in_(targets)).group_by(TaskRow.target)).all())
         return [{"target": r.target, "tasks": int(r.tasks), "workloads": int(r.workloads), "device_keys": keys[r.target],
                  "records": int(counts.get(r.target, 0))} for r in rows]
@@ -603,6 +630,45 @@ def _newest_records(filters: tuple[str, ...], before: bool):
     if before:
         stmt = stmt.where(RecordRow.id < bindparam("before_id"))
     return stmt
+
+
+def _insert_counted(s: Session, rows: list, added: dict) -> None:
+    """Insert the records `rows` unless stored already, adding what was new to `added` by task id."""
+    for task_id in insert_many_ignore(s, RecordRow.__table__, rows, ["task_id", "fingerprint"], RecordRow.task_id):
+        added[task_id] = added.get(task_id, 0) + 1
+
+
+def _count_added(s: Session, added: dict) -> None:
+    """Add `added` ({task id: records}) to the tasks' record counts, in the records' transaction."""
+    for task_id, n in added.items():
+        if n:
+            s.execute(update(TaskRow).where(TaskRow.id == task_id).values(record_count=TaskRow.record_count + n))
+
+
+_TASK_FILTERS = ("workload_key", "target", "device_key")
+MAX_TASK_RANGES = 32   # tasks a filtered records page reads as index ranges of their own (records_page)
+
+
+@functools.lru_cache(maxsize=8)
+def _matching_tasks(filters: tuple[str, ...]):
+    """The ids of the tasks with the `filters` (names in _TASK_FILTERS), at most `limit`."""
+    stmt = select(TaskRow.id).limit(bindparam("limit"))
+    for name in filters:
+        stmt = stmt.where(_FILTERS[name] == bindparam(name))
+    return stmt
+
+
+@functools.lru_cache(maxsize=8)
+def _newest_of_task(filters: tuple[str, ...], before: bool):
+    """records_page's statement for one task: its records with the `filters` (job_id,
+    error_code), below `before_id` if `before`, newest first, `limit` of them: a range of the
+    (task_id, id) index."""
+    stmt = select(*codec.RECORD_COLUMNS).where(RecordRow.task_id == bindparam("task_id"))
+    for name in filters:
+        stmt = stmt.where(_FILTERS[name] == bindparam(name))
+    if before:
+        stmt = stmt.where(RecordRow.id < bindparam("before_id"))
+    return stmt.order_by(RecordRow.id.desc()).limit(bindparam("limit"))
 
 
 @functools.lru_cache(maxsize=2)
