@@ -2,8 +2,10 @@
 
 Set-up, all on 127.0.0.1: a fresh PostgreSQL database (dropped at the end) upgraded with
 `tunefarm db upgrade`'s code, seeded with `--records` records (default 10 000) over 100 matmul
-workloads: candidates sampled from the real template space of each (so /best lowers real loop
-IR), with synthetic costs — this measures the service, not kernels. Then `tunefarm serve
+workloads or more (8000 records each at most): candidates drawn from the real template space of
+each (so /best lowers real loop IR), with synthetic costs — this measures the service, not
+kernels. The records are written to a JSON-lines file first and loaded by the store's bulk
+import, what `tunefarm records import` runs (its time: `seed_seconds`). Then `tunefarm serve
 --workers 0` and two `tunefarm worker` processes.
 
 Phase 1 (the reference, same run): one client, each read route 50 times in turn: unloaded latency.
@@ -47,6 +49,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -64,44 +67,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def seed_records(store, n_records: int, n_workloads: int = 100):
-    """[(workload key, target)] of the seeded tasks; candidates sampled from each template space."""
+SPACE_PER_WORKLOAD = 8000   # records per seeded workload at most (each template space holds 8640 configs)
+
+
+def write_seed_file(path: str, n_records: int, n_workloads: int = 100) -> list:
+    """JSON lines of `n_records` records (as `tunefarm records export` writes them) over at least
+    `n_workloads` matmul workloads, as many more as keep each under SPACE_PER_WORKLOAD: per
+    workload its default schedule and distinct candidates of its real template space (so /best
+    lowers real loop IR), with synthetic costs (3 % runtime errors). Returns [(workload key,
+    target)] of the seeded tasks."""
     import numpy as np
 
     from compiler.target import Target
     from tuner.candidate import MeasureResult
+    from tuner.records.codec import to_line
+    from tuner.records.values import Record
     from tuner.space.base import default_candidate
     from tuner.space.template import TemplateSpace
-    from tuner.workload import Task, Workload
+    from tuner.workload import Workload
 
-    target = Target.host()
+    target = str(Target.host())
     rng = np.random.default_rng(0)
-    per = max(1, n_records // n_workloads)
-    tasks = []
-    for i in range(n_workloads):
-        size = 64 + 16 * i
-        workload = Workload("matmul", {"M": size, "N": size, "K": 64})
-        opdef = workload.opdef()
-        task = Task(workload, str(target), "local")
-        space = TemplateSpace(opdef, None, target)
-        cands, seen = [default_candidate(opdef.workload_key())], set()
-        while len(cands) < per and len(seen) < len(space):
-            c = space.sample(rng)
-            if c.fingerprint not in seen:
-                seen.add(c.fingerprint)
-                cands.append(c)
-        flops = opdef.flops
-        results = []
-        for _ in cands:
-            gflops = float(rng.uniform(5, 150))
-            if rng.random() < 0.03:
-                results.append(MeasureResult(costs=[], error_code=4, error_msg="RUNTIME_ERROR (seeded)"))
-            else:
-                cost = flops / gflops / 1e9
-                results.append(MeasureResult(costs=[cost, cost * 1.02], build_seconds=0.1, run_seconds=0.01))
-        store.add_records(task, zip(cands, results))
-        tasks.append((opdef.workload_key(), str(target)))
+    n_workloads = max(n_workloads, -(-n_records // SPACE_PER_WORKLOAD))
+    per = max(1, -(-n_records // n_workloads))
+    tasks, written = [], 0
+    with open(path, "w") as f:
+        for i in range(n_workloads):
+            count = min(per, n_records - written)
+            if count <= 0:
+                break
+            size = 64 + 16 * i
+            workload = Workload("matmul", {"M": size, "N": size, "K": 64})
+            opdef = workload.opdef()
+            key = opdef.workload_key()
+            space = TemplateSpace(opdef, None, Target.host())
+            picks = rng.permutation(len(space))[:count - 1] if count > 1 else []
+            cands = [default_candidate(key)] + [space.get(int(k)) for k in picks]
+            for cand in cands:
+                if rng.random() < 0.03:
+                    result = MeasureResult(costs=[], error_code=4, error_msg="RUNTIME_ERROR (seeded)")
+                else:
+                    cost = opdef.flops / float(rng.uniform(5, 150)) / 1e9
+                    result = MeasureResult(costs=[cost, cost * 1.02], build_seconds=0.1, run_seconds=0.01)
+                f.write(to_line(Record(key, workload, target, "local", cand, result)) + "\n")
+            written += len(cands)
+            tasks.append((key, target))
     return tasks
+
+
+def seed_records(store, n_records: int, tmp_dir: str, n_workloads: int = 100) -> tuple[list, float, float]:
+    """Seed the store through its bulk import (what `tunefarm records import` runs) from a file
+    write_seed_file made: ([(workload key, target)], seconds to write the file, seconds to import it)."""
+    path = os.path.join(tmp_dir, "seed.jsonl")
+    t0 = time.perf_counter()
+    tasks = write_seed_file(path, n_records, n_workloads)
+    t1 = time.perf_counter()
+    with open(path) as f:
+        store.import_jsonl(f)
+    return tasks, t1 - t0, time.perf_counter() - t1
 
 
 def start_api(url: str, port: int) -> subprocess.Popen:
@@ -366,12 +389,13 @@ def main():
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     procs: list[subprocess.Popen] = []
     try:
-        t0 = time.perf_counter()
         store = open_store(url, upgrade=True)
-        tasks = seed_records(store, args.records)
+        with tempfile.TemporaryDirectory() as tmp:
+            tasks, write_s, seed_s = seed_records(store, args.records, tmp)
         token, _ = store.create_token("load", "submit")
         n_records = store.count()
-        print(f"seeded {n_records} records over {len(tasks)} workloads in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"seeded {n_records} records over {len(tasks)} workloads: {seed_s:.1f} s to import them "
+              f"({write_s:.0f} s to write the file)", flush=True)
 
         port = free_port()
         procs.append(start_api(url, port))
@@ -456,7 +480,8 @@ def main():
         print(f"{sat_total / sat_elapsed:.0f} requests/s at most; cores: API server {sat_share['api']}, PostgreSQL "
               f"{sat_share['postgres']}, job worker {sat_share['worker']}, load clients {sat_share['clients']}")
         print(json.dumps({
-            "records": n_records, "clients": args.clients, "offered_rate": args.rate, "worker_nice": args.worker_nice,
+            "records": n_records, "seed_seconds": round(seed_s, 1), "seed_file_seconds": round(write_s, 1),
+            "clients": args.clients, "offered_rate": args.rate, "worker_nice": args.worker_nice,
             "seconds": round(elapsed, 1),
             "requests_per_second": round(total / elapsed, 1), "routes": rows,
             "read_p99_ms": read_p99,

@@ -159,12 +159,13 @@ def start_serve(db: str, tmp: Path, name: str, *extra: str, env: dict | None = N
     return proc, m.group(1), m.group(2)
 
 
-def seed_records(store, n: int, n_workloads: int):
-    """bench/service_load.py's seeding: real template candidates of matmuls, synthetic costs."""
+def seed_records(store, n: int, n_workloads: int, tmp_dir) -> list:
+    """bench/service_load.py's seeding (real template candidates of matmuls, synthetic costs,
+    loaded by the store's bulk import): [(workload key, target)]."""
     spec = importlib.util.spec_from_file_location("service_load", ROOT / "bench" / "service_load.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.seed_records(store, n, n_workloads)
+    return module.seed_records(store, n, str(tmp_dir), n_workloads)[0]
 
 
 # ----------------------------------------------------------------------------- the browser
@@ -192,7 +193,7 @@ def site(tmp_path_factory):
     db = f"sqlite:///{tmp / 'records.db'}"
     t0 = time.monotonic()
     with open_store(db) as store:
-        tasks = seed_records(store, SEEDED, 100)
+        tasks = seed_records(store, SEEDED, 100, tmp)
         read_token = store.create_token("dashboard read-only", "read")[0]
         assert store.count() >= SEEDED
     print(f"seeded {SEEDED} records in {time.monotonic() - t0:.1f} s")
