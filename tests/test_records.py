@@ -98,23 +98,31 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine.dispose()
 
 
-def test_upgrade_from_0002_keeps_jobs_and_records(empty_db_url):
-    """A database written by the previous release (schema 0002, one task per job) upgrades in
-    place: its jobs keep their task (now job_tasks position 0) and their records."""
+def at_revision(url: str, revision: str, *statements: str) -> None:
+    """An empty database brought to schema `revision`, as an older tunefarm left it: workload
+    'k1' (a matmul), then `statements` (SQL) run."""
     from alembic import command
 
     from tuner.records.engine import _alembic_config
-    engine = sa.create_engine(empty_db_url)
+    engine = sa.create_engine(url)
     cfg = _alembic_config()
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0002")
+        command.upgrade(cfg, revision)
         conn.execute(sa.text("INSERT INTO workloads (key, name, params, created_at) VALUES "
                              "('k1', 'matmul', '{\"M\": 16}', CURRENT_TIMESTAMP)"))
-        conn.execute(sa.text("INSERT INTO tasks (id, workload_key, target, device_key) VALUES (7, 'k1', 'llvm', 'local')"))
-        conn.execute(sa.text("INSERT INTO jobs (id, task_id, state, space, strategy, trials, created_at, updated_at) "
-                             "VALUES (3, 7, 'done', 'sketch', 'model', 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        for statement in statements:
+            conn.execute(sa.text(statement))
     engine.dispose()
+
+
+def test_upgrade_from_0002_keeps_jobs_and_records(empty_db_url):
+    """A database written by the previous release (schema 0002, one task per job) upgrades in
+    place: its jobs keep their task (now job_tasks position 0) and their records."""
+    at_revision(empty_db_url, "0002",
+                "INSERT INTO tasks (id, workload_key, target, device_key) VALUES (7, 'k1', 'llvm', 'local')",
+                "INSERT INTO jobs (id, task_id, state, space, strategy, trials, created_at, updated_at) "
+                "VALUES (3, 7, 'done', 'sketch', 'model', 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
     with SQLRecordsStore(empty_db_url, upgrade=True) as s:
         job = s.get_job(3)
         assert (job.state, job.trials, len(job.tasks), job.tasks[0].workload_key, job.target) == ("done", 64, 1, "k1", "")
@@ -553,22 +561,11 @@ def test_a_filtered_page_merges_its_tasks_newest_first(store):
 
 def test_upgrade_to_0006_counts_the_records_already_stored(empty_db_url):
     """A database of schema 0005 with records gets each task's record count at the upgrade."""
-    from alembic import command
-
-    from tuner.records.engine import _alembic_config
-    engine = sa.create_engine(empty_db_url)
-    cfg = _alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0005")
-        conn.execute(sa.text("INSERT INTO workloads (key, name, params, created_at) VALUES "
-                             "('k1', 'matmul', '{\"M\": 16}', CURRENT_TIMESTAMP)"))
-        conn.execute(sa.text("INSERT INTO tasks (id, workload_key, target, device_key) VALUES "
-                             "(7, 'k1', 'llvm', 'local'), (8, 'k1', 'llvm', 'pi')"))
-        for i in range(3):
-            conn.execute(sa.text("INSERT INTO records (task_id, candidate_kind, candidate, fingerprint, costs, error_code, "
-                                 "error_msg, build_seconds, run_seconds, measured_by, created_at) VALUES "
-                                 f"(7, 'config', '{{}}', 'fp{i}', '[]', 0, '', 0, 0, 'x', CURRENT_TIMESTAMP)"))
-    engine.dispose()
+    records = [("INSERT INTO records (task_id, candidate_kind, candidate, fingerprint, costs, error_code, error_msg, "
+                f"build_seconds, run_seconds, measured_by, created_at) VALUES (7, 'config', '{{}}', 'fp{i}', '[]', 0, '', "
+                "0, 0, 'x', CURRENT_TIMESTAMP)") for i in range(3)]
+    at_revision(empty_db_url, "0005",
+                "INSERT INTO tasks (id, workload_key, target, device_key) VALUES (7, 'k1', 'llvm', 'local'), (8, 'k1', 'llvm', 'pi')",
+                *records)
     with SQLRecordsStore(empty_db_url, upgrade=True) as s:
         assert s.count() == 3 and {t["target"]: t["records"] for t in s.list_targets()} == {"llvm": 3}
