@@ -21,9 +21,9 @@ from alembic.migration import MigrationContext
 from conftest import pg_schema_url
 
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
-from tuner.records import SQLRecordsStore, StoreError, open_store
+from tuner.records import SQLRecordsStore, StoreError, codec, open_store
 from tuner.records import engine as engine_mod
-from tuner.records.models import VERSION_TABLE, Base
+from tuner.records.models import VERSION_TABLE, Base, RecordRow
 from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
@@ -259,6 +259,43 @@ def test_jsonl_round_trip_between_sqlite_and_postgresql(tmp_path, pg_database):
         with SQLRecordsStore(f"sqlite:///{tmp_path / 'b.db'}") as back:
             assert back.import_jsonl(io.StringIO("\n".join(export(pg)))) == 4
             assert export(back) == lines
+
+
+RECORD_FIELDS = ("candidate_kind", "candidate", "fingerprint", "costs", "mean_cost", "error_code", "error_msg", "build_seconds",
+                 "run_seconds", "measured_by", "emulated", "created_at", "min_cost", "cost_spread", "samples", "disturbed",
+                 "lost_fraction", "host_busy")
+
+
+def _record_columns(store) -> list[tuple]:
+    with store._session() as s:
+        rows = s.execute(sa.select(*(getattr(RecordRow, c) for c in RECORD_FIELDS)).order_by(RecordRow.id)).all()
+    return [tuple(row) for row in rows]
+
+
+def test_an_import_stores_the_columns_a_measured_batch_stores(tmp_path, store):
+    """The bulk import builds rows from the lines without Records: every column it fills is what
+    add_records stores for the same measurement (the figure, the protocol's summary, an error's
+    NULL figure, an emulated timing, a valid result without costs), in the file's order."""
+    with SQLRecordsStore(f"sqlite:///{tmp_path / 'source.db'}") as source:
+        fill(source)
+        emulated = MeasureResult(costs=[2e-3, 2.2e-3], measured_by="board", emulated=True)
+        source.add_records(TASK, [(cand(7), emulated), (cand(8), err(costs=[1e-3])),
+                                  (cand(9), MeasureResult(costs=[]))])
+        lines = export(source)
+        expected = _record_columns(source)
+    assert store.import_jsonl(io.StringIO("\n".join(lines))) == 7
+    assert _record_columns(store) == expected
+    assert export(store) == lines
+
+
+def test_an_export_writes_each_record_as_its_line(store):
+    """The export writes rows straight to lines (no Record built): each line is codec.to_line
+    of the record, with its keys in json.dumps(sort_keys=True)'s order and spacing."""
+    fill(store)
+    store.add_records(TASK, [(cand(7), MeasureResult(costs=[2e-3], measured_by="board", emulated=True))])
+    lines = export(store)
+    assert lines == [codec.to_line(r) for r in store.history()]
+    assert lines == [json.dumps(json.loads(line), sort_keys=True) for line in lines]
 
 
 def test_export_filters(store):
@@ -522,10 +559,10 @@ def _counted(store) -> dict[int, int]:
 
 def test_record_counts_are_kept_as_records_arrive(store, monkeypatch):
     """Each task's record count follows every insert path (a batch with a candidate stored
-    before, an import in several multi-row batches with lines stored before and repeated): the
+    before, an import staged in several batches with lines stored before and repeated): the
     store's totals and the workload and target listings sum them and agree with COUNT(*)."""
-    import tuner.records.store as store_module
-    monkeypatch.setattr(store_module, "IMPORT_BATCH", 2)
+    import tuner.records.bulk_import as bulk_import
+    monkeypatch.setattr(bulk_import, "SQLITE_BATCH", 2)
     fill(store)
     store.add_records(TASK, [(cand(1), ok(2e-3)), (cand(5), ok(4e-3))])          # cand(1) is stored already
     lines = [line.replace(MATMUL.key, "d" * 32) for line in export(store)]

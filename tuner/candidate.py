@@ -35,6 +35,17 @@ def copy_json(value):
     return value
 
 
+def candidate_text(kind: str, payload: dict) -> str:
+    """A candidate's canonical JSON (sorted keys): what its fingerprint hashes, and what a bulk
+    import stores as its `candidate` column without building the Candidate."""
+    return json.dumps({"kind": kind, "payload": payload}, sort_keys=True)
+
+
+def fingerprint_of(text: str) -> str:
+    """The fingerprint of a candidate's canonical JSON (candidate_text)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A point of a search space: a template config or a sketch trace, as JSON-able data."""
@@ -46,8 +57,7 @@ class Candidate:
     def fingerprint(self) -> str:
         """Stable identity for 'never measure the same candidate twice' (payloads are never
         changed after construction, so it is computed once: search compares fingerprints often)."""
-        text = json.dumps({"kind": self.kind, "payload": self.payload}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        return fingerprint_of(candidate_text(self.kind, self.payload))
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "payload": self.payload}

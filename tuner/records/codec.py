@@ -104,19 +104,44 @@ def to_record(row, task: TaskInfo) -> Record:
 
 def to_line(record: Record) -> str:
     r = record.result
-    return json.dumps({
-        "v": FORMAT_VERSION if record.workload.definition is not None else 1,
-        "workload_key": record.workload_key,
-        "workload": record.workload.to_json(),
-        "target": record.target,
-        "device_key": record.device_key,
-        "candidate": record.candidate.to_json(),
-        "result": {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
-                   "build_seconds": r.build_seconds, "run_seconds": r.run_seconds,
-                   "measured_by": r.measured_by, **({"timing": t} if (t := r.timing_summary()) else {}),
-                   **({"emulated": True} if r.emulated else {})},
-        "created_at": record.created_at.isoformat(),
-    }, sort_keys=True)
+    result = {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
+              "build_seconds": r.build_seconds, "run_seconds": r.run_seconds, "measured_by": r.measured_by,
+              **({"timing": t} if (t := r.timing_summary()) else {}), **({"emulated": True} if r.emulated else {})}
+    tail = line_tail(record.workload_key, record.workload, record.target)
+    return _line(record.candidate.to_json(), record.created_at, record.device_key, result, tail)
+
+
+def line_tail(workload_key: str, workload: Workload, target: str) -> str:
+    """The end of a line, after its result: the same for every record of a workload on a target,
+    so an export writes it once per task instead of encoding a long target string per line."""
+    version = FORMAT_VERSION if workload.definition is not None else 1
+    return (f", {_TARGET}{json.dumps(target)}, {_VERSION}{version}, {_WORKLOAD}"
+            f"{json.dumps(workload.to_json(), sort_keys=True)}, {_KEY}{json.dumps(workload_key)}}}")
+
+
+def row_to_line(row, task: TaskInfo, tail: str) -> str:
+    """to_line(to_record(row, task)) without building the record: the export's path, where a
+    million rows pass through. `tail` is line_tail of the row's task."""
+    (_rid, _task_id, _job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, _retimed,
+     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, _beats_default, emulated) = row
+    result = {"costs": costs, "error_code": code, "error_msg": msg, "build_seconds": build_s, "run_seconds": run_s,
+              "measured_by": measured_by}
+    if code == ErrorCode.NO_ERROR and figure is not None and min_cost is not None:   # MeasureResult.timing_summary
+        result["timing"] = {"median": figure, "min": min_cost, "spread": spread, "count": samples or 0,
+                            "disturbed": bool(disturbed), "lost_fraction": lost or 0.0, "host_busy": busy or 0.0}
+    if emulated:
+        result["emulated"] = True
+    return _line({"kind": candidate["kind"], "payload": candidate["payload"]}, created_at, task.device_key, result, tail)
+
+
+_TARGET, _VERSION, _WORKLOAD, _KEY = '"target": ', '"v": ', '"workload": ', '"workload_key": '
+
+
+def _line(candidate: dict, created_at: datetime, device_key: str, result: dict, tail: str) -> str:
+    """A line as json.dumps(..., sort_keys=True) writes it, its keys in that order: candidate,
+    created_at, device_key, result, then the task's tail (target, v, workload, workload_key)."""
+    return (f'{{"candidate": {json.dumps(candidate, sort_keys=True)}, "created_at": "{created_at.isoformat()}", '
+            f'"device_key": {json.dumps(device_key)}, "result": {json.dumps(result, sort_keys=True)}{tail}')
 
 
 TIMING_TYPES = {"median": Real, "min": Real, "spread": Real, "count": int, "disturbed": bool, "lost_fraction": Real,
@@ -125,8 +150,27 @@ TIMING_TYPES = {"median": Real, "min": Real, "spread": Real, "count": int, "dist
 
 def from_line(line: str, lineno: int) -> Record:
     """Parse and check one JSON line; any problem is a StoreError naming the line."""
+    (key, workload, target, device_key, kind, payload, costs, code, msg, build_s, run_s, measured_by, emulated,
+     timing, created_at) = checked_line(line, lineno)
+    result = MeasureResult(costs=costs, error_code=ErrorCode(code), error_msg=msg, build_seconds=build_s,
+                           run_seconds=run_s, measured_by=measured_by, emulated=emulated)
+    if timing is not None:
+        result.take_timing(timing)
+    return Record(workload_key=key, workload=workload, target=target, device_key=device_key,
+                  candidate=Candidate(kind, payload), result=result, created_at=created_at)
+
+
+def checked_line(line: str, lineno: int, workloads: dict | None = None) -> tuple:
+    """The checked fields of one JSON line, in from_line's order: (workload key, Workload, target,
+    device key, candidate kind, candidate payload, costs, error code, error message, build seconds,
+    run seconds, measured by, emulated, timing summary or None, created at). The one check of the
+    format, shared by from_line and the bulk import (which builds rows, not Records); any problem is
+    a StoreError naming the line.
+
+    `workloads`: {key: (name, params, definition, Workload)} of the lines before, so the thousands
+    of lines of one workload in a file build and check it once."""
     try:
-        return _from_obj(json.loads(line))
+        return _checked(json.loads(line), workloads)
     except json.JSONDecodeError as e:
         raise StoreError(f"line {lineno}: not JSON: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -150,7 +194,26 @@ def _definition_key(name: str, definition_text: str) -> str:
     return Workload(name, {}, json.loads(definition_text)).key
 
 
-def _from_obj(d) -> Record:
+def _checked_workload(key: str, wl: dict, workloads: dict | None) -> Workload:
+    name = _check(wl["name"], str, "workload.name")
+    params = _check(wl.get("params", {}), dict, "workload.params")
+    definition = wl.get("definition")
+    seen = workloads.get(key) if workloads is not None else None
+    if seen is not None and seen[0] == name and seen[1] == params and seen[2] == definition:
+        return seen[3]
+    if definition is not None:
+        _check(definition, dict, "workload.definition")
+        defined_key = _definition_key(name, json.dumps(definition, sort_keys=True))
+        if defined_key != key:
+            raise ValueError(f"workload.definition is the DAG of workload {defined_key}, not of the line's "
+                             f"workload_key {key}")
+    workload = Workload(name, params, definition)
+    if workloads is not None and seen is None:
+        workloads[key] = (name, params, definition, workload)
+    return workload
+
+
+def _checked(d, workloads: dict | None) -> tuple:
     _check(d, dict, "the line")
     version = d.get("v", 1)
     if isinstance(version, bool) or version not in range(1, FORMAT_VERSION + 1):
@@ -160,35 +223,24 @@ def _from_obj(d) -> Record:
     if not key or len(key) > 64:
         raise ValueError("workload_key must be 1 to 64 characters")
     wl, cand, res = (_check(d[k], dict, k) for k in ("workload", "candidate", "result"))
-    name = _check(wl["name"], str, "workload.name")
-    params = _check(wl.get("params", {}), dict, "workload.params")
-    definition = wl.get("definition")
-    if definition is not None:
-        _check(definition, dict, "workload.definition")
-        defined_key = _definition_key(name, json.dumps(definition, sort_keys=True))
-        if defined_key != key:
-            raise ValueError(f"workload.definition is the DAG of workload {defined_key}, not of the line's "
-                             f"workload_key {key}")
-    workload = Workload(name, params, definition)
-    candidate = Candidate(_check(cand["kind"], str, "candidate.kind"), _check(cand["payload"], dict, "candidate.payload"))
+    workload = _checked_workload(key, wl, workloads)
+    kind, payload = _check(cand["kind"], str, "candidate.kind"), _check(cand["payload"], dict, "candidate.payload")
     costs = [float(_check(c, Real, "result.costs[]")) for c in _check(res["costs"], list, "result.costs")]
-    code = _check(res["error_code"], int, "result.error_code")
-    result = MeasureResult(costs=costs, error_code=ErrorCode(code),
-                           error_msg=_check(res.get("error_msg", ""), str, "result.error_msg"),
-                           build_seconds=float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
-                           run_seconds=float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
-                           measured_by=_check(res.get("measured_by", "unknown"), str, "result.measured_by"),
-                           emulated=_check(res.get("emulated", False), bool, "result.emulated"))
+    code = int(ErrorCode(_check(res["error_code"], int, "result.error_code")))
     timing = res.get("timing")
-    if timing is not None and result.ok:   # the measurement protocol's summary (absent in older lines)
+    if timing is not None and code == ErrorCode.NO_ERROR:   # the measurement protocol's summary (absent in older lines)
         _check(timing, dict, "result.timing")
-        for field, kind in TIMING_TYPES.items():   # not `key`: that name holds the line's workload key
-            _check(timing.get(field, 0.0 if field == "host_busy" else None), kind, f"result.timing.{field}")
-        result.take_timing(timing)
+        for field, kind_ in TIMING_TYPES.items():   # not `key`: that name holds the line's workload key
+            _check(timing.get(field, 0.0 if field == "host_busy" else None), kind_, f"result.timing.{field}")
+    else:
+        timing = None
     created = d.get("created_at")
     created_at = datetime.fromisoformat(_check(created, str, "created_at")) if created is not None else utcnow()
     if created_at.tzinfo is None:
         created_at = created_at.replace(tzinfo=timezone.utc)
-    return Record(workload_key=key, workload=workload, target=_check(d["target"], str, "target"),
-                  device_key=_check(d.get("device_key", "local"), str, "device_key"),
-                  candidate=candidate, result=result, created_at=created_at)
+    return (key, workload, _check(d["target"], str, "target"), _check(d.get("device_key", "local"), str, "device_key"),
+            kind, payload, costs, code, _check(res.get("error_msg", ""), str, "result.error_msg"),
+            float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
+            float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
+            _check(res.get("measured_by", "unknown"), str, "result.measured_by"),
+            _check(res.get("emulated", False), bool, "result.emulated"), timing, created_at)

@@ -37,21 +37,6 @@ def insert_ignore(session: Session, table: Table, values: dict, conflict: list[s
     return session.execute(stmt.returning(returning)).scalar_one()
 
 
-def insert_many_ignore(session: Session, table: Table, rows: list, conflict: list[str], returning) -> list:
-    """Insert each of `rows` (dicts of the same columns) unless a row with the same `conflict`
-    columns exists, in as few statements as the driver allows (multi-row VALUES). Returns the
-    `returning` column of the rows inserted; rows of one call that share their `conflict`
-    columns insert once."""
-    if not rows:
-        return []
-    dialect_insert = _INSERTS.get(session.get_bind().dialect.name)
-    if dialect_insert is None:
-        got = [insert_ignore(session, table, row, conflict, returning=returning) for row in rows]
-        return [v for v in got if v is not None]
-    stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=conflict).returning(returning)
-    return list(session.execute(stmt, rows).scalars())
-
-
 def upsert(session: Session, table: Table, values: dict, key: list[str], keep: tuple = ()) -> None:
     """Insert `values`, or update the columns of the row with the same `key` (except `keep`)."""
     dialect_insert = _INSERTS.get(session.get_bind().dialect.name)

@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 from ..candidate import Candidate, MeasureResult
 from ..workload import Task, Workload
 from . import codec
-from .dialect import insert_ignore, insert_many_ignore, upsert
+from .bulk_import import import_lines
+from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
 from .models import AgentRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
@@ -32,8 +33,8 @@ from .task_cache import TaskCache
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
+EXPORT_ROWS = 2000          # rows an export fetches and writes at a time
 MAX_MEASUREMENTS = 5000     # a job's measurements per page: compact rows for charts, not records
-IMPORT_BATCH = 2000          # JSON lines per multi-row insert of an import
 
 
 class RecordsStore(ABC):
@@ -335,42 +336,32 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:
         """Write records as JSON lines (oldest first); returns how many."""
-        stmt = self._joined().order_by(RecordRow.id).execution_options(yield_per=500)
+        stmt = self._joined().order_by(RecordRow.id).execution_options(yield_per=EXPORT_ROWS)
         if workload_key is not None:
             stmt = stmt.where(TaskRow.workload_key == workload_key)
         if target is not None:
             stmt = stmt.where(TaskRow.target == target)
         n = 0
+        tails: dict[int, str] = {}
         with self._session(stream=True) as s:
             for rows in s.execute(stmt).partitions():
-                for rec in self._to_records(s, rows):
-                    fileobj.write(codec.to_line(rec) + "\n")
+                tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
+                for task_id, task in tasks.items():
+                    if task_id not in tails:
+                        tails[task_id] = codec.line_tail(task.workload_key, task.workload, task.target)
+                fileobj.write("".join(codec.row_to_line(r, tasks[r[1]], tails[r[1]]) + "\n" for r in rows))
                 n += len(rows)
         return n
 
     def import_jsonl(self, fileobj) -> int:
         """Add the records of a JSON-lines file; returns how many were new.
 
-        Idempotent (records already stored for their task are skipped). One transaction, read
-        and written in batches of IMPORT_BATCH lines (multi-row inserts, flat memory however long
-        the file): a bad line raises StoreError naming it and the database is left as it was.
+        Idempotent (records already stored for their task are skipped). One transaction through
+        a staging table (bulk_import: COPY on PostgreSQL), flat memory however long the file: a bad
+        line raises StoreError naming it and the database is left as it was.
         """
-        added: dict[int, int] = {}
         with self._session(write=True) as s:
-            task_ids: dict[tuple, int] = {}
-            batch: list[dict] = []
-            for n, line in enumerate(fileobj, 1):
-                if not line.strip():
-                    continue
-                rec = codec.from_line(line, n)
-                where = (rec.workload_key, rec.target, rec.device_key)
-                if where not in task_ids:
-                    task_ids[where] = self._task_id(s, rec.workload_key, rec.workload, rec.target, rec.device_key)
-                batch.append(codec.record_values(task_ids[where], None, rec.candidate, rec.result, rec.created_at))
-                if len(batch) == IMPORT_BATCH:
-                    _insert_counted(s, batch, added)
-                    batch = []
-            _insert_counted(s, batch, added)
+            added = import_lines(s, fileobj, self._task_id)
             _count_added(s, added)
         return sum(added.values())
 
@@ -630,12 +621,6 @@ def _newest_records(filters: tuple[str, ...], before: bool):
     if before:
         stmt = stmt.where(RecordRow.id < bindparam("before_id"))
     return stmt
-
-
-def _insert_counted(s: Session, rows: list, added: dict) -> None:
-    """Insert the records `rows` unless stored already, adding what was new to `added` by task id."""
-    for task_id in insert_many_ignore(s, RecordRow.__table__, rows, ["task_id", "fingerprint"], RecordRow.task_id):
-        added[task_id] = added.get(task_id, 0) + 1
 
 
 def _count_added(s: Session, added: dict) -> None:
