@@ -575,6 +575,22 @@ def test_record_counts_are_kept_as_records_arrive(store, monkeypatch):
     assert {t["target"]: t["records"] for t in store.list_targets()} == {TARGET: 8, "llvm -mcpu=cortex-a72": 1}
 
 
+def test_a_task_sample_holds_its_newest_and_fastest_records(store):
+    """task_sample bounds what a resumed run learns from: the newest records and the fastest
+    valid ones of that one task (not its neighbours on other device keys), oldest first, each once."""
+    costs = [1e-3 * (1 + (i * 7) % 13) for i in range(40)]
+    store.add_records(TASK, [(cand(i), ok(c) if i % 5 else err()) for i, c in enumerate(costs)])
+    store.add_records(Task(MATMUL, TARGET, "board-a"), [(cand(100), ok(1e-6))])
+    every = [r for r in store.history() if r.device_key == TASK.device_key]
+    sample = store.task_sample(TASK, newest=6, fastest=4)
+    fastest = sorted((r for r in every if r.result.ok), key=lambda r: (r.cost, r.id))[:4]
+    assert [r.id for r in sample] == sorted({r.id for r in every[-6:] + fastest})
+    assert min(r.cost for r in sample if r.result.ok) == min(r.cost for r in every if r.result.ok)
+    assert [r.id for r in store.task_sample(TASK)] == [r.id for r in every]      # a small task: all of it
+    assert store.task_sample(Task(MATMUL, TARGET, "nowhere")) == []
+    assert store.count(TASK, kind="config") == 40 and store.count(TASK, kind="trace") == 0
+
+
 def test_a_filtered_page_merges_its_tasks_newest_first(store):
     """records_page on a workload's tasks (several device keys) reads each task's index range and
     merges them: the same records, in the same order, as filtering every record by hand, with

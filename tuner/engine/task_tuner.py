@@ -113,31 +113,36 @@ class TaskTuner:
         self._finished: TuneResult | None = None
         self._baseline_done = not self.baseline
         self.exhausted = False
-        prior = [r for r in store.history(workload_key=self.workload_key, target=task.target)
-                 if r.device_key == task.device_key]
+        # what the task's records tell a resumed run, bounded however many it holds: every
+        # fingerprint (never measured twice), and the newest and fastest records (store.task_sample)
+        # for the strategy and its cost model
+        prior = store.task_sample(task)
+        visited = store.measured_fingerprints(task) if prior else set()
         relevant = [r for r in prior if r.candidate.kind == self.space.kind]
         self.emulated = timings_kind(runner, prior)
         # the strategy (and its cost model) hears only of timings of the kind this run takes
         told = [r for r in relevant if not r.result.ok or r.result.emulated == self.emulated]
-        self.result = TuneResult(task, resumed_trials=len(relevant), flops=self.opdef.flops)
+        resumed = store.count(task, kind=self.space.kind) if prior else 0
+        self.result = TuneResult(task, resumed_trials=resumed, flops=self.opdef.flops)
         t0 = time.perf_counter()
         if cost_model is None and self.strategy_name in MODEL_GUIDED:
             cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space], emulated=self.emulated)
         self.cost_model = cost_model
         self.strategy = make_strategy(self.strategy_name, self.space, self.opdef, self.target, seed,
-                                      visited={r.candidate.fingerprint for r in prior}, cost_model=cost_model,
+                                      visited=visited, cost_model=cost_model,
                                       group=self.workload_key, starting_points=starting_points,
                                       expected_trials=trials if expected_trials is None else expected_trials)
         if told:
             self.strategy.update([r.candidate for r in told], [r.result for r in told])
         self.result.tuner_seconds += time.perf_counter() - t0
-        for r in prior:
+        for r in prior:            # the sample holds the task's fastest records
             if r.result.ok and r.cost < self.result.best_cost:
                 self.result.best_cost, self.result.best_candidate = r.cost, r.candidate
-            if r.candidate.kind == "default":  # measured before (even if it failed): not again
-                self._baseline_done = True
-                if r.result.ok:
-                    self.result.baseline_cost = r.cost
+        if default_candidate(self.workload_key).fingerprint in visited:   # measured before (even if it failed): not again
+            self._baseline_done = True
+            baseline_rec = store.baseline_record(self.workload_key, task.target, task.device_key)
+            if baseline_rec is not None:
+                self.result.baseline_cost = baseline_rec.cost
         used = store.count(task, job_id=job_id, search_only=True) if job_id is not None else 0
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None

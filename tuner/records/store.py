@@ -33,6 +33,8 @@ from .task_cache import TaskCache
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
+SAMPLE_NEWEST = 1024        # a resumed run's view of its task: the newest records ...
+SAMPLE_FASTEST = 256        # ... and the fastest valid ones (task_sample)
 EXPORT_ROWS = 2000          # rows an export fetches and writes at a time
 MAX_MEASUREMENTS = 5000     # a job's measurements per page: compact rows for charts, not records
 
@@ -51,6 +53,8 @@ class RecordsStore(ABC):
     @abstractmethod
     def measured_fingerprints(self, task: Task) -> set[str]: ...
     @abstractmethod
+    def task_sample(self, task: Task, newest: int = SAMPLE_NEWEST, fastest: int = SAMPLE_FASTEST) -> list[Record]: ...
+    @abstractmethod
     def best(self, workload_key: str, target: str, k: int = 1, device_key: str | None = None) -> list[Record]: ...
     @abstractmethod
     def history(self, target: str | None = None, workload_key: str | None = None,
@@ -59,7 +63,8 @@ class RecordsStore(ABC):
     def history_of_structure(self, target: str, structures: list, exclude_keys=(),
                              limit: int = 2000) -> list[Record]: ...
     @abstractmethod
-    def count(self, task: Task | None = None, job_id: int | None = None, search_only: bool = False) -> int: ...
+    def count(self, task: Task | None = None, job_id: int | None = None, search_only: bool = False,
+              kind: str | None = None) -> int: ...
     @abstractmethod
     def export_jsonl(self, fileobj: IO[str], workload_key: str | None = None, target: str | None = None) -> int: ...
     @abstractmethod
@@ -199,6 +204,22 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                                     TaskRow.device_key == task.device_key))
             return {fp for (fp,) in rows}
 
+    def task_sample(self, task, newest=SAMPLE_NEWEST, fastest=SAMPLE_FASTEST) -> list[Record]:
+        """What a resumed run's strategy and cost model learn from, bounded however many records
+        the task holds: its `newest` most recent records and its `fastest` valid ones (the best
+        among them), oldest first; the whole task when it holds fewer. Two index ranges of the
+        task ((task_id, id) and (task_id, mean_cost)), never a scan of it."""
+        with self._session() as s:
+            task_id = self._find_task_id(s, task)
+            if task_id is None:
+                return []
+            mine = select(*codec.RECORD_COLUMNS).where(RecordRow.task_id == task_id)
+            recent = s.connection().execute(mine.order_by(RecordRow.id.desc()).limit(max(0, int(newest)))).all()
+            best = s.connection().execute(mine.where(RecordRow.mean_cost.is_not(None))
+                                          .order_by(RecordRow.mean_cost, RecordRow.id).limit(max(0, int(fastest)))).all()
+            rows = {r[0]: r for r in recent + best}                    # RECORD_COLUMNS[0]: id
+            return self._to_records(s, [rows[i] for i in sorted(rows)])
+
     def _records(self, s: Session, stmt) -> list[Record]:
         # Core statements of columns: run on the session's connection, past the ORM's result
         # machinery (a tenth of an API read), which they do not use
@@ -277,11 +298,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         with self._session() as s:
             return self._records(s, stmt)[::-1]
 
-    def count(self, task=None, job_id=None, search_only=False) -> int:
+    def count(self, task=None, job_id=None, search_only=False, kind=None) -> int:
         """Records, of one task and/or one job if given; `search_only` leaves out the baselines
-        (the default schedule's records), which no trial budget counts."""
+        (the default schedule's records), which no trial budget counts; `kind` counts only
+        candidates of that kind ("config", "trace")."""
         with self._session() as s:
-            if job_id is None and not search_only:   # the tasks' counts: no scan of the records
+            if job_id is None and not search_only and kind is None:   # the tasks' counts: no scan of the records
                 total = select(func.coalesce(func.sum(TaskRow.record_count), 0))
                 if task is not None:
                     key, _ = self._workload_key(task.workload)
@@ -298,6 +320,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 stmt = stmt.where(RecordRow.job_id == job_id)
             if search_only:
                 stmt = stmt.where(RecordRow.candidate_kind != "default")
+            if kind is not None:
+                stmt = stmt.where(RecordRow.candidate_kind == kind)
             return s.execute(stmt).scalar_one()
 
     def records_page(self, workload_key: str | None = None, target: str | None = None,
