@@ -191,14 +191,19 @@ class RecordRow(Base):
         Index("ix_records_task_id_mean_cost", "task_id", "mean_cost"),
         Index("ix_records_task_id_id", "task_id", "id"),          # a task's records, newest first
         Index("ix_records_error_code_id", "error_code", "id"),    # records of one error code, newest first
-        Index("ix_records_task_id_retimed_cost", "task_id", "retimed_cost"),  # a task's best re-measured record
+        # a task's best re-measured record; only re-measured records are indexed (migration 0007)
+        Index("ix_records_task_id_retimed_cost", "task_id", "retimed_cost",
+              postgresql_where=text("retimed_cost IS NOT NULL"), sqlite_where=text("retimed_cost IS NOT NULL")),
+        # a job's records; records outside a job (imported, measured by a plain run) are not indexed
+        Index("ix_records_job_id", "job_id", postgresql_where=text("job_id IS NOT NULL"),
+              sqlite_where=text("job_id IS NOT NULL")),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
-    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
     candidate_kind: Mapped[str] = mapped_column(String(16))
     candidate: Mapped[dict] = mapped_column(JSON)
-    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))   # looked up with its task: the (task_id, fingerprint) index
     costs: Mapped[list] = mapped_column(JSON)
     mean_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     error_code: Mapped[int] = mapped_column(Integer)
