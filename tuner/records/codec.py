@@ -19,6 +19,8 @@ import math
 from datetime import datetime, timezone
 from numbers import Real
 
+from sqlalchemy import Text, cast
+
 from ..candidate import Candidate, ErrorCode, MeasureResult
 from ..workload import Workload
 from .models import RecordRow, WorkloadRow
@@ -119,19 +121,41 @@ def line_tail(workload_key: str, workload: Workload, target: str) -> str:
             f"{json.dumps(workload.to_json(), sort_keys=True)}, {_KEY}{json.dumps(workload_key)}}}")
 
 
-def row_to_line(row, task: TaskInfo, tail: str) -> str:
-    """to_line(to_record(row, task)) without building the record: the export's path, where a
-    million rows pass through. `tail` is line_tail of the row's task."""
-    (_rid, _task_id, _job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, _retimed,
-     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, _beats_default, emulated) = row
-    result = {"costs": costs, "error_code": code, "error_msg": msg, "build_seconds": build_s, "run_seconds": run_s,
-              "measured_by": measured_by}
+# what an export selects: RECORD_COLUMNS' values for a line, the JSON columns as their stored text
+# (written with sorted keys: engine.sorted_json, bulk_import; older rows keep their order, the same
+# JSON), which goes into the line verbatim
+EXPORT_COLUMNS = (RecordRow.id, RecordRow.task_id, cast(RecordRow.candidate, Text), cast(RecordRow.costs, Text),
+                  RecordRow.error_code, RecordRow.error_msg, RecordRow.build_seconds, RecordRow.run_seconds,
+                  RecordRow.measured_by, RecordRow.created_at, RecordRow.mean_cost, RecordRow.min_cost,
+                  RecordRow.cost_spread, RecordRow.samples, RecordRow.disturbed, RecordRow.lost_fraction,
+                  RecordRow.host_busy, RecordRow.emulated)
+
+
+def row_to_line(row, tail: str, device_key: str) -> str:
+    """to_line(to_record(...)) of a row of EXPORT_COLUMNS, written without building the record
+    or decoding its JSON: the export's path, where a million rows pass through. `tail` is
+    line_tail of the row's task. The result object is spelled out as json.dumps(sort_keys=True)
+    writes MeasureResult's fields (a test holds the two equal)."""
+    (_rid, _task_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, figure, min_cost, spread,
+     samples, disturbed, lost, busy, emulated) = row
+    result = (f'{{"build_seconds": {_number(build_s)}, "costs": {costs}, {_EMULATED if emulated else ""}"error_code": {code}, '
+              f'"error_msg": {json.dumps(msg)}, "measured_by": {json.dumps(measured_by)}, "run_seconds": {_number(run_s)}')
     if code == ErrorCode.NO_ERROR and figure is not None and min_cost is not None:   # MeasureResult.timing_summary
-        result["timing"] = {"median": figure, "min": min_cost, "spread": spread, "count": samples or 0,
-                            "disturbed": bool(disturbed), "lost_fraction": lost or 0.0, "host_busy": busy or 0.0}
-    if emulated:
-        result["emulated"] = True
-    return _line({"kind": candidate["kind"], "payload": candidate["payload"]}, created_at, task.device_key, result, tail)
+        result += (f', "timing": {{"count": {int(samples or 0)}, "disturbed": {"true" if disturbed else "false"}, '
+                   f'"host_busy": {_number(busy or 0.0)}, "lost_fraction": {_number(lost or 0.0)}, '
+                   f'"median": {_number(figure)}, "min": {_number(min_cost)}, "spread": {_number(spread)}}}')
+    return (f'{{"candidate": {candidate}, "created_at": "{created_at.isoformat()}", "device_key": {json.dumps(device_key)}, '
+            f'"result": {result}}}{tail}')
+
+
+_EMULATED = '"emulated": true, '
+
+
+def _number(x) -> str:
+    """A float as json.dumps writes it (None: null)."""
+    if x is None:
+        return "null"
+    return float.__repr__(float(x)) if math.isfinite(x) else json.dumps(float(x))
 
 
 _TARGET, _VERSION, _WORKLOAD, _KEY = '"target": ', '"v": ', '"workload": ', '"workload_key": '

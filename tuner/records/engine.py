@@ -8,6 +8,7 @@ removed again. Every failure becomes a `StoreError` that names the URL (password
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -150,11 +151,17 @@ def _sqlite_file_to_create(url: URL) -> Path | None:
     return None if path.exists() else path
 
 
+def sorted_json(value) -> str:
+    """How JSON columns are written: keys sorted, as a bulk import writes them and an export
+    copies them into lines verbatim (codec.row_to_line)."""
+    return json.dumps(value, sort_keys=True)
+
+
 def _create(url: URL) -> Engine:
     backend = url.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url)
-    kwargs = {}
+    kwargs: dict = {"json_serializer": sorted_json}
     if backend == "postgresql" and url.get_driver_name() in ("psycopg", "psycopg2"):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     engine = create_engine(url, **kwargs)
@@ -194,7 +201,8 @@ def _sqlite_engine(url: URL) -> Engine:
     BEGIN IMMEDIATE for write transactions: two store objects on one file then queue for the
     write lock instead of failing with 'database is locked' when a reader upgrades to a writer."""
     memory = url.database in (None, "", ":memory:")
-    kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+    kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+              "json_serializer": sorted_json}
     if memory:
         kwargs["poolclass"] = StaticPool   # one shared connection, or each would see its own empty db
     engine = create_engine(url, **kwargs)

@@ -360,7 +360,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def export_jsonl(self, fileobj, workload_key=None, target=None) -> int:
         """Write records as JSON lines (oldest first); returns how many."""
-        stmt = self._joined().order_by(RecordRow.id).execution_options(yield_per=EXPORT_ROWS)
+        stmt = (select(*codec.EXPORT_COLUMNS).join(TaskRow, RecordRow.task_id == TaskRow.id).order_by(RecordRow.id)
+                .execution_options(yield_per=EXPORT_ROWS))
         if workload_key is not None:
             stmt = stmt.where(TaskRow.workload_key == workload_key)
         if target is not None:
@@ -368,12 +369,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         n = 0
         tails: dict[int, str] = {}
         with self._session(stream=True) as s:
-            for rows in s.execute(stmt).partitions():
-                tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
+            for rows in s.connection().execute(stmt).partitions():      # Core: no ORM row processing
+                tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # EXPORT_COLUMNS[1]: task_id
                 for task_id, task in tasks.items():
                     if task_id not in tails:
                         tails[task_id] = codec.line_tail(task.workload_key, task.workload, task.target)
-                fileobj.write("".join(codec.row_to_line(r, tasks[r[1]], tails[r[1]]) + "\n" for r in rows))
+                fileobj.write("".join(codec.row_to_line(r, tails[r[1]], tasks[r[1]].device_key) + "\n" for r in rows))
                 n += len(rows)
         return n
 
