@@ -8,9 +8,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
+import httpx
 import pytest
+from conftest import pg_schema_url
 from serve_process import free_port, start_serve
 
 from tuner.cli import main
@@ -112,3 +115,54 @@ def test_worker_priority_is_checked(tmp_path, capsys):
     for bad in ("-1", "20"):
         assert main(["worker", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--nice", bad, "--once"]) == 2
         assert "--nice must be 0..19" in capsys.readouterr().err
+
+
+def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics(pg_database):
+    """`tunefarm serve --api-processes 2` on PostgreSQL: two API processes accept on one socket,
+    /metrics counts every request whichever process served it, and SIGTERM stops both and revokes
+    the session token."""
+    db = pg_schema_url(pg_database)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
+                             "--api-processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        token = None
+        while token is None:
+            line = proc.stdout.readline()
+            assert line, "tunefarm serve ended before printing its session token"
+            m = re.search(r"session token \(admin, revoked when this server stops\): (tf_\S+)", line)
+            token = m.group(1) if m else None
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url)
+        api_pids = {int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()
+                    if "spawn_main" in open(f"/proc/{p.strip()}/cmdline").read()}
+        assert len(api_pids) == 2
+        headers = {"Authorization": f"Bearer {token}"}
+        for _ in range(40):                  # a new connection per request: the kernel spreads them
+            assert httpx.get(f"{url}/api/v1/jobs", headers=headers, params={"limit": 1}).status_code == 200
+        metrics = httpx.get(f"{url}/metrics", headers=headers).text
+        served = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                     if line.startswith("tunefarm_http_request_duration_seconds_count") and 'route="/api/v1/jobs"' in line)
+        assert served == 40
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+        assert not any(_alive(pid) for pid in api_pids)
+        with open_store(db) as store:
+            assert store.verify_token(token) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_ready(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not get ready")

@@ -76,6 +76,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from ..service.api.app import create_app
+    from ..service.api_processes import listening_socket, serve_processes
 
     url = _resolved_url(args.db)
     store = open_store(url)          # migrates SQLite, refuses a PostgreSQL schema that is behind
@@ -84,26 +85,47 @@ def cmd_serve(args) -> int:
         secret, info = store.create_token(f"serve session pid {os.getpid()}", "admin")
         session = (secret, info.id)
     store.close()
-    workers = [_spawn_worker(url, args, n) for n in range(args.workers)]
-    app = create_app(url, public_read=args.public_read, tracker=args.tracker, tracker_token=args.tracker_token,
-                     max_model_bytes=args.max_model_bytes)
+    processes = args.api_processes if args.api_processes is not None else default_api_processes(url)
+    if processes < 1:
+        raise UsageError(f"--api-processes must be at least 1, got {processes}")
     host = "127.0.0.1" if args.host is None else args.host
+    sock = None
+    if processes > 1:
+        try:
+            sock = listening_socket(host, args.port)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host}:{args.port}: {e.strerror or e}") from None
+    workers = [_spawn_worker(url, args, n) for n in range(args.workers)]
+    app_options = dict(store_url=url, public_read=args.public_read, tracker=args.tracker, tracker_token=args.tracker_token,
+                       max_model_bytes=args.max_model_bytes)
     shown_host = f"[{host}]" if ":" in host else host
     print(f"tunefarm serve: http://{shown_host}:{args.port}/ (API under /api/v1, OpenAPI at /docs), "
-          f"records in {url}, {args.workers} local worker(s)", flush=True)
+          f"records in {url}, {processes} API process(es), {args.workers} local worker(s)", flush=True)
     if session is not None:
         print(f"tunefarm serve: session token (admin, revoked when this server stops): {session[0]}", flush=True)
         print(f"tunefarm serve: open http://{shown_host}:{args.port}/?token={session[0]}", flush=True)
-    server = _server_without_signal_handling(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
+    stop = threading.Event()
+    server = None
+    if sock is None:
+        server = _server_without_signal_handling(uvicorn.Config(create_app(**app_options), host=host, port=args.port,
+                                                                log_level="warning"))
 
     def on_signal(signum, _frame):
-        server.should_exit = True           # uvicorn finishes its requests, then run() returns
+        stop.set()
+        if server is not None:
+            server.should_exit = True       # uvicorn finishes its requests, then run() returns
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    status = EXIT_OK
     try:
-        server.run()
+        if server is not None:
+            server.run()
+        else:
+            status = EXIT_OK if serve_processes(sock, processes, app_options, stop) == 0 else EXIT_FAIL
     finally:
+        if sock is not None:
+            sock.close()
         for p in workers:
             p.send_signal(signal.SIGTERM)
         for p in workers:
@@ -114,7 +136,15 @@ def cmd_serve(args) -> int:
         if session is not None:
             with open_store(url) as s:
                 s.revoke_token(session[1])
-    return EXIT_OK
+    return status
+
+
+def default_api_processes(url: str) -> int:
+    """API processes `tunefarm serve` runs unless told: one per core (at most MAX_DEFAULT_API_PROCESSES)
+    on a server database; one on the embedded SQLite file, a single user's."""
+    if url.startswith("sqlite"):
+        return 1
+    return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_API_PROCESSES))
 
 
 def _server_without_signal_handling(config):
@@ -131,6 +161,7 @@ def _server_without_signal_handling(config):
 
 
 LOCAL_WORKER_NICENESS = 5
+MAX_DEFAULT_API_PROCESSES = 4
 
 
 def _spawn_worker(url: str, args, n: int) -> subprocess.Popen:
@@ -212,6 +243,9 @@ def register(sub) -> None:
     p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--workers", type=int, default=1, help="local job worker processes (0: API only)")
+    p.add_argument("--api-processes", type=int, default=None, metavar="N",
+                   help="processes serving the API on one socket (default: one per core, at most "
+                        f"{MAX_DEFAULT_API_PROCESSES}, on PostgreSQL; one on SQLite)")
     p.add_argument("--public-read", action="store_true", help="reads need no token")
     p.add_argument("--max-model-bytes", type=int, default=256 << 20, metavar="N",
                    help="largest ONNX file a model job may upload (default 256 MiB)")

@@ -151,6 +151,10 @@ def _sqlite_file_to_create(url: URL) -> Path | None:
     return None if path.exists() else path
 
 
+POOL_SIZE = 12        # connections a server store keeps open (one per API thread: tuner.service.api.app)
+POOL_OVERFLOW = 4     # more, opened for a burst and closed after it
+
+
 def sorted_json(value) -> str:
     """How JSON columns are written: keys sorted, as a bulk import writes them and an export
     copies them into lines verbatim (codec.row_to_line)."""
@@ -161,7 +165,10 @@ def _create(url: URL) -> Engine:
     backend = url.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url)
-    kwargs: dict = {"json_serializer": sorted_json}
+    # a pool as large as the threads that use it (an API server's, see tuner.service.api.app): with
+    # SQLAlchemy's default of 5 (+10 overflow), 32 clients had the API open and close a PostgreSQL
+    # connection (a server process forked) for a tenth of its requests
+    kwargs: dict = {"json_serializer": sorted_json, "pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
     if backend == "postgresql" and url.get_driver_name() in ("psycopg", "psycopg2"):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     engine = create_engine(url, **kwargs)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+from anyio import to_thread
 from fastapi import FastAPI
 
 from ...records import open_store
+from ...records.engine import POOL_SIZE
 from ..dashboard import install as install_dashboard
 from . import errors
 from .auth import TokenCache, TokenTouches
@@ -41,6 +43,9 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.store = open_store(store_url)      # StoreError (e.g. schema behind) stops the server
+        # the handlers run in anyio's thread pool: as many threads as the store has connections
+        # (anyio's default of 40 queued them for connections and on the interpreter lock)
+        to_thread.current_default_thread_limiter().total_tokens = POOL_SIZE
         try:
             yield
         finally:

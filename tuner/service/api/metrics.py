@@ -12,16 +12,19 @@ tunefarm_store_up 0 and the request metrics.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...candidate import ErrorCode
 from ...records.values import JobState, StoreError
 
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # prometheus_client's multiprocess switch (tuner.service.api_processes)
 WINDOW_S = 60.0
 CACHE_S = 2.0
 KNOWN_CODES = frozenset(int(c) for c in ErrorCode)
@@ -92,8 +95,14 @@ class ApiMetrics:
 
     def __init__(self, store_of):
         self.registry = CollectorRegistry()
+        # served by several processes (tuner.service.api_processes): each writes its latencies to a
+        # file of the shared directory, and a scrape sums them
+        shared = os.environ.get(METRICS_DIR_ENV)
+        own = CollectorRegistry() if shared else self.registry
         self.latency = Histogram("tunefarm_http_request_duration_seconds", "HTTP request latency by route template and status",
-                                 ["method", "route", "status"], registry=self.registry, buckets=LATENCY_BUCKETS)
+                                 ["method", "route", "status"], registry=own, buckets=LATENCY_BUCKETS)
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)
         self.registry.register(StoreCollector(store_of))
         self._templates: dict[int, str] = {}
         self._static: set[str] = set()
