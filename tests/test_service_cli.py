@@ -119,8 +119,8 @@ def test_worker_priority_is_checked(tmp_path, capsys):
 
 def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics(pg_database):
     """`tunefarm serve --api-processes 2` on PostgreSQL: two API processes accept on one socket,
-    /metrics counts every request whichever process served it, and SIGTERM stops both and revokes
-    the session token."""
+    /metrics counts every request whichever process served it, SIGTERM stops both and revokes the
+    session token, and SIGKILL takes them with it."""
     db = pg_schema_url(pg_database)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
@@ -150,6 +150,18 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         assert not any(_alive(pid) for pid in api_pids)
         with open_store(db) as store:
             assert store.verify_token(token) is None
+        # a SIGKILLed serve takes its API processes with it: nothing keeps answering on its port
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
+                                 "--api-processes", "2", "--no-session-token"], stdout=subprocess.DEVNULL)
+        _wait_ready(url)
+        children = [int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children):
+            assert time.monotonic() < deadline, "API processes outlived their SIGKILLed serve"
+            time.sleep(0.1)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -4,7 +4,8 @@ One API process spends its requests' Python (routing, validation, the store's ro
 JSON) under one interpreter lock: at a million records it served 210 requests/s on one core
 of two, with PostgreSQL using a sixth of the other. Several processes accept on the same socket
 (the kernel hands each connection to one of them), each with its own app, store and connection
-pool; the parent only binds the socket, starts them, restarts one that dies, and stops them.
+pool; the parent only binds the socket, starts them, restarts one that dies, and stops them (and they
+die with it, however it dies: tuner.service.lifeline).
 
 Request metrics are summed over the processes (prometheus_client's multiprocess mode: each
 process writes its histogram to a file in a directory of the parent's, /metrics reads them all),
@@ -49,7 +50,7 @@ def serve_processes(sock: socket.socket, processes: int, app_options: dict, stop
     ctx = multiprocessing.get_context("spawn")            # a fresh interpreter: no inherited threads or connections
 
     def start():
-        p = ctx.Process(target=_api_process, args=(sock, app_options), name="tunefarm-api", daemon=False)
+        p = ctx.Process(target=_api_process, args=(sock, app_options, os.getpid()), name="tunefarm-api", daemon=False)
         p.start()
         return p, time.monotonic()
 
@@ -81,11 +82,15 @@ def serve_processes(sock: socket.socket, processes: int, app_options: dict, stop
     return status
 
 
-def _api_process(sock: socket.socket, app_options: dict) -> None:
-    """One API process: its own app and store, accepting on the shared socket."""
+def _api_process(sock: socket.socket, app_options: dict, parent: int) -> None:
+    """One API process: its own app and store, accepting on the shared socket; it ends with the
+    parent however that ends (a SIGKILLed serve must not leave processes answering on its port)."""
     import uvicorn
 
     from .api.app import create_app
+    from .lifeline import exit_with_parent
+
+    exit_with_parent(parent)
 
     app = create_app(**app_options)
     host, port = sock.getsockname()[:2]
