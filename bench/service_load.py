@@ -6,7 +6,8 @@ workloads or more (8000 records each at most): candidates drawn from the real te
 each (so /best lowers real loop IR), with synthetic costs — this measures the service, not
 kernels. The records are written to a JSON-lines file first and loaded by the store's bulk
 import, what `tunefarm records import` runs (its time: `seed_seconds`). Then `tunefarm serve
---workers 0` and two `tunefarm worker` processes.
+--workers 0` (its API processes: one per core on PostgreSQL, their CPU reported together) and two
+`tunefarm worker` processes.
 
 Phase 1 (the reference, same run): one client, each read route 50 times in turn: unloaded latency.
 Phase 2, the load: 32 clients for `--seconds` (30) mixing submits of small real jobs (5 %), job
@@ -340,7 +341,7 @@ def postgres_cpu_seconds() -> float:
 
 
 def cpu_now(api_pid: int, worker_pid: int) -> dict[str, float]:
-    return {"api": cpu_seconds(api_pid), "postgres": postgres_cpu_seconds(), "worker": tree_cpu_seconds(worker_pid),
+    return {"api": tree_cpu_seconds(api_pid), "postgres": postgres_cpu_seconds(), "worker": tree_cpu_seconds(worker_pid),
             "clients": cpu_seconds(os.getpid())}
 
 

@@ -245,11 +245,12 @@ class ResultOut(BaseModel):
                            "qemu-user): the emulator's speed, not the device's; never compared with native timings")
 
 
+_ERROR_NAMES = {int(c): c.name for c in ErrorCode}
+
+
 def _error_name(code: int) -> str | None:
-    try:
-        return ErrorCode(code).name
-    except ValueError:          # a code added by a newer tunefarm
-        return None
+    """The ErrorCode's name; None for a code added by a newer tunefarm."""
+    return _ERROR_NAMES.get(code)
 
 
 class RecordOut(BaseModel):
