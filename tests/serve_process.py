@@ -34,12 +34,18 @@ def start_serve(db: str, port: int, timeout: float = 60.0) -> tuple[subprocess.P
         token = m.group(1) if m else None
     assert token is not None, "".join(lines)
     threading.Thread(target=proc.stdout.read, daemon=True).start()          # keep its pipe drained
-    url = f"http://127.0.0.1:{port}"
+    wait_ready(f"http://127.0.0.1:{port}", deadline - time.monotonic())
+    return proc, token
+
+
+def wait_ready(base: str, timeout: float = 60) -> None:
+    """Until the server at `base` answers /readyz with 200; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, token
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
         except httpx.TransportError:
             pass
-        time.sleep(0.2)
-    raise AssertionError(f"tunefarm serve on port {port} did not get ready within {timeout:g} s")
+        time.sleep(0.1)
+    raise AssertionError(f"{base} not ready in {timeout:g} s")

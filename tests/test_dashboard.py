@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from serve_process import wait_ready
 
 from tuner.records import open_store
 from tuner.service.api import create_app
@@ -135,18 +136,6 @@ def wait_printed(log: Path, pattern: str, proc: subprocess.Popen, timeout: float
         assert proc.poll() is None, f"exited: {log.read_text(errors='replace')}"
         time.sleep(0.1)
     raise AssertionError(f"{pattern!r} not printed in {timeout} s: {log.read_text(errors='replace')}")
-
-
-def wait_ready(base: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{base} not ready in {timeout} s")
 
 
 def start_serve(db: str, tmp: Path, name: str, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str, str]:

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 from conftest import pg_schema_url
-from serve_process import free_port, start_serve
+from serve_process import free_port, start_serve, wait_ready
 
 from tuner.cli import main
 from tuner.cli.service import LOCAL_WORKER_NICENESS
@@ -133,7 +133,7 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
             m = re.search(r"session token \(admin, revoked when this server stops\): (tf_\S+)", line)
             token = m.group(1) if m else None
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url)
+        wait_ready(url)
         api_pids = {int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                                                    text=True).stdout.split()
                     if "spawn_main" in open(f"/proc/{p.strip()}/cmdline").read()}
@@ -153,7 +153,7 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         # a SIGKILLed serve takes its API processes with it: nothing keeps answering on its port
         proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
                                  "--api-processes", "2", "--no-session-token"], stdout=subprocess.DEVNULL)
-        _wait_ready(url)
+        wait_ready(url)
         children = [int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         proc.kill()
@@ -166,15 +166,3 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _wait_ready(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} did not get ready")
