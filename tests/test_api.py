@@ -569,3 +569,32 @@ def test_read_token_checks_are_cached_briefly_and_writes_always_ask_the_database
         store.revoke_token(other_info.id)
         assert cache.verify(store, other) is None                     # past the window: asked again
         assert cache.verify(store, "tf_unknown") is None
+
+
+def test_a_records_page_is_the_json_its_models_would_be():
+    """Records pages are written from plain data (schemas.record_json), not 50 models each: the
+    JSON is what RecordPage of RecordOut models gives, for a timed, a failed (unknown code too), an
+    emulated, a re-measured and a DAG workload's record, with each order's cursors."""
+    from datetime import datetime, timezone
+
+    from tuner.records.values import Record
+    from tuner.service.api.schemas import RecordOut, RecordPage, record_page_response
+    relu = Workload("relu", {"shape": [64, 2]})
+    x = C.placeholder((4,), name="x")
+    dag = Workload.from_compute(C.compute((4,), lambda i: x[i] * 2.0, name="twice"), name="twice")
+    at = datetime(2026, 11, 28, 8, 0, 0, tzinfo=timezone.utc)
+    timed = MeasureResult(costs=[1e-3, 1.1e-3], build_seconds=0.5, run_seconds=0.2, measured_by="a1").take_timing(
+        {"median": 1.05e-3, "min": 1e-3, "spread": 0.1, "count": 2, "disturbed": False, "lost_fraction": 0.0})
+    records = [
+        Record(relu.key, relu, "llvm", "local", Candidate("config", {"t": [1, 2]}), timed, job_id=3, created_at=at, id=9),
+        Record(relu.key, relu, "llvm", "board", Candidate("trace", {"s": "x"}),
+               MeasureResult(costs=[], error_code=ErrorCode.WRONG_ANSWER, error_msg="wrong"),
+               created_at=at.replace(microsecond=123), id=8),
+        Record(relu.key, relu, "llvm", "local", Candidate("config", {}), MeasureResult(costs=[], error_code=77), id=7),
+        Record(dag.key, dag, "llvm -mcpu=x", "pi", Candidate("default", {}),
+               MeasureResult(costs=[2e-3], emulated=True), id=6, retimed_cost=1.9e-3, beats_default=True),
+    ]
+    for cursors in ({"next_before": 6}, {"next_before": None}, {"next_after": 6}, {"next_after": 6, "next_after_cost": 2e-3}):
+        fast = json.loads(record_page_response(records, **cursors).body)
+        slow = json.loads(RecordPage(items=[RecordOut.of(r) for r in records], **cursors).model_dump_json())
+        assert fast == slow

@@ -24,7 +24,7 @@ from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, from_store_error, responses
 from ..respond import json_response
-from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage
+from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage, record_page_response
 
 router = APIRouter(prefix="/records", tags=["records"])
 
@@ -59,8 +59,7 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
                 raise ApiError(422, f"{name} is a cursor of order=oldest or fastest; newest first pages with `before`", field=name)
         records = store.records_page(workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
                                      error_code=error_code, before_id=before, limit=limit)
-        return json_response(RecordPage(items=[RecordOut.of(r) for r in records],
-                                        next_before=records[-1].id if len(records) == limit else None))
+        return record_page_response(records, next_before=records[-1].id if len(records) == limit else None)
     if before is not None:
         raise ApiError(422, f"order={order} pages with `after`, not `before`", field="before")
     if order == "oldest" and after_cost is not None:
@@ -76,8 +75,7 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
                                    error_code=error_code, after_id=after, after_cost=after_cost, limit=limit)
     last = records[-1] if len(records) == limit else None
     after_cost_next = codec.mean_cost_column(last.result) if last is not None and order == "fastest" else None
-    return json_response(RecordPage(items=[RecordOut.of(r) for r in records], next_after=last.id if last else None,
-                                    next_after_cost=after_cost_next))
+    return record_page_response(records, next_after=last.id if last else None, next_after_cost=after_cost_next)
 
 
 @router.get("/export", response_class=StreamingResponse, dependencies=[Depends(auth.read)],
