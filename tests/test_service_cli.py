@@ -4,11 +4,13 @@ a SQLite file, a session token printed and revoked at exit), and the Python clie
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -120,7 +122,7 @@ def test_worker_priority_is_checked(tmp_path, capsys):
 def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics(pg_database):
     """`tunefarm serve --api-processes 2` on PostgreSQL: two API processes accept on one socket,
     /metrics counts every request whichever process served it, SIGTERM stops both and revokes the
-    session token, and SIGKILL takes them with it."""
+    session token, and SIGKILL takes them with it (the next serve removes what it left in /tmp)."""
     db = pg_schema_url(pg_database)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
@@ -162,6 +164,15 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         while any(_alive(pid) for pid in children):
             assert time.monotonic() < deadline, "API processes outlived their SIGKILLed serve"
             time.sleep(0.1)
+        # its metrics directory outlives it, until the next serve of several processes removes it
+        left = glob.glob(os.path.join(tempfile.gettempdir(), f"tunefarm-metrics-{proc.pid}-*"))
+        assert len(left) == 1
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
+                                 "--api-processes", "2", "--no-session-token"], stdout=subprocess.DEVNULL)
+        wait_ready(url)
+        assert not os.path.exists(left[0])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,11 +9,13 @@ die with it, however it dies: tuner.service.lifeline).
 
 Request metrics are summed over the processes (prometheus_client's multiprocess mode: each
 process writes its histogram to a file in a directory of the parent's, /metrics reads them all),
-so a scrape sees the server, not whichever process answered it.
+so a scrape sees the server, not whichever process answered it. The parent removes the directory
+when it stops; one left by a SIGKILLed serve is removed by the next serve on the host.
 """
 
 from __future__ import annotations
 
+import glob
 import multiprocessing
 import os
 import shutil
@@ -24,6 +26,7 @@ import time
 
 from .api.metrics import METRICS_DIR_ENV
 
+METRICS_PREFIX = "tunefarm-metrics-"   # + the serve's pid: a SIGKILLed serve's is removed by the next
 RESTART_WINDOW_S = 10.0     # a process that dies this soon after starting, twice running, stops the server
 STOP_TIMEOUT_S = 30.0
 
@@ -45,7 +48,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def serve_processes(sock: socket.socket, processes: int, app_options: dict, stop: threading.Event) -> int:
     """Serve create_app(**app_options) from `processes` processes on `sock` until `stop` is set;
     returns 0, or 1 when a process kept dying as it started (its error is on stderr)."""
-    metrics_dir = tempfile.mkdtemp(prefix="tunefarm-metrics-")
+    _remove_dead_metrics_dirs(tempfile.gettempdir())
+    metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
     os.environ[METRICS_DIR_ENV] = metrics_dir            # inherited by the processes started below
     ctx = multiprocessing.get_context("spawn")            # a fresh interpreter: no inherited threads or connections
 
@@ -80,6 +84,25 @@ def serve_processes(sock: socket.socket, processes: int, app_options: dict, stop
         os.environ.pop(METRICS_DIR_ENV, None)
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return status
+
+
+def _remove_dead_metrics_dirs(folder: str) -> None:
+    """Remove the metrics directories of serves that died without removing their own (SIGKILL):
+    each is named after its serve's pid, and one whose serve is gone is no one's."""
+    for path in glob.glob(os.path.join(folder, f"{METRICS_PREFIX}*-*")):
+        owner = os.path.basename(path)[len(METRICS_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process
+        return True
+    return True
 
 
 def _api_process(sock: socket.socket, app_options: dict, parent: int) -> None:
