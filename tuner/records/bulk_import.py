@@ -6,8 +6,8 @@ line becomes a row tuple in one pass (codec.checked_line: the same checks, no Re
 MeasureResult built); a chunk of rows goes into a temporary table with no index (PostgreSQL:
 `COPY`; elsewhere: executemany) with its task ids (tasks and workloads added as the file names
 them), and one `INSERT … SELECT … ON CONFLICT DO NOTHING` moves it into `records` in file order,
-returning the task of each new record so the tasks' record counts stay right. The database moves one chunk while this process checks
-the next.
+returning the task of each new record so the tasks' record counts stay right. The database moves
+one chunk while this process checks the next.
 
 All of it runs in the caller's transaction: a bad line raises StoreError and leaves the database as
 it was. Memory stays flat: a chunk of rows and the file's distinct workloads.
