@@ -573,8 +573,9 @@ def test_read_token_checks_are_cached_briefly_and_writes_always_ask_the_database
 
 def test_a_records_page_is_the_json_its_models_would_be():
     """Records pages are written from plain data (schemas.record_json), not 50 models each: the
-    JSON is what RecordPage of RecordOut models gives, for a timed, a failed (unknown code too), an
-    emulated, a re-measured and a DAG workload's record, with each order's cursors."""
+    page validates as a RecordPage (the schema in the OpenAPI document) and is the JSON its models
+    give, for a timed, a failed (unknown code too), an emulated, a re-measured and a DAG workload's
+    record, with each order's cursors."""
     from datetime import datetime, timezone
 
     from tuner.records.values import Record
@@ -597,4 +598,5 @@ def test_a_records_page_is_the_json_its_models_would_be():
     for cursors in ({"next_before": 6}, {"next_before": None}, {"next_after": 6}, {"next_after": 6, "next_after_cost": 2e-3}):
         fast = json.loads(record_page_response(records, **cursors).body)
         slow = json.loads(RecordPage(items=[RecordOut.of(r) for r in records], **cursors).model_dump_json())
-        assert fast == slow
+        assert fast == slow == json.loads(RecordPage.model_validate(fast).model_dump_json())
+        assert fast["items"][1]["created_at"] == "2026-11-28T08:00:00.000123Z" and fast["items"][2]["result"]["error_name"] is None
