@@ -559,9 +559,10 @@ def _counted(store) -> dict[int, int]:
 
 def test_record_counts_are_kept_as_records_arrive(store, monkeypatch):
     """Each task's record count follows every insert path (a batch with a candidate stored
-    before, an import staged in several batches with lines stored before and repeated): the
+    before, an import staged in several pipelined chunks with lines stored before and repeated): the
     store's totals and the workload and target listings sum them and agree with COUNT(*)."""
     import tuner.records.bulk_import as bulk_import
+    monkeypatch.setattr(bulk_import, "CHUNK", 3)            # several chunks, each moved while the next is checked
     monkeypatch.setattr(bulk_import, "SQLITE_BATCH", 2)
     fill(store)
     store.add_records(TASK, [(cand(1), ok(2e-3)), (cand(5), ok(4e-3))])          # cand(1) is stored already

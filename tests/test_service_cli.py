@@ -125,8 +125,12 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
     session token, and SIGKILL takes them with it (the next serve removes what it left in /tmp)."""
     db = pg_schema_url(pg_database)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
-                             "--api-processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def serve(*extra: str, **popen) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
+                                 "--api-processes", "2", *extra], **popen)
+
+    proc = serve(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         token = None
         while token is None:
@@ -153,8 +157,7 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         with open_store(db) as store:
             assert store.verify_token(token) is None
         # a SIGKILLed serve takes its API processes with it: nothing keeps answering on its port
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
-                                 "--api-processes", "2", "--no-session-token"], stdout=subprocess.DEVNULL)
+        proc = serve("--no-session-token", stdout=subprocess.DEVNULL)
         wait_ready(url)
         children = [int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
                                                    text=True).stdout.split()]
@@ -167,8 +170,7 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         # its metrics directory outlives it, until the next serve of several processes removes it
         left = glob.glob(os.path.join(tempfile.gettempdir(), f"tunefarm-metrics-{proc.pid}-*"))
         assert len(left) == 1
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", db, "--port", str(port), "--workers", "0",
-                                 "--api-processes", "2", "--no-session-token"], stdout=subprocess.DEVNULL)
+        proc = serve("--no-session-token", stdout=subprocess.DEVNULL)
         wait_ready(url)
         assert not os.path.exists(left[0])
         proc.send_signal(signal.SIGTERM)
