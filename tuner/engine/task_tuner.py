@@ -46,7 +46,8 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
     raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
 
 
-SLOW_CUTOFF = 2.0         # a search's candidate this many times slower than the best so far is timed briefly
+SLOW_CUTOFF = 1.5         # a search's candidate this many times slower than the best so far is timed briefly
+SEARCH_MAX_REPEAT_MS = 250.0   # a search's timing samples a contender this long at most (per attempt)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
 
 
@@ -112,6 +113,7 @@ class TaskTuner:
         self._kept_builds: dict = {}   # fingerprint -> BuildResult of the fastest candidates (the re-timing's)
         self._finished: TuneResult | None = None
         self._baseline_done = not self.baseline
+        self._baseline_run_seconds = 0.0   # what one timing of the default took (sizes the re-timing)
         self.exhausted = False
         # what the task's records tell a resumed run, bounded however many it holds: every
         # fingerprint (never measured twice), and the newest and fastest records (store.task_sample)
@@ -143,6 +145,7 @@ class TaskTuner:
             baseline_rec = store.baseline_record(self.workload_key, task.target, task.device_key)
             if baseline_rec is not None:
                 self.result.baseline_cost = baseline_rec.cost
+                self._baseline_run_seconds = baseline_rec.result.run_seconds
         used = store.count(task, job_id=job_id, search_only=True) if job_id is not None else 0
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None
@@ -205,14 +208,17 @@ class TaskTuner:
         """The runner's measurement options as a search needs them: once anything was measured,
         with a slow cutoff at SLOW_CUTOFF times the best cost so far (the baseline's or a
         candidate's), so a candidate far behind is timed in a few samples, not ten (most of a
-        short run's time on a large compute went to timing such candidates); a contender is
-        timed in full, since its figure while tuning is what the re-timing checks. None before
+        short run's time on a large compute went to timing such candidates), and sampling of a
+        contender capped at SEARCH_MAX_REPEAT_MS: a search ranks candidates a few per cent apart,
+        and the end-of-run re-timing is where the precision that picks the best is spent (a
+        contender's full second of samples was half a 64-trial run's measuring). None before
         anything was measured or where the user set a cutoff (kept)."""
         options = self.runner.options
         best = min(self.result.best_cost, self.result.baseline_cost)
         if not math.isfinite(best) or best <= 0 or options.slow_cutoff_s:
             return None
-        return dataclasses.replace(options, slow_cutoff_s=SLOW_CUTOFF * best)
+        return dataclasses.replace(options, slow_cutoff_s=SLOW_CUTOFF * best,
+                                   max_repeat_ms=min(options.max_repeat_ms, SEARCH_MAX_REPEAT_MS))
 
     def _measure(self, candidates, phase: str | None = None, options=None) -> list[MeasureResult]:
         """Build and time `candidates` (with `options` instead of the runner's own); their time
@@ -269,6 +275,7 @@ class TaskTuner:
         self.result.add_time("baseline", time.perf_counter() - t0)
         if res.ok:
             self.result.baseline_cost = res.cost
+            self._baseline_run_seconds = res.run_seconds
             if res.cost < self.result.best_cost:
                 self.result.best_cost, self.result.best_candidate = res.cost, cand
         self.strategy.visited.add(cand.fingerprint)
@@ -308,33 +315,67 @@ class TaskTuner:
         """What the end of the run re-times against the default, in proportion to what was found:
         the fastest records, at most `top_k` and one per RETIME_PER_TRIALS trials of this task,
         within RETIME_NEAR_BEST of the fastest, and with a baseline only those first measured
-        within RETIME_WITHIN of it. A candidate
-        that measured slower than the default by more than the noise will not beat it in a
-        re-timing; timing it again cost short runs several times what their trials cost."""
+        within RETIME_WITHIN of it; then as many of them, fastest first (at least one), as the
+        re-timing's budget holds (`retime_plan`). A candidate that measured slower than the
+        default by more than the noise will not beat it in a re-timing; timing it again cost
+        short runs several times what their trials cost."""
+        return [rec.candidate for rec in self.retime_plan()[0]]
+
+    def retime_plan(self) -> tuple[list, bool, float]:
+        """(records to re-time, whether one timing of the default per round serves them all, the
+        re-timing's sampling cap per timing in ms).
+
+        The default is timed before each candidate so a slow minute of a shared machine hits both
+        sides of each comparison; when every candidate first measured RETIME_FAR_AHEAD times
+        faster than it, no such minute turns the comparison, and one default timing per round
+        serves all of them. The re-timing may take RETIME_SHARE of what this run's trials took to
+        build and measure: it keeps the fastest candidates whose rounds of timings, each as long
+        as its first one (`run_seconds`), fit in that (the fastest always), and caps each timing's
+        sampling at its share of it (never below the search's cap, SEARCH_MAX_REPEAT_MS, nor above
+        the runner's own): precision comes from the rounds' medians, not from one long timing."""
         trials = self.result.trials + self.result.resumed_trials
         k = min(self.top_k, max(1, trials // RETIME_PER_TRIALS))
         records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=k + 1,
                                                   device_key=self.task.device_key)
                    if rec.candidate.kind != "default"][:k]
         base_cost = self.result.baseline_cost
-        if self.baseline and math.isfinite(base_cost):
+        with_base = self.baseline and math.isfinite(base_cost)
+        if with_base:
             records = [rec for rec in records if rec.cost <= base_cost * (1 + RETIME_WITHIN)]
         if records:   # one that measured well behind the fastest will not overtake it in a re-timing
             records = [rec for rec in records if rec.cost <= records[0].cost * (1 + RETIME_NEAR_BEST)]
-        return [rec.candidate for rec in records]
+        shared = with_base and all(rec.cost * RETIME_FAR_AHEAD <= base_cost for rec in records)
+        spent = self.result.phase_seconds
+        budget = RETIME_SHARE * (spent.get("build", 0.0) + spent.get("measure", 0.0))
+        base_s = self._baseline_run_seconds if with_base else 0.0
+        kept, cand_s = records[:1], 0.0
+        for n, rec in enumerate(records):
+            cand_s += rec.result.run_seconds
+            defaults = (1 if shared else n + 1) * base_s
+            if n and self.retime_rounds * (cand_s + defaults) > budget:
+                break
+            kept = records[:n + 1]
+        timings = self.retime_rounds * (len(kept) + (0 if not with_base else 1 if shared else len(kept)))
+        full = self.runner.options.max_repeat_ms
+        cap_ms = max(min(full, SEARCH_MAX_REPEAT_MS), min(full, 1000.0 * budget / max(1, timings)))
+        return kept, shared, cap_ms
 
     def _retime(self):
-        """Re-time `retime_candidates()` against the default schedule, alternately.
+        """Re-time `retime_plan()`'s candidates against the default schedule, alternately.
 
         Each of `retime_rounds` rounds times D c1 D c2 ... D ck (D the default; the candidates'
         order reversed every other round), so every candidate is timed right after the default,
-        and a slow minute of a shared machine hits both sides of a comparison. A candidate's
+        and a slow minute of a shared machine hits both sides of a comparison; or D c1 c2 ... ck
+        when the candidates are all far ahead of the default (retime_plan). A candidate's
         figure is the median of its rounds, the default's the median of all its timings; a
-        candidate *beats the default* only when the median of its paired ratios (the default's
-        timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
+        candidate *beats the default* only when the median of its paired ratios (the round's
+        default timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
         range of those ratios when they disagree more. The best is the fastest candidate that
         beats the default, else the default itself (and the store ranks the others after it)."""
-        cands = self.retime_candidates()
+        records, shared, cap_ms = self.retime_plan()
+        cands = [rec.candidate for rec in records]
+        options = self.runner.options
+        options = dataclasses.replace(options, max_repeat_ms=cap_ms) if cap_ms < options.max_repeat_ms else None
         base = default_candidate(self.workload_key)
         if not cands:   # nothing came near the default: its one timing stands, and it stays the best
             return
@@ -349,13 +390,13 @@ class TaskTuner:
             order = list(range(len(cands)))[:: -1 if rnd % 2 else 1]
             seq: list = []
             who: list = []
-            for i in order:
-                if base_build is not None:
+            for n, i in enumerate(order):
+                if base_build is not None and (n == 0 or not shared):
                     seq.append(base_build)
                     who.append(None)
                 seq.append(cand_builds[i])
                 who.append(cands[i])
-            results = self._count(self.runner.run(self.task, seq))
+            results = self._count(self.runner.run(self.task, seq, options))
             last_base = math.nan
             for c, res in zip(who, results):
                 cost = res.cost if res.ok else math.nan
@@ -396,6 +437,8 @@ MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however cons
 RETIME_WITHIN = 0.05   # candidates first measured more than this slower than the default are not re-timed
 RETIME_PER_TRIALS = 4  # at most one re-timed candidate per this many trials of the task
 RETIME_NEAR_BEST = 0.15  # nor those first measured more than this slower than the fastest candidate
+RETIME_FAR_AHEAD = 1.25  # candidates all this many times faster than the default share its timing per round
+RETIME_SHARE = 0.25      # the re-timing's estimated seconds at most this share of the trials' build + measure
 
 
 def beats_default(ratios: list) -> bool:
