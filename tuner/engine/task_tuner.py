@@ -321,18 +321,15 @@ class TaskTuner:
         short runs several times what their trials cost."""
         return [rec.candidate for rec in self.retime_plan()[0]]
 
-    def retime_plan(self) -> tuple[list, bool, float]:
-        """(records to re-time, whether one timing of the default per round serves them all, the
-        re-timing's sampling cap per timing in ms).
+    def retime_plan(self) -> tuple[list, bool]:
+        """(records to re-time, whether one timing of the default per round serves them all).
 
         The default is timed before each candidate so a slow minute of a shared machine hits both
         sides of each comparison; when every candidate first measured RETIME_FAR_AHEAD times
         faster than it, no such minute turns the comparison, and one default timing per round
         serves all of them. The re-timing may take RETIME_SHARE of what this run's trials took to
-        build and measure: it keeps the fastest candidates whose rounds of timings, each as long
-        as its first one (`run_seconds`), fit in that (the fastest always), and caps each timing's
-        sampling at its share of it (never below the search's cap, SEARCH_MAX_REPEAT_MS, nor above
-        the runner's own): precision comes from the rounds' medians, not from one long timing."""
+        build and measure: it keeps the fastest candidates whose rounds of timings fit in that
+        (the fastest always), each timing as long as `_retiming_seconds` expects."""
         trials = self.result.trials + self.result.resumed_trials
         k = min(self.top_k, max(1, trials // RETIME_PER_TRIALS))
         records = [rec for rec in self.store.best(self.workload_key, self.task.target, k=k + 1,
@@ -347,18 +344,23 @@ class TaskTuner:
         shared = with_base and all(rec.cost * RETIME_FAR_AHEAD <= base_cost for rec in records)
         spent = self.result.phase_seconds
         budget = RETIME_SHARE * (spent.get("build", 0.0) + spent.get("measure", 0.0))
-        base_s = self._baseline_run_seconds if with_base else 0.0
+        base_s = self._retiming_seconds(self._baseline_run_seconds) if with_base else 0.0
         kept, cand_s = records[:1], 0.0
         for n, rec in enumerate(records):
-            cand_s += rec.result.run_seconds
+            cand_s += self._retiming_seconds(rec.result.run_seconds)
             defaults = (1 if shared else n + 1) * base_s
             if n and self.retime_rounds * (cand_s + defaults) > budget:
                 break
             kept = records[:n + 1]
-        timings = self.retime_rounds * (len(kept) + (0 if not with_base else 1 if shared else len(kept)))
-        full = self.runner.options.max_repeat_ms
-        cap_ms = max(min(full, SEARCH_MAX_REPEAT_MS), min(full, 1000.0 * budget / max(1, timings)))
-        return kept, shared, cap_ms
+        return kept, shared
+
+    def _retiming_seconds(self, first_run_seconds: float) -> float:
+        """How long one re-timing of a kernel is expected to take, from its first timing's
+        duration: as long, where that timing ended before the search's sampling cap (its samples
+        had settled); else up to the runner's own cap, which a re-timing samples to."""
+        if first_run_seconds < 0.8 * SEARCH_MAX_REPEAT_MS / 1000.0:
+            return first_run_seconds
+        return max(first_run_seconds, self.runner.options.max_repeat_ms / 1000.0)
 
     def _retime(self):
         """Re-time `retime_plan()`'s candidates against the default schedule, alternately.
@@ -372,10 +374,8 @@ class TaskTuner:
         default timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
         range of those ratios when they disagree more. The best is the fastest candidate that
         beats the default, else the default itself (and the store ranks the others after it)."""
-        records, shared, cap_ms = self.retime_plan()
+        records, shared = self.retime_plan()
         cands = [rec.candidate for rec in records]
-        options = self.runner.options
-        options = dataclasses.replace(options, max_repeat_ms=cap_ms) if cap_ms < options.max_repeat_ms else None
         base = default_candidate(self.workload_key)
         if not cands:   # nothing came near the default: its one timing stands, and it stays the best
             return
@@ -396,7 +396,7 @@ class TaskTuner:
                     who.append(None)
                 seq.append(cand_builds[i])
                 who.append(cands[i])
-            results = self._count(self.runner.run(self.task, seq, options))
+            results = self._count(self.runner.run(self.task, seq))
             last_base = math.nan
             for c, res in zip(who, results):
                 cost = res.cost if res.ok else math.nan
@@ -437,7 +437,7 @@ MIN_GAIN = 0.01   # a re-timed speed-up smaller than this is noise, however cons
 RETIME_WITHIN = 0.05   # candidates first measured more than this slower than the default are not re-timed
 RETIME_PER_TRIALS = 4  # at most one re-timed candidate per this many trials of the task
 RETIME_NEAR_BEST = 0.15  # nor those first measured more than this slower than the fastest candidate
-RETIME_FAR_AHEAD = 1.25  # candidates all this many times faster than the default share its timing per round
+RETIME_FAR_AHEAD = 1.5   # candidates all this many times faster than the default share its timing per round
 RETIME_SHARE = 0.25      # the re-timing's estimated seconds at most this share of the trials' build + measure
 
 
