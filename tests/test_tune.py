@@ -101,8 +101,9 @@ def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, mac
 def test_the_retiming_is_sized_by_what_the_trials_took(tmp_path, machinery):
     """retime_plan keeps the fastest candidates whose estimated re-timing (rounds x their first
     timings' seconds where those settled early, else the runner's sampling cap, with the
-    default's) fits in RETIME_SHARE of the trials' build + measure seconds, the fastest always; candidates all RETIME_FAR_AHEAD faster than the default share
-    one default timing per round, others are each paired with one."""
+    default's) fits in RETIME_SHARE of the trials' build + measure seconds, the fastest always;
+    candidates all RETIME_FAR_AHEAD faster than the default share one default timing per round,
+    others are each paired with one."""
     from tuner.candidate import MeasureResult
     from tuner.engine import TaskTuner
     from tuner.engine.task_tuner import RETIME_FAR_AHEAD, RETIME_SHARE
@@ -471,9 +472,10 @@ def test_tuning_options_are_one_value_every_entry_point_takes(machinery, tmp_pat
 
 def test_search_batches_time_candidates_far_behind_the_best_briefly(tmp_path, machinery):
     """After the baseline every search batch is measured with a slow cutoff at SLOW_CUTOFF times
-    the best cost so far (MeasureOptions.slow_cutoff_s, compiler.timing) and its sampling capped at
-    SEARCH_MAX_REPEAT_MS; the baseline and the end-of-run re-timing are neither cut short nor capped, the latter timing the kernels the search built. The
-    runner and builder here are the real ones, watched."""
+    the best cost so far (MeasureOptions.slow_cutoff_s, compiler.timing) and its sampling capped
+    at SEARCH_MAX_REPEAT_MS; the baseline and the end-of-run re-timing are neither cut short nor
+    capped, the latter timing the kernels the search built. The runner and builder here are the
+    real ones, watched."""
     from tuner.engine import TaskTuner
     from tuner.engine.task_tuner import SEARCH_MAX_REPEAT_MS, SLOW_CUTOFF
     from tuner.measure.runner import Runner
