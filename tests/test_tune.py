@@ -98,70 +98,57 @@ def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, mac
     assert res.time_summary().startswith("setup ")
 
 
+def _retime_plan(tmp_path, machinery, cost_over_base: float, measured_seconds: list) -> list:
+    """retime_plan of a task whose store holds its default (1 ms, first timed for 1 s) and 20
+    sketch candidates `cost_over_base` times faster (first timed for 0.1 s, settled), each
+    faster one 1 % behind the one before: [([costs re-timed], shared)] for runs that spent each
+    of `measured_seconds` measuring."""
+    from tuner.candidate import MeasureResult
+    from tuner.engine import TaskTuner
+    from tuner.space import default_candidate
+    from tuner.space.sketch import SketchSpace
+    builder, runner = machinery
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    task = _task()
+    opdef = task.workload.opdef()
+    rng = np.random.default_rng(0)
+    space = SketchSpace(opdef, C.Target.host())
+    cands = list({c.fingerprint: c for c in (space.sample(rng) for _ in range(40))}.values())[:20]
+    base_cost = 1e-3
+    recs = [(default_candidate(opdef.workload_key()), MeasureResult(costs=[base_cost], run_seconds=1.0))]
+    recs += [(c, MeasureResult(costs=[base_cost / cost_over_base * (1 + 0.01 * i)], run_seconds=0.1))
+             for i, c in enumerate(cands)]
+    store.add_records(task, recs)
+    plans = []
+    for seconds in measured_seconds:
+        tuner = TaskTuner(task, store, builder=builder, runner=runner, space="sketch", strategy="random", trials=0,
+                          top_k=5, retime_rounds=3)
+        tuner.result.add_time("measure", seconds)
+        records, shared = tuner.retime_plan()
+        plans.append(([r.result.cost for r in records], shared))
+    return plans
+
+
 def test_the_retiming_is_sized_by_what_the_trials_took(tmp_path, machinery):
     """retime_plan keeps the fastest candidates whose estimated re-timing (rounds x their first
     timings' seconds where those settled early, else the runner's sampling cap, with the
     default's) fits in RETIME_SHARE of the trials' build + measure seconds, the fastest always;
-    candidates all RETIME_FAR_AHEAD faster than the default share one default timing per round,
-    others are each paired with one."""
-    from tuner.candidate import MeasureResult
-    from tuner.engine import TaskTuner
+    candidates all RETIME_FAR_AHEAD faster than the default share one default timing per round."""
     from tuner.engine.task_tuner import RETIME_FAR_AHEAD, RETIME_SHARE
-    from tuner.space import default_candidate
-    from tuner.space.sketch import SketchSpace
-    builder, runner = machinery
-    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    task = _task()
-    opdef = task.workload.opdef()
-    space = SketchSpace(opdef, C.Target.host())
-    rng = np.random.default_rng(0)
-    cands = list({c.fingerprint: c for c in (space.sample(rng) for _ in range(40))}.values())[:20]
-    base_cost = 1e-3
-
-    def stored(cost_over_base):
-        recs = [(default_candidate(opdef.workload_key()), MeasureResult(costs=[base_cost], run_seconds=1.0))]
-        recs += [(c, MeasureResult(costs=[base_cost / cost_over_base * (1 + 0.01 * i)], run_seconds=0.1))
-                 for i, c in enumerate(cands)]
-        store.add_records(task, recs)
-
-    def plan(measured_seconds):
-        tuner = TaskTuner(task, store, builder=builder, runner=runner, space="sketch", strategy="random", trials=0,
-                          top_k=5, retime_rounds=3)
-        tuner.result.add_time("measure", measured_seconds)
-        records, shared = tuner.retime_plan()
-        return [r.result.cost for r in records], shared
-
-    stored(cost_over_base=2 * RETIME_FAR_AHEAD)           # every candidate far ahead of the default
-    costs, shared = plan(measured_seconds=4.0)            # budget 1 s: below one candidate's 3 x (0.1 + 1)
-    assert shared and len(costs) == 1 and costs[0] == min(r.cost for r in store.history() if r.candidate.kind != "default")
-    budget_s = 1.01 * 3 * (0.1 * 3 + 1.0) / RETIME_SHARE  # three candidates and one default timing per round
-    costs, shared = plan(measured_seconds=budget_s)
-    assert shared and len(costs) == 3 and costs == sorted(costs)
-    costs, _ = plan(measured_seconds=1000.0)
-    assert len(costs) == 5                                # top_k holds it then
+    three = 1.01 * 3 * (0.1 * 3 + 1.0) / RETIME_SHARE       # three candidates and one default timing per round
+    # a budget of 1 s is below one candidate's 3 x (0.1 + 1): the fastest is re-timed anyway
+    (one, shared_one), (costs, shared), (many, _) = _retime_plan(tmp_path, machinery, 2 * RETIME_FAR_AHEAD,
+                                                                 measured_seconds=[4.0, three, 1000.0])
+    assert shared_one and shared and len(one) == 1 and len(costs) == 3 and costs == sorted(costs)
+    assert one[0] == costs[0] == many[0]
+    assert len(many) == 5                                   # top_k holds it then
 
 
 def test_near_the_default_each_candidate_is_paired_with_its_timing(tmp_path, machinery):
-    from tuner.candidate import MeasureResult
-    from tuner.engine import TaskTuner
     from tuner.engine.task_tuner import RETIME_SHARE
-    from tuner.space import default_candidate
-    from tuner.space.sketch import SketchSpace
-    builder, runner = machinery
-    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    task = _task()
-    opdef = task.workload.opdef()
-    space = SketchSpace(opdef, C.Target.host())
-    rng = np.random.default_rng(0)
-    cands = list({c.fingerprint: c for c in (space.sample(rng) for _ in range(40))}.values())[:20]
-    recs = [(default_candidate(opdef.workload_key()), MeasureResult(costs=[1e-3], run_seconds=1.0))]
-    recs += [(c, MeasureResult(costs=[0.95e-3 + 1e-6 * i], run_seconds=0.1)) for i, c in enumerate(cands)]
-    store.add_records(task, recs)
-    tuner = TaskTuner(task, store, builder=builder, runner=runner, space="sketch", strategy="random", trials=0,
-                      top_k=5, retime_rounds=3)
-    tuner.result.add_time("measure", 1.01 * 3 * (0.1 + 1.0) * 2 / RETIME_SHARE)   # two candidates, each with a default
-    records, shared = tuner.retime_plan()
-    assert not shared and len(records) == 2
+    two = 1.01 * 3 * (0.1 + 1.0) * 2 / RETIME_SHARE         # two candidates, each with a default timing
+    ((costs, shared),) = _retime_plan(tmp_path, machinery, 1 / 0.95, measured_seconds=[two])
+    assert not shared and len(costs) == 2
 
 
 def test_candidates_far_slower_than_the_default_are_not_retimed(tmp_path, machinery):
