@@ -497,6 +497,18 @@ def test_idle_connection_killed_by_the_server_is_replaced(pg_database, monkeypat
         assert [r.candidate for r in store.best(MATMUL.key, TARGET)] == [cand(1)]
 
 
+def test_postgresql_connections_keep_the_apis_statements_prepared(pg_database):
+    """Each pooled psycopg connection keeps PREPARED_MAX prepared statements, not psycopg's 100
+    (the API's few hundred statement texts pushed each other out: a PREPARE and a DEALLOCATE
+    round trip per read)."""
+    url = pg_schema_url(pg_database)
+    with SQLRecordsStore(url) as store:
+        store.add_records(TASK, [(cand(1), ok(1e-3))])
+        with store._engine.connect() as conn:
+            assert conn.connection.dbapi_connection.prepared_max == engine_mod.PREPARED_MAX > 100
+        assert [r.candidate for r in store.best(MATMUL.key, TARGET)] == [cand(1)]
+
+
 def test_busy_connection_killed_by_the_server_fails_once(pg_database, monkeypatch):
     """A connection used a moment ago is not pinged (the round trip was a third of a small API
     read): when the server drops it, the statement in flight fails once as a StoreError, and the
