@@ -8,7 +8,7 @@ counts the job's own records, so a job that was interrupted and resumed still me
 
 Every task measures the operator's default schedule once (the baseline). At the end the top
 candidates (at most `top_k`, in proportion to the task's trials, and only those first measured
-near or below the baseline: `TaskTuner.retime_candidates`) are re-timed alternately with the
+near or below the baseline: `TaskTuner.retime_plan`) are re-timed alternately with the
 baseline over `retime_rounds` rounds (see `TaskTuner._retime`): the maximum of many noisy
 measurements is biased upward, so those medians are what the records rank by, the speed-up over the default comes from one set of same-run
 timings, and a candidate that is not faster than the default beyond the noise is not called a
@@ -311,20 +311,15 @@ class TaskTuner:
         self._finished = r
         return r
 
-    def retime_candidates(self) -> list:
-        """What the end of the run re-times against the default, in proportion to what was found:
-        the fastest records, at most `top_k` and one per RETIME_PER_TRIALS trials of this task,
-        within RETIME_NEAR_BEST of the fastest, and with a baseline only those first measured
-        within RETIME_WITHIN of it; then as many of them, fastest first (at least one), as the
-        re-timing's budget holds (`retime_plan`). A candidate that measured slower than the
-        default by more than the noise will not beat it in a re-timing; timing it again cost
-        short runs several times what their trials cost."""
-        return [rec.candidate for rec in self.retime_plan()[0]]
-
     def retime_plan(self) -> tuple[list, bool]:
         """(records to re-time, whether one timing of the default per round serves them all).
 
-        The default is timed before each candidate so a slow minute of a shared machine hits both
+        What the end of the run re-times against the default, in proportion to what was found:
+        the fastest records, at most `top_k` and one per RETIME_PER_TRIALS trials of this task,
+        within RETIME_NEAR_BEST of the fastest, and with a baseline only those first measured
+        within RETIME_WITHIN of it (one that measured slower than the default by more than the
+        noise will not beat it in a re-timing; timing it again cost short runs several times what
+        their trials cost). The default is timed before each candidate so a slow minute of a shared machine hits both
         sides of each comparison; when every candidate first measured RETIME_FAR_AHEAD times
         faster than it, no such minute turns the comparison, and one default timing per round
         serves all of them. The re-timing may take RETIME_SHARE of what this run's trials took to
