@@ -277,3 +277,28 @@ def test_large_weights_are_packed_one_channel_block_at_a_time():
     assert ir_block != ir_whole
     _check_against_reference(op, per_block, seed=4)
     _check_against_reference(op, whole, seed=4)
+
+
+@pytest.mark.parametrize("lanes_", [4, 8, 16])
+@pytest.mark.parametrize("rows", [(2, 3 * 16), (4, 1024 + 64), (2, 3 * 16 * 9)], ids=["short", "long", "medium"])
+def test_weight_panels_are_transposed_exactly(lanes_, rows):
+    """schedule_transposed_panels copies [F, C·taps] weights into [F/block][C·taps][block]
+    panels bit for bit, in tiles of transpose_tile(lanes) and in both walks: short source rows
+    (row groups inside a step of input channels) and rows of 4 KB or more (input channels
+    inside a row group), here with more than one tile of input channels per panel."""
+    from compiler import compute, placeholder
+    from compiler.ops.schedule_conv import LONG_PANEL_ROW_BYTES, schedule_transposed_panels, transpose_tile
+    from compiler.schedule import create_schedule
+
+    blocks, C = rows
+    F = blocks * 16
+    W = placeholder((F, C, 1, 1), "float32", "W")
+    P = compute((blocks, C, 1, 1, 16), lambda fo, c, y, x, fi: W[fo * 16 + fi, c, y, x], name="packed")
+    s = create_schedule(P)
+    schedule_transposed_panels(s, P, lanes_, lambda work: True)
+    assert transpose_tile(lanes_) == min(lanes_, 8)
+    assert (C * 4 >= LONG_PANEL_ROW_BYTES) == (rows[1] == 1024 + 64)
+    w = np.random.default_rng(5).uniform(-1, 1, (F, C, 1, 1)).astype("float32")
+    out = np.full((blocks, C, 1, 1, 16), np.nan, "float32")
+    build(s, [W, P], HOST)(w, out)
+    np.testing.assert_array_equal(out, w.reshape(blocks, 16, C, 1, 1).transpose(0, 2, 3, 4, 1))

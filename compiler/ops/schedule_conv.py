@@ -546,33 +546,59 @@ def schedule_weight_panels(s, packed, lanes: int, want_parallel_for):
 
 
 def schedule_transposed_panels(s, packed, lanes: int, want_parallel_for):
-    """A 1x1 convolution's [F, C] weights into [F/block][C][block] panels, lanes x lanes at a
-    time: a tile is read as `lanes` vectors of consecutive input channels, one per output
-    channel, into a local tile (cache_write laid out [output channel][input channel], which LLVM
-    keeps in registers), and written as `lanes` vectors of consecutive output channels read
+    """A 1x1 convolution's [F, C] weights into [F/block][C][block] panels, t x t at a time
+    (t = transpose_tile(lanes)): a tile is read as t vectors of consecutive input channels, one
+    per output channel, into a local tile (cache_write laid out [output channel][input channel],
+    which LLVM keeps in registers), and written as t vectors of consecutive output channels read
     across it, which LLVM turns into shuffles. Row by row (schedule_panel_copy) every element
     was one scalar store, and the copy was half of a deep 1x1 layer's time with its weights
     packed per call: res5's 2048>512 ran 101 GFLOPS that way and 143 this way, 1024>256 161
-    and 184 (prepacked: 207; oneDNN 157; znver4, 2 threads)."""
+    and 184 (prepacked: 207; oneDNN 157; znver4, 2 threads).
+
+    Tiles walk the row groups of one step of input channels, except in a 1x1 filter's rows of
+    LONG_PANEL_ROW_BYTES or more, where they walk the input channels of one group of t rows:
+    such rows lie in the same L1 sets, and a step across a block of them evicted each line
+    before its next tile read it (res5's 2048>512 and 1x1/2 downsample, 8 and 4 KB rows: 152-153
+    -> 181-188 GFLOPS, znver4, 2 threads). Merged KxK panels (panel_merge) ran slower that
+    way (res4's 3x3/2: 209 -> 163 GFLOPS), so they keep the first walk."""
     ndim = len(packed.shape)
     local = s.cache_write(packed, "local", order=[0, ndim - 1, *range(1, ndim - 1)])
     st, lst = s[packed], s[local]
     fo, c, *taps, fi = st.op.axis
-    co, ci = st.split(c, factor=lanes)
-    fio, fii = st.split(fi, factor=lanes)
-    st.reorder(fo, co, fio, *taps, ci, fii)
+    tile = transpose_tile(lanes)
+    co, ci = st.split(c, factor=tile)
+    fio, fii = st.split(fi, factor=tile)
+    row_bytes = c.extent * np.dtype(packed.dtype).itemsize
+    if taps and row_bytes >= LONG_PANEL_ROW_BYTES:     # taps: the 1x1 filter's unit axes, absent when merged
+        st.reorder(fo, fio, co, *taps, ci, fii)
+        loop, at = st.fuse(fo, fio), co
+    else:
+        st.reorder(fo, co, fio, *taps, ci, fii)
+        loop, at = st.fuse(fo, co), fio
     for a in (*taps, ci):
         st.unroll(a)
     st.vectorize(fii)
-    loop = st.fuse(fo, co)
     if loop.extent > 1 and want_parallel_for(int(_prod(packed.shape))):
         st.parallel(loop)
-    lst.compute_at(st, fio)
+    lst.compute_at(st, at)
     lfo, lfi, lc, *ltaps = lst.op.axis
     for a in (lfo, lfi, *ltaps):
         lst.unroll(a)
     lst.vectorize(lc)
     return st
+
+
+TRANSPOSE_TILE = 8      # lanes of a weight-panel transpose at most (transpose_tile)
+LONG_PANEL_ROW_BYTES = 4096   # source rows this long alias in L1 (schedule_transposed_panels)
+
+
+def transpose_tile(lanes: int) -> int:
+    """The side of schedule_transposed_panels' register tiles: the vector length, at most
+    TRANSPOSE_TILE. LLVM transposes 8 x 8 tiles in a few shuffles per vector but 16 x 16 ones
+    (AVX-512) in permutes whose index vectors it rematerializes: packing 2048x512 weights took
+    0.19 ms that way, 0.09-0.11 ms in 8 x 8 tiles (numpy's copy of them on one thread: 0.1 ms;
+    znver4, 2 threads), and 30 % of res5's 1x1 layers went to that packing."""
+    return min(lanes, TRANSPOSE_TILE)
 
 
 def schedule_panel_copy(st, want_parallel_for):
