@@ -559,6 +559,14 @@ def test_best_ranks_remeasured_first_over_every_device_key(store):
     assert store.best(MATMUL.key, TARGET, k=1, device_key="nowhere") == [] and store.best("0" * 32, TARGET) == []
     assert store.baseline_record(MATMUL.key, TARGET).result.mean_cost == pytest.approx(5.25e-3)
     assert store.baseline_record(MATMUL.key, TARGET, device_key="arm").device_key == "arm"
+    for device_key in (None, "arm", "local"):    # the two in one read: what best() and baseline_record() say
+        got = store.best_with_baseline(MATMUL.key, TARGET, device_key=device_key)
+        assert got == (store.best(MATMUL.key, TARGET, k=1, device_key=device_key)[0],
+                       store.baseline_record(MATMUL.key, TARGET, device_key=device_key))
+    assert store.best_with_baseline(MATMUL.key, TARGET, device_key="nowhere") == (None, None)
+    only = Task(MATMUL, TARGET, "bare")          # a best but no default measured
+    store.add_records(only, [(cand(7), ok(1e-3))])
+    assert store.best_with_baseline(MATMUL.key, TARGET, device_key="bare") == (store.best(MATMUL.key, TARGET, device_key="bare")[0], None)
 
 
 # ---------------------------------------------------------------------------------- at scale

@@ -49,14 +49,12 @@ def best(request: Request, store: Store,
          target: Annotated[str, Query(min_length=1, max_length=4096, description="target string, exactly as stored")],
          device_key: Annotated[str | None, Query(min_length=1, max_length=255, description="only records of this device key")] = None,
          ) -> Response:
-    found = store.best(workload_key, target, k=1, device_key=device_key)
-    if not found:
+    rec, baseline = store.best_with_baseline(workload_key, target, device_key=device_key)
+    if rec is None:
         where = f" on device key {device_key!r}" if device_key else ""
         raise ApiError(404, f"no valid record of workload {workload_key} on target {target!r}{where}", field="workload_key")
-    rec = found[0]
     lowering = request.app.state.lowering
     flops = lowering.flops(rec)
-    baseline = store.baseline_record(workload_key, target, device_key)
     loop_ir, why = lowering.loop_ir(rec)
 
     def gflops(r):
