@@ -17,7 +17,7 @@ second per client; the dashboard's job page polls three routes every 2 s, `tunef
 one a second). This is an open-loop load: a request's latency counts from when it was due, so a
 server that falls behind is charged for the queue it builds (no coordinated omission). The two
 job workers run the submitted jobs (builds, measurements, records) on the same two cores as the
-API and PostgreSQL, at `--worker-nice` 5, the priority `tunefarm serve` gives its own local
+API and PostgreSQL, at `--worker-nice` 19, the priority `tunefarm serve` gives its own local
 workers (0: as high as the API). Half-way through, one worker is SIGKILLed as soon as it holds a
 job. Afterwards every submitted job must finish (the killed worker's job is claimed again when its
 lease expires): jobs lost (acknowledged but missing or unfinished) and duplicated (a job with more
@@ -35,7 +35,7 @@ for saturation, and, last, one JSON object. Aim: p99 < 100 ms for the read route
 records on this 2-core machine (phase 2).
 
     .venv/bin/python bench/service_load.py [--records 10000] [--seconds 30] [--clients 32] [--rate 64]
-                                           [--worker-nice 5] [--saturation-seconds 15]
+                                           [--worker-nice 19] [--saturation-seconds 15]
 """
 
 from __future__ import annotations
@@ -368,13 +368,16 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main():
+    from tuner.cli.service import LOCAL_WORKER_NICENESS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--rate", type=float, default=64.0, help="requests/s the clients offer together (phase 2)")
-    ap.add_argument("--worker-nice", type=int, default=5,
-                    help="the job workers' priority (tunefarm worker --nice; tunefarm serve's local workers use 5)")
+    ap.add_argument("--worker-nice", type=int, default=LOCAL_WORKER_NICENESS,
+                    help="the job workers' priority (tunefarm worker --nice; default: what tunefarm serve's local "
+                         f"workers use, {LOCAL_WORKER_NICENESS})")
     ap.add_argument("--saturation-seconds", type=float, default=15.0)
     ap.add_argument("--drain-timeout", type=float, default=300.0, help="seconds to wait for submitted jobs")
     args = ap.parse_args()
