@@ -559,8 +559,9 @@ def schedule_transposed_panels(s, packed, lanes: int, want_parallel_for):
     LONG_PANEL_ROW_BYTES or more, where they walk the input channels of one group of t rows:
     such rows lie in the same L1 sets, and a step across a block of them evicted each line
     before its next tile read it (res5's 2048>512 and 1x1/2 downsample, 8 and 4 KB rows: 152-153
-    -> 181-188 GFLOPS, znver4, 2 threads). Merged KxK panels (panel_merge) ran slower that
-    way (res4's 3x3/2: 209 -> 163 GFLOPS), so they keep the first walk."""
+    -> 181-188 GFLOPS, znver4, 2 threads). Merged KxK panels (panel_merge) keep the first
+    walk: res4's 3x3 layers read slower the other way, but in runs where the same kernels on
+    prepacked weights read slower too, so that is not settled."""
     ndim = len(packed.shape)
     local = s.cache_write(packed, "local", order=[0, ndim - 1, *range(1, ndim - 1)])
     st, lst = s[packed], s[local]
