@@ -249,8 +249,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if k < 1:
             return []
         with self._session() as s:
-            conn = s.connection()
-            return self._ranked(s, self._task_ids(conn, workload_key, target, device_key), k, fingerprint)
+            return self._ranked(s, self._task_ids(s, workload_key, target, device_key), k, fingerprint)
 
     def best_with_baseline(self, workload_key: str, target: str,
                            device_key: str | None = None) -> tuple[Record | None, Record | None]:
@@ -260,8 +259,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         baseline is not looked for when there is no best."""
         from ..space.base import default_candidate
         with self._session() as s:
-            conn = s.connection()
-            task_ids = self._task_ids(conn, workload_key, target, device_key)
+            task_ids = self._task_ids(s, workload_key, target, device_key)
             best = self._ranked(s, task_ids, 1, None)
             if not best:
                 return None, None
@@ -269,11 +267,11 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         return best[0], (baseline[0] if baseline else None)
 
     @staticmethod
-    def _task_ids(conn, workload_key: str, target: str, device_key: str | None) -> list[int]:
+    def _task_ids(s: Session, workload_key: str, target: str, device_key: str | None) -> list[int]:
         where = {"workload_key": workload_key, "target": target}
         if device_key is not None:
             where["device_key"] = device_key
-        return list(conn.execute(_tasks_of(device_key is not None), where).scalars())
+        return list(s.connection().execute(_tasks_of(device_key is not None), where).scalars())
 
     def _ranked(self, s: Session, task_ids: list[int], k: int, fingerprint: str | None) -> list[Record]:
         """The k best valid records of the tasks `task_ids` as best() ranks them (only candidate
