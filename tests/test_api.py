@@ -571,32 +571,45 @@ def test_read_token_checks_are_cached_briefly_and_writes_always_ask_the_database
         assert cache.verify(store, "tf_unknown") is None
 
 
-def test_a_records_page_is_the_json_its_models_would_be():
-    """Records pages are written from plain data (schemas.record_json), not 50 models each: the
-    page validates as a RecordPage (the schema in the OpenAPI document) and is the JSON its models
-    give, for a timed, a failed (unknown code too), an emulated, a re-measured and a DAG workload's
-    record, with each order's cursors."""
-    from datetime import datetime, timezone
-
-    from tuner.records.values import Record
-    from tuner.service.api.schemas import RecordOut, RecordPage, record_page_response
+def test_a_records_page_is_the_json_its_models_would_be(db_url):
+    """Records pages are written as text from the store's page rows (api/record_page.py: the
+    candidate as the database holds it), not from Records and their models: the page validates
+    as a RecordPage (the schema in the OpenAPI document) and is the JSON the same records' models
+    give, on SQLite and PostgreSQL, for a timed, a failed (unknown code too), an emulated, a
+    re-measured and a DAG workload's record, in each order and with each order's cursors."""
+    from tuner.records import open_store
+    from tuner.service.api.record_page import record_page_response
+    from tuner.service.api.schemas import RecordOut, RecordPage
     relu = Workload("relu", {"shape": [64, 2]})
     x = C.placeholder((4,), name="x")
     dag = Workload.from_compute(C.compute((4,), lambda i: x[i] * 2.0, name="twice"), name="twice")
-    at = datetime(2026, 11, 28, 8, 0, 0, tzinfo=timezone.utc)
     timed = MeasureResult(costs=[1e-3, 1.1e-3], build_seconds=0.5, run_seconds=0.2, measured_by="a1").take_timing(
         {"median": 1.05e-3, "min": 1e-3, "spread": 0.1, "count": 2, "disturbed": False, "lost_fraction": 0.0})
-    records = [
-        Record(relu.key, relu, "llvm", "local", Candidate("config", {"t": [1, 2]}), timed, job_id=3, created_at=at, id=9),
-        Record(relu.key, relu, "llvm", "board", Candidate("trace", {"s": "x"}),
-               MeasureResult(costs=[], error_code=ErrorCode.WRONG_ANSWER, error_msg="wrong"),
-               created_at=at.replace(microsecond=123), id=8),
-        Record(relu.key, relu, "llvm", "local", Candidate("config", {}), MeasureResult(costs=[], error_code=77), id=7),
-        Record(dag.key, dag, "llvm -mcpu=x", "pi", Candidate("default", {}),
-               MeasureResult(costs=[2e-3], emulated=True), id=6, retimed_cost=1.9e-3, beats_default=True),
-    ]
-    for cursors in ({"next_before": 6}, {"next_before": None}, {"next_after": 6}, {"next_after": 6, "next_after_cost": 2e-3}):
-        fast = json.loads(record_page_response(records, **cursors).body)
-        slow = json.loads(RecordPage(items=[RecordOut.of(r) for r in records], **cursors).model_dump_json())
-        assert fast == slow == json.loads(RecordPage.model_validate(fast).model_dump_json())
-        assert fast["items"][1]["created_at"] == "2026-11-28T08:00:00.000123Z" and fast["items"][2]["result"]["error_name"] is None
+    wrong = MeasureResult(costs=[], error_code=ErrorCode.WRONG_ANSWER, error_msg='wrong \u2013 "quoted"')
+    store = open_store(db_url)
+    try:
+        store.add_records(Task(relu, "llvm", "local"), [(Candidate("config", {"t": [1, 2], "s": 'é"q'}), timed)])
+        store.add_records(Task(relu, "llvm", "board"), [(Candidate("trace", {"s": "x"}), wrong)])
+        store.add_records(Task(relu, "llvm", "local"), [(Candidate("config", {}), MeasureResult(costs=[], error_code=77))])
+        dag_task, dag_default = Task(dag, "llvm -mcpu=x", "pi"), default_candidate(dag.key)
+        store.add_records(dag_task, [(dag_default, MeasureResult(costs=[2e-3, 3e-3], emulated=True))])
+        assert store.set_retimed(dag_task, {dag_default.fingerprint: 1.9e-3}, beats_default={dag_default.fingerprint: True}) == 1
+        reads = [lambda **kw: store.records_page(limit=50, **kw),
+                 lambda **kw: store.records_page(workload_key=relu.key, limit=2, **kw),
+                 lambda **kw: store.records_sorted("oldest", limit=50, **kw),
+                 lambda **kw: store.records_sorted("fastest", workload_key=dag.key, **kw)]
+        for read in reads:
+            rows, records = read(page_rows=True), read()
+            assert rows and [r.id for r in rows] == [r.id for r in records]
+            last = rows[-1]
+            for cursors in ({"next_before": last.id}, {"next_before": None}, {"next_after": last.id},
+                            {"next_after": last.id, "next_after_cost": last.mean_cost or 2e-3}):
+                fast = json.loads(record_page_response(rows, **cursors).body)
+                slow = json.loads(RecordPage(items=[RecordOut.of(r) for r in records], **cursors).model_dump_json())
+                assert fast == slow == json.loads(RecordPage.model_validate(fast).model_dump_json())
+        items = json.loads(record_page_response(store.records_page(page_rows=True)).body)["items"]
+        assert sorted(str(i["result"]["error_name"]) for i in items) == ["NO_ERROR", "NO_ERROR", "None", "WRONG_ANSWER"]
+        assert [i["cost"] for i in items if i["workload"]["is_compute"]] == [1.9e-3]
+        assert all(i["created_at"].endswith("Z") for i in items)
+    finally:
+        store.close()

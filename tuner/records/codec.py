@@ -18,6 +18,7 @@ import json
 import math
 from datetime import datetime, timezone
 from numbers import Real
+from typing import NamedTuple
 
 from sqlalchemy import Text, cast
 
@@ -83,6 +84,29 @@ RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.c
                   RecordRow.mean_cost, RecordRow.min_cost, RecordRow.cost_spread, RecordRow.samples,
                   RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default,
                   RecordRow.emulated)
+
+
+# what a records page selects (the store's page reads with page_rows=True): RECORD_COLUMNS with the
+# candidate as its stored JSON text, which the API's page writes verbatim (decoding it and encoding
+# it again was a tenth of a page's CPU; PageRow)
+PAGE_COLUMNS = tuple(cast(RecordRow.candidate, Text) if c is RecordRow.candidate else c for c in RECORD_COLUMNS)
+
+
+class PageRow(NamedTuple):
+    """A record as a page shows it, not as code uses it: its row of PAGE_COLUMNS (by position, the
+    candidate still the JSON text the database holds) and its task."""
+
+    row: tuple
+    task: TaskInfo
+
+    @property
+    def id(self) -> int:
+        return self.row[0]
+
+    @property
+    def mean_cost(self) -> float | None:
+        """The records.mean_cost column: what an order by cost pages by."""
+        return self.row[13]
 
 
 def to_workload(row: WorkloadRow) -> Workload:

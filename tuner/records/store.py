@@ -225,15 +225,20 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         # machinery (a tenth of an API read), which they do not use
         return self._to_records(s, s.connection().execute(stmt).all())
 
-    def _to_records(self, s: Session, rows) -> list[Record]:
-        """Records of rows of codec.RECORD_COLUMNS, their tasks looked up (one statement for the misses)."""
+    def _to_records(self, s: Session, rows, page_rows: bool = False) -> list:
+        """Records of rows of codec.RECORD_COLUMNS, their tasks looked up (one statement for the
+        misses); `page_rows`: codec.PageRows of rows of codec.PAGE_COLUMNS."""
         tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
+        if page_rows:
+            return [codec.PageRow(r, tasks[r[1]]) for r in rows]
         return [codec.to_record(r, tasks[r[1]]) for r in rows]
 
     @staticmethod
-    def _joined():
-        """The record columns, joined with their task so statements can filter on it."""
-        return select(*codec.RECORD_COLUMNS).join(TaskRow, RecordRow.task_id == TaskRow.id)
+    def _joined(page_rows: bool = False):
+        """The record columns (codec.PAGE_COLUMNS' if `page_rows`), joined with their task so
+        statements can filter on it."""
+        columns = codec.PAGE_COLUMNS if page_rows else codec.RECORD_COLUMNS
+        return select(*columns).join(TaskRow, RecordRow.task_id == TaskRow.id)
 
     def best(self, workload_key, target, k=1, device_key=None) -> list[Record]:
         """The k fastest valid records for (workload key, target), over all device keys unless
@@ -350,9 +355,10 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def records_page(self, workload_key: str | None = None, target: str | None = None,
                      device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
-                     before_id: int | None = None, limit: int = 50) -> list[Record]:
+                     before_id: int | None = None, limit: int = 50, page_rows: bool = False) -> list:
         """Records newest first, filtered, `limit` of them with ids below `before_id` (keyset
         paging over indexed columns: no page costs more at a million records than at 100).
+        `page_rows`: codec.PageRows (for a page that is shown, not used) instead of Records.
 
         Filters on the task (workload key, target, device key) that leave at most
         MAX_TASK_RANGES tasks read each task's newest records from the (task_id, id) index and
@@ -369,11 +375,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 task_ids = conn.execute(_matching_tasks(on_task), {**{n: given[n] for n in on_task},
                                                                     "limit": MAX_TASK_RANGES + 1}).scalars().all()
                 if len(task_ids) <= MAX_TASK_RANGES:
-                    stmt = _newest_of_task(tuple(n for n in given if n not in on_task), before_id is not None)
+                    stmt = _newest_of_task(tuple(n for n in given if n not in on_task), before_id is not None, page_rows)
                     rows = [row for task_id in task_ids for row in conn.execute(stmt, {**params, "task_id": task_id})]
                     rows.sort(key=lambda row: row[0], reverse=True)    # RECORD_COLUMNS[0]: the id
-                    return self._to_records(s, rows[:params["limit"]])
-            return self._to_records(s, conn.execute(_newest_records(tuple(given), before_id is not None), params).all())
+                    return self._to_records(s, rows[:params["limit"]], page_rows)
+            stmt = _newest_records(tuple(given), before_id is not None, page_rows)
+            return self._to_records(s, conn.execute(stmt, params).all(), page_rows)
 
     def get_record(self, record_id: int) -> Record:
         with self._session() as s:
@@ -566,8 +573,9 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def records_sorted(self, order: str, workload_key: str | None = None, target: str | None = None,
                        device_key: str | None = None, job_id: int | None = None, error_code: int | None = None,
-                       after_id: int | None = None, after_cost: float | None = None, limit: int = 50) -> list[Record]:
-        """Records in `order`, after a keyset cursor (records_page is newest first):
+                       after_id: int | None = None, after_cost: float | None = None, limit: int = 50,
+                       page_rows: bool = False) -> list:
+        """Records in `order`, after a keyset cursor (records_page is newest first; `page_rows` as there):
 
         - "oldest": ids ascending, those above `after_id`;
         - "fastest": valid records of `workload_key` (required) by mean cost ascending, ties by
@@ -576,7 +584,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
           have no cost and are not in this order."""
         if order not in ("oldest", "fastest"):
             raise StoreError(f"unknown record order {order!r}; records_sorted knows oldest and fastest")
-        stmt = self._joined().limit(page_size(limit))
+        stmt = self._joined(page_rows).limit(page_size(limit))
         for name, value in _given_filters(workload_key, target, device_key, job_id, error_code).items():
             stmt = stmt.where(_FILTERS[name] == value)
         if order == "oldest":
@@ -593,7 +601,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 stmt = stmt.where(or_(RecordRow.mean_cost > after_cost,
                                       (RecordRow.mean_cost == after_cost) & (RecordRow.id > after_id)))
         with self._session() as s:
-            return self._records(s, stmt)
+            return self._to_records(s, s.connection().execute(stmt).all(), page_rows)
 
     def best_per_task(self, after_task_id: int | None = None, limit: int = 50,
                       target: str | None = None) -> list[TaskBest]:
@@ -662,11 +670,11 @@ _FILTERS = {"workload_key": TaskRow.workload_key, "target": TaskRow.target, "dev
             "job_id": RecordRow.job_id, "error_code": RecordRow.error_code}
 
 
-@functools.lru_cache(maxsize=64)
-def _newest_records(filters: tuple[str, ...], before: bool):
+@functools.lru_cache(maxsize=128)
+def _newest_records(filters: tuple[str, ...], before: bool, page_rows: bool):
     """records_page's statement: records with the `filters` (names of _FILTERS), below
-    `before_id` if `before`, newest first, `limit` of them."""
-    stmt = SQLRecordsStore._joined().order_by(RecordRow.id.desc()).limit(bindparam("limit"))
+    `before_id` if `before`, newest first, `limit` of them (PAGE_COLUMNS if `page_rows`)."""
+    stmt = SQLRecordsStore._joined(page_rows).order_by(RecordRow.id.desc()).limit(bindparam("limit"))
     for name in filters:
         stmt = stmt.where(_FILTERS[name] == bindparam(name))
     if before:
@@ -694,12 +702,12 @@ def _matching_tasks(filters: tuple[str, ...]):
     return stmt
 
 
-@functools.lru_cache(maxsize=8)
-def _newest_of_task(filters: tuple[str, ...], before: bool):
+@functools.lru_cache(maxsize=16)
+def _newest_of_task(filters: tuple[str, ...], before: bool, page_rows: bool):
     """records_page's statement for one task: its records with the `filters` (job_id,
     error_code), below `before_id` if `before`, newest first, `limit` of them: a range of the
-    (task_id, id) index."""
-    stmt = select(*codec.RECORD_COLUMNS).where(RecordRow.task_id == bindparam("task_id"))
+    (task_id, id) index (PAGE_COLUMNS if `page_rows`)."""
+    stmt = select(*(codec.PAGE_COLUMNS if page_rows else codec.RECORD_COLUMNS)).where(RecordRow.task_id == bindparam("task_id"))
     for name in filters:
         stmt = stmt.where(_FILTERS[name] == bindparam(name))
     if before:

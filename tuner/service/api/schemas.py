@@ -9,12 +9,10 @@ never echoed in lists (it can be large): `is_compute` says it has one.
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...candidate import ErrorCode
@@ -251,7 +249,7 @@ class ResultOut(BaseModel):
 _ERROR_NAMES = {int(c): c.name for c in ErrorCode}
 
 
-def _error_name(code: int) -> str | None:
+def error_name(code: int) -> str | None:
     """The ErrorCode's name; None for a code added by a newer tunefarm."""
     return _ERROR_NAMES.get(code)
 
@@ -277,9 +275,9 @@ class RecordOut(BaseModel):
 
 
 def record_json(r: Record) -> dict:
-    """A record's RecordOut fields as plain data: a records page goes to json.dumps without 50
-    models (they were a fifth of a records request); RecordOut.of validates the same dict. Floats
-    that are not finite are null and times are UTC with a Z, as pydantic writes them."""
+    """A record's RecordOut fields as plain data, which RecordOut.of validates (a records page
+    writes the same fields from its rows: record_page). Floats that are not finite are null and
+    times are UTC with a Z, as pydantic writes them."""
     res = r.result
     code = int(res.error_code)
     ok = res.ok and bool(res.costs)
@@ -289,30 +287,18 @@ def record_json(r: Record) -> dict:
             "target": r.target, "device_key": r.device_key, "job_id": r.job_id,
             "candidate": {"kind": r.candidate.kind, "payload": r.candidate.payload},
             "result": {"costs": [_finite(c) for c in res.costs], "mean_cost": _finite(res.mean_cost) if ok else None,
-                       "error_code": code, "error_name": _error_name(code), "error_msg": res.error_msg,
+                       "error_code": code, "error_name": error_name(code), "error_msg": res.error_msg,
                        "build_seconds": _finite(res.build_seconds), "run_seconds": _finite(res.run_seconds),
                        "measured_by": res.measured_by, "emulated": bool(res.emulated)},
             "retimed_cost": _finite(r.retimed_cost), "cost": _finite(r.cost) if ok else None,
-            "created_at": _utc_text(r.created_at)}
-
-
-def record_page_response(records: list[Record], next_before: int | None = None, next_after: int | None = None,
-                         next_after_cost: float | None = None) -> Response:
-    """A RecordPage's response from its records (next_after and next_after_cost left out when
-    null, as RecordPage's exclude_if does)."""
-    page: dict = {"items": [record_json(r) for r in records], "next_before": next_before}
-    if next_after is not None:
-        page["next_after"] = next_after
-    if next_after_cost is not None:
-        page["next_after_cost"] = _finite(next_after_cost)
-    return Response(json.dumps(page, separators=(",", ":")), media_type="application/json")
+            "created_at": utc_text(r.created_at)}
 
 
 def _finite(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _utc_text(at: datetime) -> str:
+def utc_text(at: datetime) -> str:
     return at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 

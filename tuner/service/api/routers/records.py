@@ -23,8 +23,9 @@ from ....records.values import StoreError, UnknownRecord
 from .. import auth
 from ..deps import MAX_ID, MAX_PAGE, Store
 from ..errors import ApiError, from_store_error, responses
+from ..record_page import record_page_response
 from ..respond import json_response
-from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage, record_page_response
+from ..schemas import ImportOut, RecordIROut, RecordOut, RecordPage
 
 router = APIRouter(prefix="/records", tags=["records"])
 
@@ -58,7 +59,7 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
             if value is not None:
                 raise ApiError(422, f"{name} is a cursor of order=oldest or fastest; newest first pages with `before`", field=name)
         records = store.records_page(workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
-                                     error_code=error_code, before_id=before, limit=limit)
+                                     error_code=error_code, before_id=before, limit=limit, page_rows=True)
         return record_page_response(records, next_before=records[-1].id if len(records) == limit else None)
     if before is not None:
         raise ApiError(422, f"order={order} pages with `after`, not `before`", field="before")
@@ -72,9 +73,10 @@ def list_records(store: Store, workload_key: WorkloadKey = None, target: Target 
             raise ApiError(422, "order=fastest pages with both after_cost and after (next_after_cost, next_after)",
                            field="after_cost" if after_cost is None else "after")
     records = store.records_sorted(order, workload_key=workload_key, target=target, device_key=device_key, job_id=job_id,
-                                   error_code=error_code, after_id=after, after_cost=after_cost, limit=limit)
+                                   error_code=error_code, after_id=after, after_cost=after_cost, limit=limit,
+                                   page_rows=True)
     last = records[-1] if len(records) == limit else None
-    after_cost_next = codec.mean_cost_column(last.result) if last is not None and order == "fastest" else None
+    after_cost_next = last.mean_cost if last is not None and order == "fastest" else None
     return record_page_response(records, next_after=last.id if last else None, next_after_cost=after_cost_next)
 
 
