@@ -49,7 +49,7 @@ _TASKS_OF_JOBS = (select(*_JOB_TASK_COLUMNS).where(JobTaskRow.job_id.in_(bindpar
 
 
 class JobQueue:
-    """Job methods of SQLRecordsStore (which provides `_session`, `_workload_key`, `_task_id`,
+    """Job methods of SQLRecordsStore (which provides `_session`, `_read`, `_workload_key`, `_task_id`,
     `_task_cache`)."""
 
     # ------------------------------------------------------------------ submit
@@ -274,7 +274,7 @@ class JobQueue:
 
     # ------------------------------------------------------------------ reading
     def get_job(self, job_id: int) -> Job:
-        with self._session() as s:
+        with self._read() as s:
             return self._job(s, self._job_row(s, job_id))
 
     def list_jobs(self, state: str | None = None, workload: str | None = None, target: str | None = None,
