@@ -76,6 +76,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from ..service.api.app import create_app
+    from ..service.api.heap import settle_heap
     from ..service.api_processes import listening_socket, serve_processes
 
     url = _resolved_url(args.db)
@@ -107,8 +108,9 @@ def cmd_serve(args) -> int:
     stop = threading.Event()
     server = None
     if sock is None:
-        server = _server_without_signal_handling(uvicorn.Config(create_app(**app_options), host=host, port=args.port,
-                                                                log_level="warning"))
+        app = create_app(**app_options)
+        settle_heap()
+        server = _server_without_signal_handling(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
 
     def on_signal(signum, _frame):
         stop.set()

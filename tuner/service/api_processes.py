@@ -111,10 +111,12 @@ def _api_process(sock: socket.socket, app_options: dict, parent: int) -> None:
     import uvicorn
 
     from .api.app import create_app
+    from .api.heap import settle_heap
     from .lifeline import exit_with_parent
 
     exit_with_parent(parent)
 
     app = create_app(**app_options)
+    settle_heap()
     host, port = sock.getsockname()[:2]
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=[sock])
