@@ -33,7 +33,7 @@ import uuid
 
 import service_load as sl
 
-ROUTES = ("healthz", "job", "records", "best")
+ROUTES = ("healthz", "job", "records", "best", "submit")
 
 
 def start_api(url: str, port: int) -> subprocess.Popen:

@@ -87,14 +87,14 @@ RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.c
 
 
 # what a records page selects (the store's page reads with page_rows=True): RECORD_COLUMNS with the
-# candidate as its stored JSON text, which the API's page writes verbatim (decoding it and encoding
-# it again was a tenth of a page's CPU; PageRow)
-PAGE_COLUMNS = tuple(cast(RecordRow.candidate, Text) if c is RecordRow.candidate else c for c in RECORD_COLUMNS)
+# candidate and the costs as their stored JSON text, which the API's page writes verbatim (decoding
+# them and encoding them again was a fifth of a page's CPU; PageRow)
+PAGE_COLUMNS = tuple(cast(c, Text) if c is RecordRow.candidate or c is RecordRow.costs else c for c in RECORD_COLUMNS)
 
 
 class PageRow(NamedTuple):
     """A record as a page shows it, not as code uses it: its row of PAGE_COLUMNS (by position, the
-    candidate still the JSON text the database holds) and its task."""
+    candidate and the costs still the JSON text the database holds) and its task."""
 
     row: tuple
     task: TaskInfo

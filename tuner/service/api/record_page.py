@@ -4,11 +4,13 @@ A records page is the API's most frequent large answer (the dashboard's tables, 
 records`, every client that follows a job). Built as 50 Records and encoded from dicts
 (schemas.record_json), a page spent a tenth of its CPU decoding each candidate's JSON only to
 encode it again, and as much building the Record, MeasureResult and dict objects. Here the store's
-page rows (codec.PageRow: the candidate still the text the database holds) are written as they
-are: the candidate verbatim, a task's part (workload, target, device key) encoded once per task,
-and the rest a few numbers and strings. The JSON is the one RecordPage's models give for the
-same records (tests/test_api.py holds them equal on SQLite and PostgreSQL), so the OpenAPI
-document's RecordPage stays its contract.
+page rows (codec.PageRow: the candidate and the costs still the text the database holds) are
+written as they are: the candidate and the costs verbatim, a task's part (workload, target,
+device key) encoded once per task, and the rest a few numbers and strings. Costs are decoded
+only where the text cannot stand as it is (NaN or Infinity, which SQLite's JSON text can hold
+and the models write as null) or where a row from before the figure column needs their mean.
+The JSON is the one RecordPage's models give for the same records (tests/test_api.py holds them
+equal on SQLite and PostgreSQL), so the OpenAPI document's RecordPage stays its contract.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ def _item(page_row: PageRow) -> str:
     row = page_row.row
     (rid, _task_id, job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, retimed,
      _fingerprint, figure) = row[:14]
-    costs = costs or []
-    ok = code == 0 and bool(costs)
-    mean = (figure if figure is not None else sum(costs) / len(costs)) if ok else None
+    costs = costs or "[]"
+    ok = code == 0 and costs != "[]"
+    if (ok and figure is None) or "N" in costs or "I" in costs:   # a row from before the figure column; NaN, Infinity
+        values = json.loads(costs)
+        costs = f'[{",".join(_number(c) for c in values)}]'
+        figure = sum(values) / len(values) if ok and figure is None else figure
+    mean = figure if ok else None
     cost = (retimed if retimed is not None else mean) if ok else None
-    result = (f'{{"costs":[{",".join(_number(c) for c in costs)}],"mean_cost":{_number(mean)},"error_code":{int(code)},'
+    result = (f'{{"costs":{costs},"mean_cost":{_number(mean)},"error_code":{int(code)},'
               f'"error_name":{json.dumps(error_name(int(code)))},"error_msg":{json.dumps(msg)},'
               f'"build_seconds":{_number(build_s)},"run_seconds":{_number(run_s)},'
               f'"measured_by":{json.dumps(measured_by)},"emulated":{"true" if row[21] else "false"}}}')

@@ -10,7 +10,7 @@ never echoed in lists (it can be large): `is_compute` says it has one.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -299,7 +299,14 @@ def _finite(x) -> float | None:
 
 
 def utc_text(at: datetime) -> str:
-    return at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    """ISO 8601 in UTC with a Z, as pydantic writes a datetime. A time already in UTC (what the
+    databases return) is written without converting it, a fifth of a records page's formatting."""
+    if at.utcoffset() != _NO_OFFSET:
+        at = at.astimezone(timezone.utc)
+    return f"{at.replace(tzinfo=None).isoformat()}Z"
+
+
+_NO_OFFSET = timedelta(0)
 
 
 def _none(value) -> bool:
