@@ -62,6 +62,14 @@ class TaskCache:
             found.update(fetched)
         return found
 
+    def remember(self, infos: Iterable[TaskInfo]) -> None:
+        """Tasks a committed write just made (or found): known without a read."""
+        fresh = {info.id: info for info in infos}
+        with self._lock:
+            if len(self._tasks) + len(fresh) > self._max:
+                self._tasks = {}
+            self._tasks.update(fresh)
+
     @staticmethod
     def _fetch(s: Session, task_ids: list[int]) -> dict[int, TaskInfo]:
         stmt = (select(TaskRow.id, TaskRow.workload_key, TaskRow.target, TaskRow.device_key,
