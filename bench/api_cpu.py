@@ -22,34 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 
 import service_load as sl
 
 ROUTES = ("healthz", "job", "records", "best", "submit")
-
-
-def start_api(url: str, port: int) -> subprocess.Popen:
-    """`tunefarm serve` with one API process, so its CPU is one process's."""
-    import httpx
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", url, "--port", str(port),
-                             "--workers", "0", "--api-processes", "1", "--no-session-token"], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("tunefarm serve did not start")
 
 
 async def one_route(port: int, token: str, load: sl.Load, route: str, clients: int, seconds: float) -> int:
@@ -80,62 +60,54 @@ def main():
     ap.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
     args = ap.parse_args()
 
-    import httpx
-    import psycopg
 
     from tuner.records import open_store
 
-    name = f"tunefarm_apicpu_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = psycopg.connect(f"{sl.PG_SERVER}/test", autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    api = None
-    try:
+    with sl.scratch_database("tunefarm_apicpu") as url:
         store = open_store(url, upgrade=True)
         with tempfile.TemporaryDirectory() as tmp:
             tasks, _, seed_s = sl.seed_records(store, args.records, tmp)
         token, _ = store.create_token("apicpu", "submit")
         print(f"seeded {store.count()} records over {len(tasks)} workloads in {seed_s:.1f} s", flush=True)
         port = sl.free_port()
-        api = start_api(url, port)
-        base = f"http://127.0.0.1:{port}{sl.API}"
-        auth = {"Authorization": f"Bearer {token}"}
-        load = sl.Load(tasks, [])
-        load.oldest_record = httpx.get(f"{base}/records", params={"limit": 1}, headers=auth).json()["items"][0]["id"]
-        for i in range(4):   # jobs to poll (queued: no workers run them)
-            load.job_ids.append(httpx.post(f"{base}/jobs", json=sl.small_job(i), headers=auth).json()["id"])
-        # every process of the API warmed on every route first (imports, caches, prepared statements)
-        for route in args.routes:
-            asyncio.run(one_route(port, token, sl.Load(tasks, load.job_ids), route, args.clients, 1.0))
-
-        rows = {}
-        print(f"\n{args.clients} closed-loop clients per route for {args.seconds:g} s, one API process")
-        print(f"{'route':<10}{'rps':>8}{'API ms/req':>12}{'PostgreSQL ms/req':>19}")
-        for route in args.routes:
-            run = sl.Load(tasks, load.job_ids)
-            run.oldest_record = load.oldest_record
-            api0, pg0, t0 = sl.tree_cpu_seconds(api.pid), sl.postgres_cpu_seconds(), time.perf_counter()
-            served = asyncio.run(one_route(port, token, run, route, args.clients, args.seconds))
-            elapsed = time.perf_counter() - t0
-            api_s, pg_s = sl.tree_cpu_seconds(api.pid) - api0, sl.postgres_cpu_seconds() - pg0
-            errors = sum(run.errors.values())
-            rows[route] = {"api_ms": round(1e3 * api_s / served, 3), "postgres_ms": round(1e3 * pg_s / served, 3),
-                           "rps": round(served / elapsed, 1), "errors": errors}
-            r = rows[route]
-            print(f"{route:<10}{r['rps']:>8}{r['api_ms']:>12}{r['postgres_ms']:>19}" + (f"  {errors} errors" if errors else ""),
-                  flush=True)
-        store.close()
+        api = sl.start_api(url, port, "--api-processes", "1")   # one process: its CPU is one pid's
+        try:
+            rows = measure_routes(args, port, token, tasks, api)
+        finally:
+            sl.stop_process(api, timeout=30)
+            store.close()
         print(json.dumps({"records": args.records, "clients": args.clients, "seconds": args.seconds, "routes": rows}))
-    finally:
-        if api is not None and api.poll() is None:
-            api.send_signal(signal.SIGTERM)
-            try:
-                api.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                api.kill()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
 
+
+def measure_routes(args, port: int, token: str, tasks: list, api: subprocess.Popen) -> dict:
+    """Warm every route, then time each alone; {route: figures}."""
+    import httpx
+    base = f"http://127.0.0.1:{port}{sl.API}"
+    auth = {"Authorization": f"Bearer {token}"}
+    load = sl.Load(tasks, [])
+    load.oldest_record = httpx.get(f"{base}/records", params={"limit": 1}, headers=auth).json()["items"][0]["id"]
+    for i in range(4):   # jobs to poll (queued: no workers run them)
+        load.job_ids.append(httpx.post(f"{base}/jobs", json=sl.small_job(i), headers=auth).json()["id"])
+    # every route warmed first (imports, caches, prepared statements)
+    for route in args.routes:
+        asyncio.run(one_route(port, token, sl.Load(tasks, load.job_ids), route, args.clients, 1.0))
+    rows = {}
+    print(f"\n{args.clients} closed-loop clients per route for {args.seconds:g} s, one API process")
+    print(f"{'route':<10}{'rps':>8}{'API ms/req':>12}{'PostgreSQL ms/req':>19}")
+    for route in args.routes:
+        run = sl.Load(tasks, load.job_ids)
+        run.oldest_record = load.oldest_record
+        api0, pg0, t0 = sl.tree_cpu_seconds(api.pid), sl.postgres_cpu_seconds(), time.perf_counter()
+        served = asyncio.run(one_route(port, token, run, route, args.clients, args.seconds))
+        elapsed = time.perf_counter() - t0
+        api_s, pg_s = sl.tree_cpu_seconds(api.pid) - api0, sl.postgres_cpu_seconds() - pg0
+        errors = sum(run.errors.values())
+        rows[route] = {"api_ms": round(1e3 * api_s / served, 3), "postgres_ms": round(1e3 * pg_s / served, 3),
+                       "rps": round(served / elapsed, 1), "errors": errors}
+        r = rows[route]
+        print(f"{route:<10}{r['rps']:>8}{r['api_ms']:>12}{r['postgres_ms']:>19}" + (f"  {errors} errors" if errors else ""),
+              flush=True)
+    return rows
 
 if __name__ == "__main__":
     main()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -60,6 +61,31 @@ PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
 LEASE_S = 5
 READ_ROUTES = ("job", "records", "best")
 API = "/api/v1"
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str):
+    """A fresh PostgreSQL database on 127.0.0.1 for one bench run: yields its SQLAlchemy URL and
+    drops it (with whatever still connects to it) on the way out."""
+    import psycopg
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = psycopg.connect(f"{PG_SERVER}/test", autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM (a server finishes its requests), then SIGKILL if it is still there after `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def free_port() -> int:
@@ -128,10 +154,11 @@ def seed_records(store, n_records: int, tmp_dir: str, n_workloads: int = 100) ->
     return tasks, t1 - t0, time.perf_counter() - t1
 
 
-def start_api(url: str, port: int) -> subprocess.Popen:
+def start_api(url: str, port: int, *serve_args: str) -> subprocess.Popen:
+    """`tunefarm serve --workers 0` (and `serve_args`) on `url`, once it answers /readyz."""
     import httpx
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--db", url, "--port", str(port),
-                             "--workers", "0", "--no-session-token"], stdout=subprocess.DEVNULL)
+                             "--workers", "0", "--no-session-token", *serve_args], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
