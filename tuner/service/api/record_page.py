@@ -16,16 +16,13 @@ equal on SQLite and PostgreSQL), so the OpenAPI document's RecordPage stays its 
 from __future__ import annotations
 
 import json
-import math
 from threading import Lock
 
 from fastapi import Response
 
 from ...records.codec import PageRow
-from ...records.task_cache import TaskInfo
-from .schemas import error_name, utc_text
-
-MAX_CACHED_TASKS = 20_000      # as the store's task cache: past it, the encoded tasks start again empty
+from ...records.task_cache import MAX_TASKS, TaskInfo
+from .schemas import error_name, finite, utc_text
 
 _task_parts: dict[int, tuple[TaskInfo, str]] = {}
 _task_parts_lock = Lock()
@@ -59,7 +56,7 @@ def _item(page_row: PageRow) -> str:
     result = (f'{{"costs":{costs},"mean_cost":{_number(mean)},"error_code":{int(code)},'
               f'"error_name":{json.dumps(error_name(int(code)))},"error_msg":{json.dumps(msg)},'
               f'"build_seconds":{_number(build_s)},"run_seconds":{_number(run_s)},'
-              f'"measured_by":{json.dumps(measured_by)},"emulated":{"true" if row[21] else "false"}}}')
+              f'"measured_by":{json.dumps(measured_by)},"emulated":{"true" if row[21] else "false"}}}')   # [21]: emulated
     return (f'{{"id":{int(rid)},{_task_part(page_row.task)},"job_id":{"null" if job_id is None else int(job_id)},'
             f'"candidate":{candidate},"result":{result},"retimed_cost":{_number(retimed)},"cost":{_number(cost)},'
             f'"created_at":"{utc_text(created_at)}"}}')
@@ -78,7 +75,7 @@ def _task_part(task: TaskInfo) -> str:
     text = (f'"workload":{json.dumps(workload, separators=(",", ":"))},"target":{json.dumps(task.target)},'
             f'"device_key":{json.dumps(task.device_key)}')
     with _task_parts_lock:
-        if len(_task_parts) >= MAX_CACHED_TASKS:
+        if len(_task_parts) >= MAX_TASKS:     # as the store's task cache: then start again empty
             _task_parts.clear()
         _task_parts[id(task)] = (task, text)
     return text
@@ -86,7 +83,8 @@ def _task_part(task: TaskInfo) -> str:
 
 def _number(x) -> str:
     """A JSON number; null for None and for what is not finite (as the models write them)."""
-    return repr(float(x)) if x is not None and math.isfinite(x) else "null"
+    value = finite(x)
+    return "null" if value is None else repr(value)
 
 
 __all__ = ["record_page_response"]

@@ -286,15 +286,16 @@ def record_json(r: Record) -> dict:
             "workload": {"key": r.workload_key, "name": wl.name, "params": dict(wl.params), "is_compute": wl.definition is not None},
             "target": r.target, "device_key": r.device_key, "job_id": r.job_id,
             "candidate": {"kind": r.candidate.kind, "payload": r.candidate.payload},
-            "result": {"costs": [_finite(c) for c in res.costs], "mean_cost": _finite(res.mean_cost) if ok else None,
+            "result": {"costs": [finite(c) for c in res.costs], "mean_cost": finite(res.mean_cost) if ok else None,
                        "error_code": code, "error_name": error_name(code), "error_msg": res.error_msg,
-                       "build_seconds": _finite(res.build_seconds), "run_seconds": _finite(res.run_seconds),
+                       "build_seconds": finite(res.build_seconds), "run_seconds": finite(res.run_seconds),
                        "measured_by": res.measured_by, "emulated": bool(res.emulated)},
-            "retimed_cost": _finite(r.retimed_cost), "cost": _finite(r.cost) if ok else None,
+            "retimed_cost": finite(r.retimed_cost), "cost": finite(r.cost) if ok else None,
             "created_at": utc_text(r.created_at)}
 
 
-def _finite(x) -> float | None:
+def finite(x) -> float | None:
+    """x as a float; None for None and for what is not finite (JSON has neither NaN nor Infinity)."""
     return float(x) if x is not None and math.isfinite(x) else None
 
 
