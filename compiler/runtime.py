@@ -17,13 +17,14 @@ import contextlib
 import ctypes
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import host_lock, kernel_format
 from .buffers import aligned_copy
-from .codegen_llvm import KERNEL_OK, KERNEL_OUT_OF_MEMORY, generate
+from .codegen_llvm import KERNEL_OK, KERNEL_OUT_OF_MEMORY, RELEASE_SUFFIX, generate
 from .errors import ArgumentError, KernelLoadError, KernelRuntimeError
 from .kernel_format import MAGIC, check_runnable
 from .lower import lower
@@ -96,6 +97,13 @@ def compile_module(module, target: Target, opt_level: int = 3) -> bytes:
     return tm.emit_object(mod)
 
 
+def _release_scratch(release, engine) -> None:
+    """Free a collected kernel's kept scratch buffers, before its engine (held here until then)
+    unloads the code."""
+    release()
+    del engine
+
+
 class Kernel:
     """A compiled kernel: call it with numpy arrays in the order of `args`."""
 
@@ -141,6 +149,9 @@ class Kernel:
             raise KernelLoadError(f"cannot load kernel {self.name}: {e}") from None
         if not addr:
             raise KernelLoadError(f"kernel object has no function named {self.name!r}")
+        release = engine.get_function_address(self.name + RELEASE_SUFFIX)
+        if release:   # the scratch buffers the kernel keeps between calls, freed with it
+            weakref.finalize(self, _release_scratch, ctypes.CFUNCTYPE(None)(release), engine)
         return engine, ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(self.args)))(addr)
 
     # ------------------------------------------------------------------ calling

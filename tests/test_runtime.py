@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import struct
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +353,41 @@ def test_num_threads_1_and_2_give_the_same_correct_result(mm, mm_data):
 def test_set_num_threads_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         C.set_num_threads(bad)
+
+
+def _scratch_kernel(in_parallel: bool):
+    """y[i] = sum_j (2·x[i, j] + 1) with the elementwise stage a heap scratch buffer: at the root
+    (256 KiB, the kernel's own), or per row block inside a parallel loop (per thread)."""
+    rows, cols = 64, 1024
+    x = C.placeholder((rows, cols), "float32", "x")
+    t = C.compute((rows, cols), lambda i, j: x[i, j] * 2.0 + 1.0, name="t")
+    j = C.reduce_axis(cols, "j")
+    y = C.compute((rows,), lambda i: C.sum(t[i, j.var], axis=[j]), name="y")
+    s = C.create_schedule(y)
+    if in_parallel:
+        io, ii = s[y].split(s[y].op.axis[0], factor=16)   # a 16 x 1024 block: 64 KiB, over the stack's limit
+        s[y].parallel(io)
+        s[t].compute_at(s[y], io)
+    return C.build(s, [x, y]), x.shape
+
+
+@pytest.mark.parametrize("in_parallel", [False, True])
+def test_kept_scratch_buffers_give_right_answers_call_after_call_and_across_threads(in_parallel):
+    kernel, shape = _scratch_kernel(in_parallel)
+    assert b"_release" in kernel.object_code
+    held = {"kernel": kernel}
+    del kernel
+    rng = np.random.default_rng(5)
+
+    def call(seed):
+        x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+        y = np.full(shape[0], np.nan, np.float32)
+        held["kernel"](x, y)
+        np.testing.assert_allclose(y, (2.0 * x.astype(np.float64) + 1.0).sum(axis=1), rtol=1e-4, atol=1e-3)
+        return True
+
+    assert all(call(int(s)) for s in rng.integers(0, 1 << 30, 5))   # each call's own values, none left over
+    with ThreadPoolExecutor(4) as pool:   # concurrent calls: each takes its own buffer
+        assert all(pool.map(call, range(40)))
+    held.clear()
+    gc.collect()   # its kept buffers released with it (no crash, no use after the code is gone)
