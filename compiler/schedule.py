@@ -509,6 +509,74 @@ class Schedule:
         self._record("cache_read", **step)
         return cache
 
+    # ------------------------------------------------------------------ algorithms
+    def rewrite(self, tensor: Tensor, name: str, **params) -> list:
+        """Compute `tensor` by the algorithm rewrite `name` (compiler/rewrite.py) with `params`:
+        its stage takes the rewrite's output operation, the rewrite's other stages are inserted
+        before it, and stages only it read (a padding) leave the schedule. Readers of `tensor`
+        and the kernel's arguments are unchanged. Apply it before any other step on the stage
+        and its producers; returns the new stages, producers first."""
+        from .rewrite import rewrite_function
+        stage = self[tensor]
+        if stage.relations or stage.annotations or stage.attach[0] != "root" or stage.op is not tensor.op:
+            raise ScheduleError(f"rewrite: apply it to {stage.name} before any other step on it")
+        if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+            raise ScheduleError("rewrite: params must map names to values")
+        new_out = rewrite_function(name)(stage.op, **params)
+        if not isinstance(new_out, Tensor) or not isinstance(new_out.op, ComputeOp):
+            raise ScheduleError(f"rewrite {name!r} did not return a computed tensor")
+        if tuple(new_out.shape) != tuple(tensor.shape) or new_out.dtype != tensor.dtype:
+            raise ScheduleError(f"rewrite {name!r} computes {new_out.shape} {new_out.dtype}, not {tensor.shape} {tensor.dtype}")
+        new_ops = [op for op in topo_order([new_out]) if op is not new_out.op]
+        for op in new_ops:
+            if isinstance(op, PlaceholderOp) and op.output not in self.placeholders:
+                raise ScheduleError(f"rewrite {name!r} reads {op.name}, which the definition does not")
+        index = self.stages.index(stage)
+        dropped = self._only_read_by(stage)
+        for st in dropped:
+            if st.relations or st.annotations or st.attach[0] != "root":
+                raise ScheduleError(f"rewrite: {st.name}, which only {stage.name} reads, has steps applied already")
+        taken = {st.name for st in self.stages if st not in dropped}
+        added = []
+        for op in new_ops:
+            if isinstance(op, PlaceholderOp):
+                continue
+            st = Stage(self, op.output, op)
+            base, n = st.name, 1
+            while st.name in taken:
+                st.name, n = f"{base}_{n}", n + 1
+            taken.add(st.name)
+            added.append(st)
+        new_op = new_out.op
+        assert isinstance(new_op, ComputeOp)   # checked above; narrows the type
+        stage.op = new_op
+        stage.root_iter_vars = list(new_op.axis) + list(new_op.reduce_axis)
+        stage.all_iter_vars = list(stage.root_iter_vars)
+        stage.leaf_iter_vars = list(stage.root_iter_vars)
+        for st in dropped:
+            self.stages.remove(st)
+            del self._stage_of[st.tensor]
+        at = self.stages.index(stage)
+        self.stages[at:at] = added
+        for st in added:
+            self._stage_of[st.tensor] = st
+        self._record("rewrite", tensor=index, name=name, params=dict(params) or None)
+        return added
+
+    def _only_read_by(self, stage: Stage) -> list:
+        """The producer stages that `stage` alone reads, directly or through each other."""
+        out, todo = [], list(stage.op.input_tensors())
+        while todo:
+            t = todo.pop()
+            st = self._stage_of.get(t)
+            if st is None or st in out or st.is_output:
+                continue
+            if any(r is not stage and r not in out and any(x is t for x in r.op.input_tensors()) for r in self.stages):
+                continue
+            out.append(st)
+            todo.extend(st.op.input_tensors())
+        return out
+
     def _tensor_ref(self, tensor, stage):
         if stage is not None:
             return self.stages.index(stage)

@@ -5,6 +5,7 @@ Every schedule primitive appends a JSON-able step to `schedule.steps` (see Sched
     {"op": "split", "stage": 0, "axis": 1, "factor": 8}
     {"op": "compute_at", "stage": 0, "parent": 2, "axis": 5}
     {"op": "cache_read", "tensor": "input1", "scope": "global", "readers": [1], "block": {"1": 16}}
+    {"op": "rewrite", "tensor": 1, "name": "winograd", "params": {"tile": 2, "block": 16}}
 
 Stages are referred to by their index in `schedule.stages` at the time of the step, axes by their
 index in the stage's `all_iter_vars` (root axes first, then every axis a split or fuse created, in
@@ -39,6 +40,7 @@ STEP_FIELDS = {
     "cache_write": ({"tensor", "scope"}, {"order"}),
     "rfactor": ({"tensor", "axis"}, {"factor_axis"}),
     "cache_read": ({"tensor", "scope", "readers"}, {"block", "merge", "stride"}),
+    "rewrite": ({"tensor", "name"}, {"params"}),
 }
 
 
@@ -106,6 +108,12 @@ def _dispatch(s: Schedule, n: int, op: str, step: dict):
     if op == "rfactor":
         st = _stage(s, n, step["tensor"], "tensor")
         s.rfactor(st.tensor, _axis(st, n, step["axis"]), step.get("factor_axis", 0))
+        return
+    if op == "rewrite":
+        params = step.get("params") or {}
+        if not isinstance(params, dict) or not isinstance(step["name"], str):
+            raise ScheduleError(f"step {n} (rewrite): name must be a string and params an object")
+        s.rewrite(_stage(s, n, step["tensor"], "tensor").tensor, step["name"], **params)
         return
     if op == "cache_read":
         tensor = _tensor(s, n, step["tensor"])

@@ -19,6 +19,7 @@ from .nn import layer_norm, softmax
 from .pool import avg_pool2d, max_pool2d
 from .reduction import reduce_max, reduce_min, reduce_sum
 from .transform import pad, transpose
+from .winograd import rewrite_conv2d_nchw  # noqa: F401  (registers the `winograd` rewrite)
 
 INVENTORY: dict[str, Callable[..., OpDef]] = {
     "matmul": matmul,

@@ -56,6 +56,7 @@ from .schedule_conv import (
     unroll_inner_reduction,
     unrolled_fits,
 )
+from .schedule_winograd import schedule_conv_nchw_winograd, winograd_rewrite_applies
 
 PLANE_BLOCK_REGISTERS = (4, 2)   # channel blocks of a plane tile, in registers
 MAX_PLANE_TILES = 3              # plane tiles the tuner tries per convolution
@@ -118,21 +119,33 @@ def plane_tiles(opdef, target) -> list:
 def conv2d_nchw_recipe_choices(opdef, target) -> dict:
     """conv2d_nchw_choices with plane tiles (plane_tiles): the first two right after the default's
     register tile, so the recipe sketch's starting points measure them in a short search (the
-    default's tile with its chunks in L1, the widest channel block that fits the registers)."""
+    default's tile with its chunks in L1, the widest channel block that fits the registers);
+    and `algorithm`, "direct" or "winograd" (schedule_conv_nchw_winograd, which the other knobs
+    do not apply to), where the Winograd rewrite applies (winograd_rewrite_applies)."""
     choices = conv2d_nchw_choices(opdef, target)
     planes = plane_tiles(opdef, target)
     if choices and planes:
         tiles = choices["tile"]
         choices["tile"] = tiles[:1] + planes[:2] + tiles[1:] + planes[2:]
+    if choices and winograd_rewrite_applies(opdef, target):   # the first knob: a short search's first batch tries it
+        choices = {"algorithm": ["direct", "winograd"], **choices}
     return choices
 
 
 def schedule_conv_nchw_recipe(opdef, target=None, epilogue=None, fuse_epilogue: bool = True, tile=None,
                               channel_blocks_first: bool | None = None, input_block: int | None = None,
                               taps: bool | None = None, pack_per_block: bool | None = None,
-                              subsample: bool | None = None) -> Schedule:
+                              subsample: bool | None = None, algorithm: str = "direct") -> Schedule:
     """schedule_conv_nchw, or schedule_conv_nchw_plane for a ["plane", FB, XB, YB, chunk] tile (whose
-    channel blocks always come first: `channel_blocks_first` and `subsample` do not apply)."""
+    channel blocks always come first: `channel_blocks_first` and `subsample` do not apply), or
+    for algorithm "winograd" schedule_conv_nchw_winograd (no other choice applies)."""
+    if algorithm not in ("direct", "winograd"):
+        raise ScheduleError(f"conv2d_nchw: algorithm must be 'direct' or 'winograd', got {algorithm!r}")
+    if algorithm == "winograd":
+        target = resolve_target(target)
+        if not winograd_rewrite_applies(opdef, target):
+            raise ScheduleError(f"conv2d_nchw: the Winograd form does not apply to {opdef.params}")
+        return schedule_conv_nchw_winograd(opdef, target, epilogue)
     if tile is not None and tile[0] == "plane":
         return schedule_conv_nchw_plane(opdef, target, epilogue, fuse_epilogue, tile=tile[1:4], input_block=input_block,
                                         taps=taps, pack_per_block=pack_per_block, chunk=tile[4])

@@ -20,8 +20,10 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from ..tensor import ComputeOp, topo_order
 from .schedule_common import fuse_all, lanes, want_parallel
-from .schedule_conv import feasible_tiles, pick_tile, register_tile
+from .schedule_conv import feasible_tiles, pack_weight_panels, pick_tile, register_tile, schedule_block_copy
 from .schedule_conv_nchwc import DENSE_CHAIN_LATENCY, MAX_TILE_BLOCKS, MAX_TILE_CHOICES, schedule_blocked_pad
+from .schedule_elementwise import schedule_injective_stage
+from .winograd import DEFAULT_TILE, winograd_tile
 
 WINOGRAD_TAGS = ("winograd_input", "winograd_gemm", "winograd_output")
 
@@ -46,10 +48,17 @@ def _stage(s, tag: str):
 def schedule_winograd_input(opdef, target) -> Schedule:
     out = opdef.output
     s = create_schedule(out)
-    pad = next((st for st in s.stages if st.op.name == "pad"), None)
+    _schedule_input_transform(s, s[out], target)
+    return s
+
+
+def _schedule_input_transform(s, st, target):
+    """The padded data materialized (schedule_blocked_pad) and V's stage `st`: per (channel
+    block, tile), rows into a local buffer, then columns, both unrolled, lanes one vector."""
+    pad = next((p for p in s.stages if p.op.name == "pad"), None)
     if pad is not None:
         schedule_blocked_pad(pad, target)
-    st, rows = s[out], _stage(s, "winograd_input_rows")
+    rows = _stage(s, "winograd_input_rows")
     i, j, cb, p, b = st.op.axis
     st.reorder(cb, p, i, j, b)
     tile = fuse_all(st, [cb, p])
@@ -57,17 +66,16 @@ def schedule_winograd_input(opdef, target) -> Schedule:
         st.unroll(ax)
     st.vectorize(b)
     _rows_at_tile(rows, st, tile, target)
-    return s
 
 
 def _rows_at_tile(rows, st, tile, target):
-    """The first (row) half of a transform, [i, j, block, tile, lanes], computed per tile of the
-    stage `st` (its loop `tile`, in parallel when the work asks): the a x a loops unrolled, the
-    lanes one vector; its buffer is the tile's a x a vectors."""
-    ri, rj, rblock, rtile, rlanes = rows.op.axis
-    rows.reorder(rblock, rtile, ri, rj, rlanes)
+    """The first (row) half of a transform, [i, j, *unit, lanes], computed per unit of the stage
+    `st` (its loop `tile`, in parallel when the work asks): the a x a loops unrolled, the lanes
+    one vector; its buffer is the unit's a x a vectors."""
+    ri, rj, *unit, rlanes = rows.op.axis
+    rows.reorder(*unit, ri, rj, rlanes)
     rows.compute_at(st, tile)
-    for ax in (ri, rj, rblock, rtile):
+    for ax in (ri, rj, *unit):
         rows.unroll(ax)
     rows.vectorize(rlanes)
     if want_parallel(target, int(np.prod(st.op.shape))) and tile.extent > 1:
@@ -78,29 +86,31 @@ def winograd_gemm_tile(opdef, target) -> tuple:
     """(FOB, XB): output channel blocks and tiles of a register tile of the matrix products,
     picked as a 1x1 convolution's (the weight vector per block and step shared by XB
     broadcasts of V; weights per block C·B·B, at most what the L2 holds)."""
-    vl, dims, cost = _gemm_tile_problem(opdef, target)
-    _, (FOB, XB) = pick_tile([opdef.output.shape[4]], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
+    return _gemm_tile(opdef.output, opdef.inputs[1], target)
+
+
+def _gemm_tile(M, U, target) -> tuple:
+    vl, dims, cost = _gemm_tile_problem(M, U, target)
+    _, (FOB, XB) = pick_tile([M.shape[4]], vl, dims, cost, target.capabilities, latency=DENSE_CHAIN_LATENCY)
     return FOB, XB
 
 
 def winograd_gemm_choices(opdef, target) -> dict:
     """The tuner's knob of the matrix products' schedule (tuner/space/sketch_recipe.py):
     `tile`, the MAX_TILE_CHOICES best register tiles that fit the registers, the default first."""
-    vl, dims, cost = _gemm_tile_problem(opdef, target)
+    vl, dims, cost = _gemm_tile_problem(opdef.output, opdef.inputs[1], target)
     default = list(winograd_gemm_tile(opdef, target))
     others = [list(f) for _, f in feasible_tiles([opdef.output.shape[4]], vl, dims, cost, target.capabilities)]
     return {"tile": ([default] + [t for t in others if t != default])[:MAX_TILE_CHOICES]}
 
 
-def _gemm_tile_problem(opdef, target) -> tuple:
-    out = opdef.output
-    _, _, FO, P, FB = out.shape
-    U = opdef.inputs[1]
+def _gemm_tile_problem(M, U, target) -> tuple:
+    _, _, FO, P, FB = M.shape
     block_bytes = math.prod(U.shape[3:]) * np.dtype(U.dtype).itemsize
     blocks = max(1, min(MAX_TILE_BLOCKS, target.capabilities.l2 // block_bytes))
     dims = [(FO, blocks, False), (P, 8, True)]
     cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
-    return lanes(target, out.dtype), dims, cost
+    return lanes(target, M.dtype), dims, cost
 
 
 def is_winograd_gemm(opdef) -> bool:
@@ -118,14 +128,21 @@ def schedule_winograd_gemm(opdef, target, tile: tuple | None = None) -> Schedule
 
 
 def schedule_winograd_output(opdef, target) -> Schedule:
+    """The output transform stored through the fused epilogue (the schedule's output, into which
+    winograd_output and the epilogue's other stages are inlined)."""
     out = opdef.output
     s = create_schedule(out)
     wout, rows = _stage(s, "winograd_output"), _stage(s, "winograd_output_rows")
-    m = int(wout.op.attrs["tile"])
     for st in s.stages:
         if isinstance(st.op, ComputeOp) and st is not s[out] and st is not rows:
             st.compute_inline()
-    st = s[out]
+    _schedule_output_transform(s[out], rows, int(wout.op.attrs["tile"]), target)
+    return s
+
+
+def _schedule_output_transform(st, rows, m: int, target):
+    """Per (image, channel block, tile row, tile), in parallel: the rows of Aᵀ M into a local
+    buffer, then the m x m output of `st` unrolled, the lanes one vector."""
     n, fo, h, w, fb = st.op.axis
     ho, hi = st.split(h, factor=m)
     wo, wi = st.split(w, factor=m)
@@ -135,8 +152,75 @@ def schedule_winograd_output(opdef, target) -> Schedule:
     st.unroll(wi)
     st.vectorize(fb)
     _rows_at_tile(rows, st, tile, target)
+
+
+def winograd_rewrite_applies(opdef, target) -> bool:
+    """Whether conv2d_nchw's recipe offers the Winograd rewrite: a float32 convolution that
+    winograd_tile takes (dense, 3x3, stride 1, no dilation, channels and work enough) whose
+    channels are whole vectors, with OIHW weights (not pre-packed panels). Its weights are an
+    input, so the kernel transforms them on every call: that pays where the tiles are many
+    (ResNet-50's res2-res4 3x3 layers, 784 to 49 tiles of 2x2, ran 1.5-1.9x oneDNN on znver4)
+    and not where they are few (res5's 16 tiles: 0.75x; its direct form 1.17x); the tuner
+    measures which."""
+    data, weight = opdef.inputs[0], opdef.inputs[1]
+    if opdef.name != "conv2d_nchw" or weight.ndim != 4 or opdef.output.dtype != "float32" or data.dtype != "float32":
+        return False
+    p = opdef.params
+    vl = lanes(target, "float32")
+    C, F = data.shape[1], weight.shape[0]
+    if C % vl or F % vl:
+        return False
+    return winograd_tile(C, F, (p["KH"], p["KW"]), p["stride"], p["dilation"], p.get("groups", 1),
+                         tuple(opdef.output.shape[2:]), data.shape[0]) > 0
+
+
+def schedule_conv_nchw_winograd(opdef, target, epilogue=None) -> Schedule:
+    """conv2d_nchw (with its elementwise `epilogue`, if any) by the Winograd rewrite in one
+    kernel (schedule_winograd_stages), F(2x2, 3x3) in channel blocks of the target's vector."""
+    out = opdef.output
+    s = create_schedule(out if epilogue is None else epilogue)
+    s.rewrite(out, "winograd", tile=DEFAULT_TILE, block=lanes(target, out.dtype))
+    schedule_winograd_stages(s, s[out], target)
+    if epilogue is not None:
+        schedule_injective_stage(s[epilogue], target)
     return s
 
 
+def schedule_winograd_stages(s, conv, target, gemm_tile: tuple | None = None) -> None:
+    """Schedule the stages `Schedule.rewrite(..., "winograd")` put in `s` for the stage `conv`
+    (the NCHW convolution, now a copy out of the blocked output), in one kernel of parallel
+    passes: the data blocked and padded, its transform; the weights copied into panels of
+    output channel blocks (transposed in registers, as the direct form's), their transform (per
+    input and output channel block, rows then columns, output channels one vector); the matrix products
+    in register tiles (`gemm_tile` (FOB, XB) or the default); the output transform; the copy
+    to NCHW, inlined into the epilogue when the convolution has one (`conv` is not an output)."""
+    schedule_block_copy(_stage(s, "winograd_data_blocked"), lambda work: want_parallel(target, work))
+    _schedule_input_transform(s, _stage(s, "winograd_input"), target)
+    weight, weight_rows = _stage(s, "winograd_weight"), _stage(s, "winograd_weight_rows")
+    oihw = next(t for t in weight_rows.op.input_tensors() if t.ndim == 4)
+    block = weight.op.shape[-1]
+    parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
+    pack_weight_panels(s, weight_rows.tensor, oihw, block, lanes(target, oihw.dtype), parallel_for)
+    i, j, fo, cb, ci, fb = weight.op.axis
+    weight.reorder(fo, cb, ci, i, j, fb)
+    unit = fuse_all(weight, [fo, cb, ci])
+    weight.unroll(i)
+    weight.unroll(j)
+    weight.vectorize(fb)
+    _rows_at_tile(weight_rows, weight, unit, target)
+    gemm = _stage(s, "winograd_gemm")
+    U = _stage(s, "winograd_weight").tensor
+    FOB, XB = _gemm_tile(gemm.tensor, U, target) if gemm_tile is None else (int(v) for v in gemm_tile)
+    flops = 2 * math.prod(gemm.op.shape) * math.prod(ax.extent for ax in gemm.op.reduce_axis)
+    register_tile(s, gemm.tensor, [(2, FOB), (3, XB)], 4, gemm.op.shape[4], target, flops, outer_order=[2, 3])
+    wout = _stage(s, "winograd_output")
+    _schedule_output_transform(wout, _stage(s, "winograd_output_rows"), int(wout.op.attrs["tile"]), target)
+    if conv.is_output:
+        schedule_injective_stage(conv, target)
+    else:
+        conv.compute_inline()
+
+
 __all__ = ["WINOGRAD_TAGS", "schedule_winograd", "schedule_winograd_input", "schedule_winograd_gemm",
-           "schedule_winograd_output", "winograd_gemm_tile", "winograd_gemm_choices", "is_winograd_gemm"]
+           "schedule_winograd_output", "schedule_winograd_stages", "schedule_conv_nchw_winograd", "winograd_rewrite_applies",
+           "winograd_gemm_tile", "winograd_gemm_choices", "is_winograd_gemm"]

@@ -34,9 +34,12 @@ from fractions import Fraction
 import numpy as np
 
 from .. import expr as E
-from ..errors import ExprError
-from ..tensor import compute, reduce_axis
+from ..canonical import canonical_text
+from ..errors import ExprError, ScheduleError
+from ..rewrite import register_rewrite
+from ..tensor import ComputeOp, compute, reduce_axis
 from ..tensor import sum as te_sum
+from .functions import conv2d_nchw
 from .transform import pad_tensor
 
 KERNEL = 3
@@ -231,5 +234,72 @@ def winograd_output(M, out_shape: tuple, m: int):
     return compute(tuple(out_shape), body, name="winograd_output", tag="winograd_output", attrs={"tile": m})
 
 
+def winograd_weight(weight, m: int, block: int):
+    """U = G g Gᵀ of OIHW weights [F, C, 3, 3] computed by the kernel (transform_weight's layout,
+    [a, a, F/B, C/B, B (input channel), B (output channel)]): for an operator whose weights are
+    an input, not a model's constant; rows first (winograd_weight_rows), then columns."""
+    F, C, KH, KW = weight.shape
+    if (KH, KW) != (KERNEL, KERNEL) or F % block or C % block:
+        raise ExprError(f"winograd: weights must be [F, C, 3, 3] in whole blocks of {block}, got {weight.shape}")
+    _, G, _ = _matrices(m)
+    a = m + KERNEL - 1
+    shape = (F // block, C // block, block, block)
+    rows = compute((a, KERNEL) + shape,
+                   lambda i, l_, fo, cb, ci, fb: winograd_rows(G, i, lambda k: weight[fo * block + fb, cb * block + ci, k, l_]),
+                   name="winograd_weight_rows", tag="winograd_weight_rows")
+    return compute((a, a) + shape, lambda i, j, fo, cb, ci, fb: winograd_rows(G, j, lambda k: rows[i, k, fo, cb, ci, fb]),
+                   name="winograd_weight", tag="winograd_weight")
+
+
+def winograd_conv2d_nchw(data, weight, pads: tuple, m: int, block: int, name: str = "conv2d_winograd"):
+    """The 3x3 stride-1 NCHW convolution of data [N, C, H, W] and weights [F, C, 3, 3] by
+    F(m x m, 3 x 3), channels in blocks of `block` (which divides C and F): the data copied into
+    blocks, both transforms, the matrix products and the output transform in the blocked
+    layout, then the output copied back to NCHW (stage winograd_nchw)."""
+    N, C, H, W = data.shape
+    F = weight.shape[0]
+    if C % block or F % block:
+        raise ExprError(f"winograd: {C} input and {F} output channels must be whole blocks of {block}")
+    blocked = compute((N, C // block, H, W, block), lambda n, cb, h, w, b: data[n, cb * block + b, h, w],
+                      name="data_blocked", tag="winograd_data_blocked")
+    V = winograd_input(blocked, pads, m)
+    M = winograd_gemm(V, winograd_weight(weight, m, block))
+    pt, pl, pb, pr = pads
+    OH, OW = H + pt + pb - KERNEL + 1, W + pl + pr - KERNEL + 1
+    out = winograd_output(M, (N, F // block, OH, OW, block), m)
+    return compute((N, F, OH, OW), lambda n, f, h, w: out[n, f // block, h, w, f % block], name=name, tag="winograd_nchw")
+
+
+def rewrite_conv2d_nchw(op, tile: int = DEFAULT_TILE, block: int = 0):
+    """The `winograd` rewrite (compiler/rewrite.py) of a conv2d_nchw stage: dense, 3x3, stride 1,
+    no dilation, float32, channels in whole blocks of `block` (the target's vector lanes, which
+    the schedule gives). The stage must be exactly functions.conv2d_nchw of its two inputs (its
+    canonical text is rebuilt and compared), so no other reduction is taken for a convolution."""
+    def refuse(why):
+        return ScheduleError(f"rewrite winograd: {op.name} {why}")
+    if not isinstance(op, ComputeOp) or op.tag != "conv2d_nchw" or op.attrs.get("layout") != "NCHW":
+        raise refuse("is not an NCHW convolution")
+    if isinstance(tile, bool) or tile not in (2, 4) or isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise refuse(f"needs tile 2 or 4 and a block of channels, got tile={tile!r} block={block!r}")
+    source, weight = op.input_tensors() if len(op.input_tensors()) == 2 else (None, None)
+    if weight is None or weight.ndim != 4 or tuple(weight.shape[2:]) != (KERNEL, KERNEL) or op.dtype != "float32":
+        raise refuse("is not a float32 3x3 convolution")
+    if op.attrs.get("groups") != 1 or tuple(op.attrs.get("stride", ())) != (1, 1) or tuple(op.attrs.get("dilation", ())) != (1, 1):
+        raise refuse("is grouped, strided or dilated")
+    pads = tuple(op.attrs.get("padding", (0, 0, 0, 0)))
+    data = source.op.input_tensors()[0] if any(pads) and source.op.input_tensors() else source
+    if data is None or data.ndim != 4 or data.dtype != "float32":
+        raise refuse("does not read NCHW float32 data")
+    direct = conv2d_nchw(data, weight, 1, pads, 1, 1)
+    if canonical_text([direct]) != canonical_text([op.output]):
+        raise refuse("computes something other than the convolution of its inputs")
+    try:
+        return winograd_conv2d_nchw(data, weight, pads, tile, block, name=op.name)
+    except ExprError as e:
+        raise refuse(str(e)) from None
+
+
+register_rewrite("winograd", rewrite_conv2d_nchw)
+
 __all__ = ["winograd_tile", "DEFAULT_TILE", "winograd_matrices", "transform_weight", "winograd_input", "winograd_gemm", "winograd_output",
-           "winograd_rows", "tile_grid"]
+           "winograd_rows", "tile_grid", "winograd_weight", "winograd_conv2d_nchw", "rewrite_conv2d_nchw"]

@@ -1,0 +1,124 @@
+"""The `winograd` algorithm rewrite (compiler/rewrite.py, Schedule.rewrite): an NCHW 3x3
+convolution computed by F(m x m, 3 x 3) inside one kernel, its weights transformed on every
+call, offered to the tuner as conv2d_nchw's `algorithm` knob; checked against float64 numpy on
+sizes no tile or block divides, through replayed steps, and refused where it does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compiler
+from compiler.errors import ScheduleError
+from compiler.ops import build_op, get_op
+from compiler.ops.base import random_inputs
+from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
+from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd
+from compiler.schedule import create_schedule
+from compiler.schedule_steps import apply_steps, steps_to_json
+from compiler.target import resolve_target
+from compiler.verify import poisoned
+
+TARGET = resolve_target(None)
+B = TARGET.vector_lanes("float32")
+
+
+def run(kernel, opdef, seed=0):
+    ins = random_inputs(opdef, np.random.default_rng(seed))
+    out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
+    kernel(*ins, out)
+    return out, opdef.reference(*[a.astype(np.float64) for a in ins])
+
+
+def assert_close(got, ref):
+    assert np.isfinite(got).all()
+    err = np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, err
+
+
+# (N, C, H, W, F, padding): heights and widths no 2x2 or 4x4 tile divides, asymmetric padding,
+# none, a batch of two, more output than input channels
+CASES = [(1, B, 15, 9, 3 * B, 1), (2, 2 * B, 7, 12, B, (1, 0)), (1, B, 6, 6, 2 * B, 0), (1, 3 * B, 11, 5, B, (0, 2, 1, 0))]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_rewritten_convolution_matches_a_float64_convolution(case, tile):
+    N, C, H, W, F, padding = case
+    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=padding)
+    s = create_schedule(op.output)
+    added = s.rewrite(op.output, "winograd", tile=tile, block=B)
+    assert {"winograd_weight", "winograd_gemm", "winograd_output"} <= {st.op.tag for st in added}
+    assert all(st.op.name != "pad" or st.op.input_tensors()[0].op.tag == "winograd_data_blocked" for st in s.stages)
+    got, ref = run(compiler.build(s, op.tensors, TARGET), op)
+    assert_close(got, ref)
+
+
+@pytest.mark.parametrize("case", CASES[:2])
+def test_the_scheduled_rewrite_replays_from_its_recorded_steps(case):
+    N, C, H, W, F, padding = case
+    params = dict(N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=padding)
+    s = schedule_conv_nchw_winograd(get_op("conv2d_nchw", **params), TARGET)
+    assert s.steps[0]["op"] == "rewrite" and s.steps[0]["params"] == {"tile": 2, "block": B}
+    fresh = get_op("conv2d_nchw", **params)
+    replayed = apply_steps([fresh.output], steps_to_json(s.steps))
+    got, ref = run(compiler.build(replayed, fresh.tensors, TARGET), fresh, seed=3)
+    assert_close(got, ref)
+
+
+def test_the_epilogue_of_a_convolution_reads_the_rewritten_output():
+    op = get_op("conv2d_bias_relu", N=1, C=2 * B, H=10, W=13, F=2 * B, KH=3, KW=3, stride=1, padding=1)
+    conv = next(t for t in op.output.op.input_tensors() if t.op.tag == "conv2d_nchw")
+    s = create_schedule(op.output)
+    s.rewrite(conv, "winograd", tile=2, block=B)
+    got, ref = run(compiler.build(s, op.tensors, TARGET), op)
+    assert (got >= 0).all()
+    assert_close(got, ref)
+
+
+@pytest.mark.parametrize("params, why", [
+    (dict(stride=2, padding=1), "strided"),
+    (dict(stride=1, padding=1, dilation=2), "dilated"),
+    (dict(stride=1, padding=1, groups=2), "grouped"),
+])
+def test_a_convolution_the_rewrite_does_not_fit_is_refused_and_left_as_it_was(params, why):
+    op = get_op("conv2d_nchw", N=1, C=2 * B, H=12, W=12, F=2 * B, KH=3, KW=3, **params)
+    s = create_schedule(op.output)
+    before = [(st.name, st.op) for st in s.stages]
+    with pytest.raises(ScheduleError, match=why):
+        s.rewrite(op.output, "winograd", tile=2, block=B)
+    assert [(st.name, st.op) for st in s.stages] == before and s.steps == []
+
+
+def test_rewrites_are_refused_for_other_computes_unknown_names_bad_params_and_scheduled_stages():
+    mm = get_op("matmul", M=32, N=32, K=32)
+    with pytest.raises(ScheduleError, match="not an NCHW convolution"):
+        create_schedule(mm.output).rewrite(mm.output, "winograd", tile=2, block=B)
+    op = get_op("conv2d_nchw", N=1, C=B, H=8, W=8, F=B, KH=3, KW=3, stride=1, padding=1)
+    with pytest.raises(ScheduleError, match="unknown rewrite 'strassen'"):
+        create_schedule(op.output).rewrite(op.output, "strassen")
+    with pytest.raises(ScheduleError, match="tile 2 or 4"):
+        create_schedule(op.output).rewrite(op.output, "winograd", tile=3, block=B)
+    with pytest.raises(ScheduleError, match="whole blocks"):
+        create_schedule(op.output).rewrite(op.output, "winograd", tile=2, block=B + 1)
+    s = create_schedule(op.output)
+    s[op.output].split(s[op.output].op.axis[1], factor=2)
+    with pytest.raises(ScheduleError, match="before any other step"):
+        s.rewrite(op.output, "winograd", tile=2, block=B)
+    with pytest.raises(ScheduleError, match="unknown op"):
+        apply_steps([op.output], [{"op": "rewrites", "tensor": 1, "name": "winograd"}])
+
+
+def test_the_recipe_offers_the_winograd_form_first_where_it_applies():
+    res4 = get_op("conv2d_nchw", N=1, C=256, H=14, W=14, F=256, KH=3, KW=3, stride=1, padding=1)
+    choices = anchor_recipe_choices(res4, TARGET)
+    assert list(choices)[0] == "algorithm" and choices["algorithm"] == ["direct", "winograd"]
+    s = schedule_anchor_recipe(res4, TARGET, {"algorithm": "winograd"})
+    assert s.steps[0]["op"] == "rewrite"
+    got, ref = run(compiler.build(s, res4.tensors, TARGET), res4)
+    assert_close(got, ref)
+    default, _ = run(build_op(res4, TARGET), res4)   # the direct form stays the default
+    assert_close(default, ref)
+    for params in (dict(KH=1, KW=1, padding=0), dict(KH=3, KW=3, stride=2, padding=1)):
+        other = get_op("conv2d_nchw", **{**dict(N=1, C=256, H=14, W=14, F=256, stride=1), **params})
+        assert "algorithm" not in anchor_recipe_choices(other, TARGET)
