@@ -16,13 +16,15 @@
 - Scratch buffers are allocated once per function, at its entry (the kernel, or each thread's
   outlined chunk), however often the loop that declares them runs or is unrolled: small ones on
   the stack while the function's stack budget lasts (LLVM keeps a register tile's buffer in
-  registers), the rest on the heap, checked. A heap buffer is kept between calls in a slot of
-  its own (per thread number in an outlined chunk), taken and given back by atomic exchange, so
-  concurrent calls stay correct: allocated and freed on every call, a Winograd convolution's
-  3 MB of transformed tiles came back from glibc as fresh pages each time, and the page faults
-  took 3x the kernel's arithmetic (res2's 3x3 ran 65 GFLOPS-equivalent instead of 302). The
-  module's `<kernel>_release` frees what the slots hold (the runtime calls it when a Kernel is
-  collected). The kernel returns KERNEL_OK, or KERNEL_OUT_OF_MEMORY (after freeing what it
+  registers), the rest on the heap, checked. The kernel's own heap buffers are kept between
+  calls, each in a slot of its own, taken and given back by atomic exchange, so concurrent
+  calls stay correct: allocated and freed on every call, a Winograd convolution's 3 MB of
+  transformed tiles came back from glibc as fresh pages each time, and the page faults took 3x
+  the kernel's arithmetic (res2's 3x3 ran 65 GFLOPS-equivalent instead of 302). A thread's
+  chunk still allocates and frees its own: kept per thread number, the same direct
+  convolutions ran at either of two speeds from one process to the next (res4's 3x3/2: 101,
+  144 or 207 GFLOPS; per call, 190-209). The module's `<kernel>_release` frees what the slots
+  hold (the runtime calls it when a Kernel is collected). The kernel returns KERNEL_OK, or KERNEL_OUT_OF_MEMORY (after freeing what it
   holds) when a heap allocation failed in it or in any of its threads.
 """
 
@@ -40,7 +42,6 @@ from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFu
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
-SCRATCH_THREAD_SLOTS = 64   # kept scratch buffers per heap buffer of an outlined chunk (a power of 2)
 RELEASE_SUFFIX = "_release"   # `<kernel>_release()` frees the kept scratch buffers
 LLTYPE = {"float32": F32, "float64": F64, "int8": I8, "int32": I32, "int64": I64, "bool": I1}
 # in memory a bool is one byte (numpy's layout): a <N x i1> vector load/store would be bit-packed
@@ -80,7 +81,7 @@ class ModuleBuilder:
         self.module = ir.Module(name=func.name)
         self.module.triple = target.triple
         self.n_outlined = 0
-        self.scratch_slots: list = []   # (global [n x i64], n) of every heap scratch buffer
+        self.scratch_slots: list = []   # the i64 global of every kept heap scratch buffer
 
     def declare(self, name: str, ret, args, varargs=False):
         fn = self.module.globals.get(name)
@@ -106,14 +107,13 @@ class ModuleBuilder:
         self._emit_release(f.name + RELEASE_SUFFIX)
         return self.module
 
-    def scratch_slot(self, name: str, per_thread: bool):
-        """A module global of SCRATCH_THREAD_SLOTS (per thread) or 1 null pointers (as i64) in
-        which one heap scratch buffer is kept between calls."""
-        n = SCRATCH_THREAD_SLOTS if per_thread else 1
-        slot = ir.GlobalVariable(self.module, ir.ArrayType(I64, n), name=f"scratch.{name}")
+    def scratch_slot(self, name: str):
+        """A module global, a null pointer (as i64) at first, in which one heap scratch buffer
+        is kept between calls."""
+        slot = ir.GlobalVariable(self.module, I64, name=f"scratch.{name}")
         slot.linkage = "internal"
-        slot.initializer = ir.Constant(ir.ArrayType(I64, n), [0] * n)
-        self.scratch_slots.append((slot, n))
+        slot.initializer = ir.Constant(I64, 0)
+        self.scratch_slots.append(slot)
         return slot
 
     def _emit_release(self, name: str):
@@ -121,11 +121,9 @@ class ModuleBuilder:
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), name=name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         free = self.declare("free", ir.VoidType(), [PTR])
-        for slot, n in self.scratch_slots:
-            for i in range(n):
-                cell = b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=slot.value_type)
-                held = b.atomic_rmw("xchg", cell, ir.Constant(I64, 0), "acq_rel")
-                b.call(free, [b.inttoptr(held, PTR)])
+        for slot in self.scratch_slots:
+            held = b.atomic_rmw("xchg", slot, ir.Constant(I64, 0), "acq_rel")
+            b.call(free, [b.inttoptr(held, PTR)])
         b.ret_void()
 
 
@@ -161,7 +159,7 @@ class FunctionEmitter:
         self.body_block = self.builder.block
         self.vars: dict = {}
         self.buffers: dict = {}
-        self.heap_buffers: list = []   # (pointer, its slot cell)
+        self.heap_buffers: list = []   # (pointer, its slot or None: freed on exit)
         self.stack_bytes = 0
         # llvmlite has no type information: its names in these annotations are Any to mypy, the
         # `| None` is what gets checked.
@@ -174,7 +172,6 @@ class FunctionEmitter:
         ir.IRBuilder(self.entry).branch(self.heap_block)
         self.heap_builder = ir.IRBuilder(self.heap_block)   # at the end of the allocations' blocks
         self.status_ptr: ir.Value | None = None
-        self.thread_slot: ir.Value | None = None   # this thread's index into per-thread slots
         if status_field is not None:
             struct_t, index = status_field
             b = self.heap_builder
@@ -210,9 +207,10 @@ class FunctionEmitter:
         """Each heap buffer back into its slot; what the slot held (another call's, or nothing:
         free(NULL) is a no-op) freed."""
         free = self.mb.declare("free", ir.VoidType(), [PTR])
-        for ptr, cell in reversed(self.heap_buffers):
-            held = b.atomic_rmw("xchg", cell, b.ptrtoint(ptr, I64), "acq_rel")
-            b.call(free, [b.inttoptr(held, PTR)])
+        for ptr, slot in reversed(self.heap_buffers):
+            if slot is not None:
+                ptr = b.inttoptr(b.atomic_rmw("xchg", slot, b.ptrtoint(ptr, I64), "acq_rel"), PTR)
+            b.call(free, [ptr])
 
     def _return(self, b, status: int):
         if self.status_ptr is None:
@@ -348,22 +346,20 @@ class FunctionEmitter:
             ptr = _opaque_alloca(b, ir.ArrayType(ety, buf.size), buf.name)
             ptr.align = 64
             return ptr
-        return self._kept_heap_buffer(buf.name, -(-nbytes // 64) * 64)
+        size = -(-nbytes // 64) * 64
+        if self.status_ptr is None:
+            return self._kept_heap_buffer(buf.name, size)
+        ptr = self.heap_builder.call(self.mb.declare("aligned_alloc", PTR, [I64, I64]),
+                                     [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
+        self.heap_buffers.append((ptr, None))
+        return ptr
 
     def _kept_heap_buffer(self, name: str, size: int):
         """A 64-byte aligned heap buffer of `size` bytes: the one its slot kept from an earlier
         call (taken by atomic exchange), else a new one (null when out of memory)."""
-        per_thread = self.status_ptr is not None
-        slot = self.mb.scratch_slot(f"{self.fn.name}.{name}", per_thread)
+        slot = self.mb.scratch_slot(f"{self.fn.name}.{name}")
         b = self.heap_builder
-        index = ir.Constant(I32, 0)
-        if per_thread:
-            if self.thread_slot is None:
-                tid = b.call(self.mb.declare("omp_get_thread_num", I32, []), [])
-                self.thread_slot = b.and_(tid, ir.Constant(I32, SCRATCH_THREAD_SLOTS - 1))
-            index = self.thread_slot
-        cell = b.gep(slot, [ir.Constant(I32, 0), index], source_etype=slot.value_type)
-        held = b.inttoptr(b.atomic_rmw("xchg", cell, ir.Constant(I64, 0), "acq_rel"), PTR)
+        held = b.inttoptr(b.atomic_rmw("xchg", slot, ir.Constant(I64, 0), "acq_rel"), PTR)
         took = b.block
         alloc_block = self.fn.append_basic_block(f"alloc.{name}")
         got_block = self.fn.append_basic_block(f"got.{name}")
@@ -375,7 +371,7 @@ class FunctionEmitter:
         ptr = b.phi(PTR, name=name)
         ptr.add_incoming(held, took)
         ptr.add_incoming(fresh, alloc_block)
-        self.heap_buffers.append((ptr, cell))
+        self.heap_buffers.append((ptr, slot))
         return ptr
 
     def emit_if(self, s: IfThenElse):

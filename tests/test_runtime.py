@@ -357,7 +357,8 @@ def test_set_num_threads_rejects_bad_values(bad):
 
 def _scratch_kernel(in_parallel: bool):
     """y[i] = sum_j (2·x[i, j] + 1) with the elementwise stage a heap scratch buffer: at the root
-    (256 KiB, the kernel's own), or per row block inside a parallel loop (per thread)."""
+    (256 KiB, the kernel's own, kept between calls), or per row block inside a parallel loop
+    (each thread's, allocated per call)."""
     rows, cols = 64, 1024
     x = C.placeholder((rows, cols), "float32", "x")
     t = C.compute((rows, cols), lambda i, j: x[i, j] * 2.0 + 1.0, name="t")
