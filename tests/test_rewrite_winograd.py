@@ -13,11 +13,12 @@ from compiler.errors import ScheduleError
 from compiler.ops import build_op, get_op
 from compiler.ops.base import random_inputs
 from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
-from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd
+from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd, schedule_winograd_stages
 from compiler.schedule import create_schedule
 from compiler.schedule_steps import apply_steps, steps_to_json
 from compiler.target import resolve_target
 from compiler.verify import poisoned
+from tuner.space.sketch_recipe import starting_points
 
 TARGET = resolve_target(None)
 B = TARGET.vector_lanes("float32")
@@ -63,6 +64,18 @@ def test_the_scheduled_rewrite_replays_from_its_recorded_steps(case):
     fresh = get_op("conv2d_nchw", **params)
     replayed = apply_steps([fresh.output], steps_to_json(s.steps))
     got, ref = run(compiler.build(replayed, fresh.tensors, TARGET), fresh, seed=3)
+    assert_close(got, ref)
+
+
+def test_each_output_channel_blocks_weights_transformed_inside_its_block_give_the_same_convolution():
+    op = get_op("conv2d_bias_relu", N=1, C=2 * B, H=9, W=14, F=4 * B, KH=3, KW=3, stride=1, padding=1)
+    conv = next(t for t in op.output.op.input_tensors() if t.op.tag == "conv2d_nchw")
+    s = create_schedule(op.output)
+    s.rewrite(conv, "winograd", tile=2, block=B)
+    schedule_winograd_stages(s, s[conv], TARGET, gemm_tile=(1, 4), weights_per_block=True)
+    weight = next(st for st in s.stages if st.op.tag == "winograd_weight")
+    assert weight.attach[0] == "at"   # made inside the matrix products' block loop
+    got, ref = run(compiler.build(s, op.tensors, TARGET), op)
     assert_close(got, ref)
 
 
@@ -112,11 +125,14 @@ def test_rewrites_are_refused_for_other_computes_unknown_names_bad_params_and_sc
 def test_the_recipe_offers_the_winograd_form_first_where_it_applies():
     res4 = get_op("conv2d_nchw", N=1, C=256, H=14, W=14, F=256, KH=3, KW=3, stride=1, padding=1)
     choices = anchor_recipe_choices(res4, TARGET)
-    assert list(choices)[0] == "algorithm" and choices["algorithm"] == ["direct", "winograd"]
-    s = schedule_anchor_recipe(res4, TARGET, {"algorithm": "winograd"})
-    assert s.steps[0]["op"] == "rewrite"
-    got, ref = run(compiler.build(s, res4.tensors, TARGET), res4)
-    assert_close(got, ref)
+    assert list(choices)[0] == "algorithm" and choices["algorithm"] == ["direct", "winograd", "winograd_per_block"]
+    for algorithm in ("winograd", "winograd_per_block"):
+        s = schedule_anchor_recipe(res4, TARGET, {"algorithm": algorithm})
+        assert s.steps[0]["op"] == "rewrite"
+        got, ref = run(compiler.build(s, res4.tensors, TARGET), res4)
+        assert_close(got, ref)
+    starts = [p["recipe"] for p in starting_points(choices)]
+    assert [p["algorithm"] for p in starts[:2]] == ["winograd", "winograd_per_block"]   # measured in the first batch
     default, _ = run(build_op(res4, TARGET), res4)   # the direct form stays the default
     assert_close(default, ref)
     for params in (dict(KH=1, KW=1, padding=0), dict(KH=3, KW=3, stride=2, padding=1)):

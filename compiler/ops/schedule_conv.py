@@ -757,13 +757,14 @@ def schedule_conv_nhwc(opdef, target=None) -> Schedule:
 
 
 def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, vec_group: int = 0,
-                      outer_of: dict | None = None):
+                      outer_of: dict | None = None, lead_dim: int | None = None):
     """Split the output stage's axes into [other axes, outer tile loops] [tile axes, vector axis].
 
     `unrolled` = [(dim, factor)] of the register tile's unrolled axes; `outer_order` orders the
-    outer tile loops by dim. Returns (tile dims, {dim: inner loop}, outer loops); `outer_of`,
-    when given, is filled with {dim: its outer tile loop}. Shared by the default schedules and
-    the tuner's convolution templates.
+    outer tile loops by dim; `lead_dim`'s outer tile loop, if it has one, goes before all the
+    others. Returns (tile dims, {dim: inner loop}, outer loops); `outer_of`, when given, is
+    filled with {dim: its outer tile loop}. Shared by the default schedules and the tuner's
+    convolution templates.
     """
     axes = list(st.op.axis)
     outer, inner, pre = {}, {}, []
@@ -781,6 +782,9 @@ def split_output_tile(st, unrolled, vec_dim: int, vec_factor: int, outer_order, 
     tile_dims = [d for d, _ in unrolled] + [vec_dim]
     outer_loops = [axes[d] for d in range(len(axes)) if d not in tile_dims] + pre
     outer_loops += [outer[d] for d in outer_order if outer[d] is not None]
+    if lead_dim is not None and outer.get(lead_dim) is not None:
+        outer_loops.remove(outer[lead_dim])
+        outer_loops.insert(0, outer[lead_dim])
     st.reorder(*outer_loops, *[inner[d] for d in tile_dims])
     return tile_dims, inner, outer_loops
 
@@ -802,7 +806,7 @@ def accumulate_locally(s, out, epilogue, fuse_epilogue: bool, target, order=None
 def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work, outer_order=None,
                   vec_group: int = 0, store_dim: int | None = None, red_order=None, epilogue=None,
                   fuse_epilogue: bool = True, red_block: int = 0, unroll_reduction: bool = True,
-                  block_loop: list | None = None):
+                  block_loop: list | None = None, lead_dim: int | None = None):
     """Tile the output: [n, outer tiles (parallel)] [tile: unrolled axes, vector axis], with the
     reduction computed at the innermost tile loop into a local buffer laid out with the vector
     axis last (so each vector of accumulators is one register).
@@ -822,14 +826,15 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
     `block_loop` (a list): where the vector axis's tile loop is the outermost tile loop, the
     loops down to it are fused into the parallel loop and the other tile loops into a serial
     one inside it, and (stored stage, parallel loop) is appended, for a producer to be computed
-    once per vector block (pack_per_block); else the list stays empty."""
+    once per vector block (pack_per_block); else the list stays empty. `lead_dim`: that dim's
+    tile loop outermost instead (before the untiled axes too) and the block loop, as above."""
     ndim = len(out.shape)
     order = [d for d in range(ndim) if d != vec_dim] + [vec_dim]
     st, cst = accumulate_locally(s, out, epilogue, fuse_epilogue, target, order)
     outer_of: dict = {}
     tile_dims, inner, outer_loops = split_output_tile(st, unrolled, vec_dim, vec_factor,
                                                       outer_order or [d for d, _ in unrolled] + [vec_dim],
-                                                      vec_group, outer_of=outer_of)
+                                                      vec_group, outer_of=outer_of, lead_dim=lead_dim)
     store = vec_dim if store_dim is None else store_dim
     for d in tile_dims:
         if d != store:
@@ -860,9 +865,10 @@ def register_tile(s, out, unrolled, vec_dim: int, vec_factor: int, target, work,
         unroll_inner_reduction(cst, [a for a in rax if a.extent == 1])   # the channel block stays a loop
     else:
         unroll_inner_reduction(cst, rax, tile_statements)
-    vec_outer = outer_of.get(vec_dim)
-    if block_loop is not None and vec_outer is not None and outer_order and outer_order[0] == vec_dim:
-        cut = outer_loops.index(vec_outer) + 1
+    lead = lead_dim if lead_dim is not None else (vec_dim if outer_order and outer_order[0] == vec_dim else None)
+    lead_outer = outer_of.get(lead) if lead is not None else None
+    if block_loop is not None and lead_outer is not None:
+        cut = outer_loops.index(lead_outer) + 1
         head, tail = fuse_all(st, outer_loops[:cut]), fuse_all(st, outer_loops[cut:])
         cst.compute_at(st, tail if tail is not None else head)
         if want_parallel(target, work) and head.extent > 1:

@@ -58,6 +58,11 @@ from .schedule_conv import (
 )
 from .schedule_winograd import schedule_conv_nchw_winograd, winograd_rewrite_applies
 
+# conv2d_nchw's algorithms (the recipe's first knob where the Winograd rewrite applies): the
+# direct form; Winograd with the weights transformed whole, then the matrix products; Winograd
+# with each output channel block's weights transformed inside its block (res5's 3x3: 17 MB of
+# transformed weights written and read whole, 0.35-0.79x oneDNN; per block 0.88-1.12x)
+ALGORITHMS = ("direct", "winograd", "winograd_per_block")
 PLANE_BLOCK_REGISTERS = (4, 2)   # channel blocks of a plane tile, in registers
 MAX_PLANE_TILES = 3              # plane tiles the tuner tries per convolution
 MAX_PLANE_BYTES = 64 << 10       # a block's plane buffer stays well inside the L1 .. L2
@@ -120,15 +125,16 @@ def conv2d_nchw_recipe_choices(opdef, target) -> dict:
     """conv2d_nchw_choices with plane tiles (plane_tiles): the first two right after the default's
     register tile, so the recipe sketch's starting points measure them in a short search (the
     default's tile with its chunks in L1, the widest channel block that fits the registers);
-    and `algorithm`, "direct" or "winograd" (schedule_conv_nchw_winograd, which the other knobs
-    do not apply to), where the Winograd rewrite applies (winograd_rewrite_applies)."""
+    and `algorithm` (ALGORITHMS: the direct form, or the Winograd rewrite by
+    schedule_conv_nchw_winograd, its weights transformed whole or per block of output channels,
+    which the other knobs do not apply to), where the rewrite applies (winograd_rewrite_applies)."""
     choices = conv2d_nchw_choices(opdef, target)
     planes = plane_tiles(opdef, target)
     if choices and planes:
         tiles = choices["tile"]
         choices["tile"] = tiles[:1] + planes[:2] + tiles[1:] + planes[2:]
     if choices and winograd_rewrite_applies(opdef, target):   # the first knob: a short search's first batch tries it
-        choices = {"algorithm": ["direct", "winograd"], **choices}
+        choices = {"algorithm": list(ALGORITHMS), **choices}
     return choices
 
 
@@ -139,13 +145,13 @@ def schedule_conv_nchw_recipe(opdef, target=None, epilogue=None, fuse_epilogue: 
     """schedule_conv_nchw, or schedule_conv_nchw_plane for a ["plane", FB, XB, YB, chunk] tile (whose
     channel blocks always come first: `channel_blocks_first` and `subsample` do not apply), or
     for algorithm "winograd" schedule_conv_nchw_winograd (no other choice applies)."""
-    if algorithm not in ("direct", "winograd"):
-        raise ScheduleError(f"conv2d_nchw: algorithm must be 'direct' or 'winograd', got {algorithm!r}")
-    if algorithm == "winograd":
+    if algorithm not in ALGORITHMS:
+        raise ScheduleError(f"conv2d_nchw: algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    if algorithm != "direct":
         target = resolve_target(target)
         if not winograd_rewrite_applies(opdef, target):
             raise ScheduleError(f"conv2d_nchw: the Winograd form does not apply to {opdef.params}")
-        return schedule_conv_nchw_winograd(opdef, target, epilogue)
+        return schedule_conv_nchw_winograd(opdef, target, epilogue, weights_per_block=algorithm == "winograd_per_block")
     if tile is not None and tile[0] == "plane":
         return schedule_conv_nchw_plane(opdef, target, epilogue, fuse_epilogue, tile=tile[1:4], input_block=input_block,
                                         taps=taps, pack_per_block=pack_per_block, chunk=tile[4])

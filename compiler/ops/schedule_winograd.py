@@ -68,17 +68,17 @@ def _schedule_input_transform(s, st, target):
     _rows_at_tile(rows, st, tile, target)
 
 
-def _rows_at_tile(rows, st, tile, target):
+def _rows_at_tile(rows, st, tile, target, parallel: bool = True):
     """The first (row) half of a transform, [i, j, *unit, lanes], computed per unit of the stage
-    `st` (its loop `tile`, in parallel when the work asks): the a x a loops unrolled, the lanes
-    one vector; its buffer is the unit's a x a vectors."""
+    `st` (its loop `tile`, in parallel when the work asks and `parallel`): the a x a loops
+    unrolled, the lanes one vector; its buffer is the unit's a x a vectors."""
     ri, rj, *unit, rlanes = rows.op.axis
     rows.reorder(*unit, ri, rj, rlanes)
     rows.compute_at(st, tile)
     for ax in (ri, rj, *unit):
         rows.unroll(ax)
     rows.vectorize(rlanes)
-    if want_parallel(target, int(np.prod(st.op.shape))) and tile.extent > 1:
+    if parallel and want_parallel(target, int(np.prod(st.op.shape))) and tile.extent > 1:
         st.parallel(tile)
 
 
@@ -174,45 +174,54 @@ def winograd_rewrite_applies(opdef, target) -> bool:
                          tuple(opdef.output.shape[2:]), data.shape[0]) > 0
 
 
-def schedule_conv_nchw_winograd(opdef, target, epilogue=None) -> Schedule:
+def schedule_conv_nchw_winograd(opdef, target, epilogue=None, weights_per_block: bool = False) -> Schedule:
     """conv2d_nchw (with its elementwise `epilogue`, if any) by the Winograd rewrite in one
     kernel (schedule_winograd_stages), F(2x2, 3x3) in channel blocks of the target's vector."""
     out = opdef.output
     s = create_schedule(out if epilogue is None else epilogue)
     s.rewrite(out, "winograd", tile=DEFAULT_TILE, block=lanes(target, out.dtype))
-    schedule_winograd_stages(s, s[out], target)
+    schedule_winograd_stages(s, s[out], target, weights_per_block=weights_per_block)
     if epilogue is not None:
         schedule_injective_stage(s[epilogue], target)
     return s
 
 
-def schedule_winograd_stages(s, conv, target, gemm_tile: tuple | None = None) -> None:
+def schedule_winograd_stages(s, conv, target, gemm_tile: tuple | None = None, weights_per_block: bool = False) -> None:
     """Schedule the stages `Schedule.rewrite(..., "winograd")` put in `s` for the stage `conv`
     (the NCHW convolution, now a copy out of the blocked output), in one kernel of parallel
     passes: the data blocked and padded, its transform; the weights copied into panels of
     output channel blocks (transposed in registers, as the direct form's), their transform (per
-    input and output channel block, rows then columns, output channels one vector); the matrix products
-    in register tiles (`gemm_tile` (FOB, XB) or the default); the output transform; the copy
-    to NCHW, inlined into the epilogue when the convolution has one (`conv` is not an output)."""
-    schedule_block_copy(_stage(s, "winograd_data_blocked"), lambda work: want_parallel(target, work))
-    _schedule_input_transform(s, _stage(s, "winograd_input"), target)
-    weight, weight_rows = _stage(s, "winograd_weight"), _stage(s, "winograd_weight_rows")
-    oihw = next(t for t in weight_rows.op.input_tensors() if t.ndim == 4)
-    block = weight.op.shape[-1]
+    input and output channel block, rows then columns, output channels one vector); the matrix
+    products in register tiles (`gemm_tile` (FOB, XB) or the default); the output transform; the
+    copy to NCHW, inlined into the epilogue when the convolution has one (`conv` is not an
+    output). `weights_per_block`: the matrix products' output channel blocks outermost and in
+    parallel, each block's weight panel and transform made inside it, serially, where the block
+    reads them from the L2 (whole, ResNet-50's res5 3x3 writes and reads 17 MB of transformed
+    weights per call)."""
     parallel_for = lambda work: want_parallel(target, work)   # noqa: E731
-    pack_weight_panels(s, weight_rows.tensor, oihw, block, lanes(target, oihw.dtype), parallel_for)
+    schedule_block_copy(_stage(s, "winograd_data_blocked"), parallel_for)
+    _schedule_input_transform(s, _stage(s, "winograd_input"), target)
+    weight, weight_rows, gemm = _stage(s, "winograd_weight"), _stage(s, "winograd_weight_rows"), _stage(s, "winograd_gemm")
+    oihw = next(t for t in weight_rows.op.input_tensors() if t.ndim == 4)
+    FOB, XB = _gemm_tile(gemm.tensor, weight.tensor, target) if gemm_tile is None else (int(v) for v in gemm_tile)
+    flops = 2 * math.prod(gemm.op.shape) * math.prod(ax.extent for ax in gemm.op.reduce_axis)
+    block_loop: list = []
+    register_tile(s, gemm.tensor, [(2, FOB), (3, XB)], 4, gemm.op.shape[4], target, flops, outer_order=[2, 3],
+                  lead_dim=2 if weights_per_block else None, block_loop=block_loop if weights_per_block else None)
+    in_block = bool(block_loop)
+    panel = pack_weight_panels(s, weight_rows.tensor, oihw, weight.op.shape[-1], lanes(target, oihw.dtype),
+                               (lambda work: False) if in_block else parallel_for)
     i, j, fo, cb, ci, fb = weight.op.axis
     weight.reorder(fo, cb, ci, i, j, fb)
     unit = fuse_all(weight, [fo, cb, ci])
     weight.unroll(i)
     weight.unroll(j)
     weight.vectorize(fb)
-    _rows_at_tile(weight_rows, weight, unit, target)
-    gemm = _stage(s, "winograd_gemm")
-    U = _stage(s, "winograd_weight").tensor
-    FOB, XB = _gemm_tile(gemm.tensor, U, target) if gemm_tile is None else (int(v) for v in gemm_tile)
-    flops = 2 * math.prod(gemm.op.shape) * math.prod(ax.extent for ax in gemm.op.reduce_axis)
-    register_tile(s, gemm.tensor, [(2, FOB), (3, XB)], 4, gemm.op.shape[4], target, flops, outer_order=[2, 3])
+    _rows_at_tile(weight_rows, weight, unit, target, parallel=not in_block)
+    if in_block:
+        stored, loop = block_loop[0]
+        weight.compute_at(stored, loop)
+        panel.compute_at(stored, loop)
     wout = _stage(s, "winograd_output")
     _schedule_output_transform(wout, _stage(s, "winograd_output_rows"), int(wout.op.attrs["tile"]), target)
     if conv.is_output:

@@ -57,12 +57,13 @@ def crossover(a: dict, b: dict, rng) -> dict:
 
 
 def starting_points(choices: dict) -> list:
-    """The default's nearest alternatives, one knob changed each: the next-ranked tiles, then the
-    other value of every other knob (the default itself is the tuning run's baseline)."""
+    """The default's nearest alternatives, one knob changed each: the next-ranked tiles and the
+    other algorithms, then the other value of every other knob (the default itself is the tuning
+    run's baseline)."""
     default = {k: v[0] for k, v in choices.items()}
     out = []
     for knob, values in choices.items():
-        take = STARTING_ALTERNATIVES if knob == "tile" else 1
+        take = STARTING_ALTERNATIVES if knob in ("tile", "algorithm") else 1
         for v in values[1:1 + take]:
             out.append({RECIPE_PARAMS: {**copy_json(default), knob: copy_json(v)}})
     return out
