@@ -281,14 +281,16 @@ def rewrite_conv2d_nchw(op, tile: int = DEFAULT_TILE, block: int = 0):
         raise refuse("is not an NCHW convolution")
     if isinstance(tile, bool) or tile not in (2, 4) or isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise refuse(f"needs tile 2 or 4 and a block of channels, got tile={tile!r} block={block!r}")
-    source, weight = op.input_tensors() if len(op.input_tensors()) == 2 else (None, None)
-    if weight is None or weight.ndim != 4 or tuple(weight.shape[2:]) != (KERNEL, KERNEL) or op.dtype != "float32":
+    if len(op.input_tensors()) != 2:
+        raise refuse("is not a float32 3x3 convolution")
+    source, weight = op.input_tensors()
+    if weight.ndim != 4 or tuple(weight.shape[2:]) != (KERNEL, KERNEL) or op.dtype != "float32":
         raise refuse("is not a float32 3x3 convolution")
     if op.attrs.get("groups") != 1 or tuple(op.attrs.get("stride", ())) != (1, 1) or tuple(op.attrs.get("dilation", ())) != (1, 1):
         raise refuse("is grouped, strided or dilated")
     pads = tuple(op.attrs.get("padding", (0, 0, 0, 0)))
     data = source.op.input_tensors()[0] if any(pads) and source.op.input_tensors() else source
-    if data is None or data.ndim != 4 or data.dtype != "float32":
+    if data.ndim != 4 or data.dtype != "float32":
         raise refuse("does not read NCHW float32 data")
     direct = conv2d_nchw(data, weight, 1, pads, 1, 1)
     if canonical_text([direct]) != canonical_text([op.output]):
