@@ -67,23 +67,17 @@ def test_the_scheduled_rewrite_replays_from_its_recorded_steps(case):
     assert_close(got, ref)
 
 
-def test_each_output_channel_blocks_weights_transformed_inside_its_block_give_the_same_convolution():
-    op = get_op("conv2d_bias_relu", N=1, C=2 * B, H=9, W=14, F=4 * B, KH=3, KW=3, stride=1, padding=1)
+@pytest.mark.parametrize("per_block", [False, True])
+def test_a_convolution_with_an_epilogue_rewritten_and_scheduled_gives_the_same_values(per_block):
+    """The epilogue (bias, relu) reads the rewritten convolution; with `weights_per_block` each
+    output channel block's weights are transformed inside the matrix products' block loop."""
+    op = get_op("conv2d_bias_relu", N=1, C=2 * B, H=9, W=13, F=4 * B, KH=3, KW=3, stride=1, padding=1)
     conv = next(t for t in op.output.op.input_tensors() if t.op.tag == "conv2d_nchw")
     s = create_schedule(op.output)
     s.rewrite(conv, "winograd", tile=2, block=B)
-    schedule_winograd_stages(s, s[conv], TARGET, gemm_tile=(1, 4), weights_per_block=True)
+    schedule_winograd_stages(s, s[conv], TARGET, gemm_tile=(1, 4), weights_per_block=per_block)
     weight = next(st for st in s.stages if st.op.tag == "winograd_weight")
-    assert weight.attach[0] == "at"   # made inside the matrix products' block loop
-    got, ref = run(compiler.build(s, op.tensors, TARGET), op)
-    assert_close(got, ref)
-
-
-def test_the_epilogue_of_a_convolution_reads_the_rewritten_output():
-    op = get_op("conv2d_bias_relu", N=1, C=2 * B, H=10, W=13, F=2 * B, KH=3, KW=3, stride=1, padding=1)
-    conv = next(t for t in op.output.op.input_tensors() if t.op.tag == "conv2d_nchw")
-    s = create_schedule(op.output)
-    s.rewrite(conv, "winograd", tile=2, block=B)
+    assert weight.attach[0] == ("at" if per_block else "root")
     got, ref = run(compiler.build(s, op.tensors, TARGET), op)
     assert (got >= 0).all()
     assert_close(got, ref)
