@@ -24,8 +24,9 @@
   chunk still allocates and frees its own: kept per thread number, the same direct
   convolutions ran at either of two speeds from one process to the next (res4's 3x3/2: 101,
   144 or 207 GFLOPS; per call, 190-209). The module's `<kernel>_release` frees what the slots
-  hold (the runtime calls it when a Kernel is collected). The kernel returns KERNEL_OK, or KERNEL_OUT_OF_MEMORY (after freeing what it
-  holds) when a heap allocation failed in it or in any of its threads.
+  hold (the runtime calls it when a Kernel is collected). The kernel returns KERNEL_OK, or
+  KERNEL_OUT_OF_MEMORY (after freeing what it holds) when a heap allocation failed in it or in
+  any of its threads.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from . import expr as E
 from .arith import expr_range, to_lin
 from .errors import ScheduleError
 from .expr import Const, transform
+from .rewrite import rewrite_function
 from .tensor import (
     ComputeOp,
     IterVar,
@@ -516,7 +517,6 @@ class Schedule:
         before it, and stages only it read (a padding) leave the schedule. Readers of `tensor`
         and the kernel's arguments are unchanged. Apply it before any other step on the stage
         and its producers; returns the new stages, producers first."""
-        from .rewrite import rewrite_function
         stage = self[tensor]
         if stage.relations or stage.annotations or stage.attach[0] != "root" or stage.op is not tensor.op:
             raise ScheduleError(f"rewrite: apply it to {stage.name} before any other step on it")
@@ -532,14 +532,15 @@ class Schedule:
             if isinstance(op, PlaceholderOp) and op.output not in self.placeholders:
                 raise ScheduleError(f"rewrite {name!r} reads {op.name}, which the definition does not")
         index = self.stages.index(stage)
-        dropped = self._only_read_by(stage)
+        reused = {id(op) for op in new_ops}   # stages the new DAG reads (a computed input) stay
+        dropped = [st for st in self._only_read_by(stage) if id(st.tensor.op) not in reused]
         for st in dropped:
             if st.relations or st.annotations or st.attach[0] != "root":
                 raise ScheduleError(f"rewrite: {st.name}, which only {stage.name} reads, has steps applied already")
         taken = {st.name for st in self.stages if st not in dropped}
         added = []
         for op in new_ops:
-            if isinstance(op, PlaceholderOp):
+            if isinstance(op, PlaceholderOp) or op.output in self._stage_of:
                 continue
             st = Stage(self, op.output, op)
             base, n = st.name, 1

@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 
 import compiler
+from compiler import compute, placeholder
 from compiler.errors import ScheduleError
 from compiler.ops import build_op, get_op
 from compiler.ops.base import random_inputs
+from compiler.ops.functions import conv2d_nchw
 from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
 from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd, schedule_winograd_stages
 from compiler.schedule import create_schedule
 from compiler.schedule_steps import apply_steps, steps_to_json
 from compiler.target import resolve_target
+from compiler.tensor import max as te_max
 from compiler.verify import poisoned
 from tuner.space.sketch_recipe import starting_points
 
@@ -80,6 +83,29 @@ def test_a_convolution_with_an_epilogue_rewritten_and_scheduled_gives_the_same_v
     assert weight.attach[0] == ("at" if per_block else "root")
     got, ref = run(compiler.build(s, op.tensors, TARGET), op)
     assert (got >= 0).all()
+    assert_close(got, ref)
+
+
+def test_a_convolution_of_computed_data_keeps_the_stage_that_computes_it():
+    """The rewrite's DAG reads the data the convolution read: a prologue stage (relu of the
+    input) stays one stage, read by the blocked copy, not duplicated or dropped."""
+    x = placeholder((1, B, 10, 11), "float32", "x")
+    w = placeholder((B, B, 3, 3), "float32", "w")
+    act = compute(x.shape, lambda *i: te_max(x[i], 0.0), name="act")
+    conv = conv2d_nchw(act, w, 1, 1)
+    s = create_schedule(conv)
+    s.rewrite(conv, "winograd", tile=2, block=B)
+    assert [st.name for st in s.stages].count("act") == 1
+    kernel = compiler.build(s, [x, w, conv], TARGET)
+    rng = np.random.default_rng(4)
+    xs, ws = (rng.uniform(-1, 1, t.shape).astype(np.float32) for t in (x, w))
+    got = poisoned(conv.shape, "float32", 0)
+    kernel(xs, ws, got)
+    xp = np.pad(np.maximum(xs.astype(np.float64), 0.0), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros(conv.shape)
+    for ky in range(3):
+        for kx in range(3):
+            ref += np.einsum("nchw,fc->nfhw", xp[:, :, ky:ky + 10, kx:kx + 11], ws[:, :, ky, kx].astype(np.float64))
     assert_close(got, ref)
 
 

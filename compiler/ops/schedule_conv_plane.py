@@ -144,7 +144,7 @@ def schedule_conv_nchw_recipe(opdef, target=None, epilogue=None, fuse_epilogue: 
                               subsample: bool | None = None, algorithm: str = "direct") -> Schedule:
     """schedule_conv_nchw, or schedule_conv_nchw_plane for a ["plane", FB, XB, YB, chunk] tile (whose
     channel blocks always come first: `channel_blocks_first` and `subsample` do not apply), or
-    for algorithm "winograd" schedule_conv_nchw_winograd (no other choice applies)."""
+    for a Winograd `algorithm` schedule_conv_nchw_winograd (no other choice applies)."""
     if algorithm not in ALGORITHMS:
         raise ScheduleError(f"conv2d_nchw: algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     if algorithm != "direct":
