@@ -42,6 +42,7 @@ MM = Workload("matmul", dict(M=64, N=64, K=64))
 NAIVE = Candidate("trace", {"sketch": "naive", "steps": []})
 QUICK = dict(number=1, repeat=2, min_repeat_ms=1)       # a request takes milliseconds
 SLOWISH = dict(number=1, repeat=2, min_repeat_ms=150)   # a request takes about half a second
+SLOWER = dict(number=1, repeat=2, min_repeat_ms=500)    # a request takes over a second
 
 
 # ----------------------------------------------------------------------------- processes
@@ -414,13 +415,24 @@ def test_an_agent_of_another_key_gets_no_work_of_this_key(farm, builds, procs):
     (stranger,) = agents_of(address, "other-key").values()
     assert stranger.completed == 0 and stranger.in_flight == 0
     # its own key's work goes to it, two requests at a time (two slots, two worker processes)
-    with runner_for(address, key="other-key", **SLOWISH) as runner:
+    with runner_for(address, key="other-key", **SLOWER) as runner:
         run = Background(runner, Task.create(MM, device_key="other-key"), [good] * 4)
         # two running at once, and a third may be leased ahead of them (Hello.prefetch): 2 or 3
-        wait_for(lambda: agents_of(address, "other-key")["stranger"].in_flight >= 2, 30, "two requests at once")
+        wait_for(lambda: _both_slots_busy(address, run, procs, other), 30, "two requests at once")
         mine = run.join(60)
     assert all(r.ok for r in mine) and {r.measured_by for r in mine} == {"stranger"}
     assert other.poll() is None
+
+
+def _both_slots_busy(address: str, run: Background, procs, agent) -> bool:
+    """Whether the stranger holds two requests now; a run that ended first fails the test at once
+    with what it returned and the agent's log (wait_for would only say it timed out)."""
+    if agents_of(address, "other-key")["stranger"].in_flight >= 2:
+        return True
+    if not run.thread.is_alive():
+        pytest.fail(f"the run ended before two requests were in flight at once: error {run.error!r}, "
+                    f"results {run.results}\nagent log:\n{procs.output(agent)}")
+    return False
 
 
 def test_a_target_the_agent_cannot_run_is_a_clear_error(farm, builds):
