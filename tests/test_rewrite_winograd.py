@@ -12,10 +12,12 @@ import compiler
 from compiler import compute, placeholder
 from compiler.errors import ScheduleError
 from compiler.ops import build_op, get_op
-from compiler.ops.base import random_inputs
+from compiler.ops.base import OpDef, random_inputs
 from compiler.ops.functions import conv2d_nchw
-from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
-from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd, schedule_winograd_stages
+from compiler.ops.default_schedules import default_schedule
+from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe, schedule_by_structure
+from compiler.ops.schedule_conv_plane import WINOGRAD_DEFAULT_MIN_TILES, schedule_conv_nchw_default
+from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd, schedule_winograd_stages, winograd_rewrite_applies
 from compiler.schedule import create_schedule
 from compiler.schedule_steps import apply_steps, steps_to_json
 from compiler.target import resolve_target
@@ -153,8 +155,63 @@ def test_the_recipe_offers_the_winograd_form_first_where_it_applies():
         assert_close(got, ref)
     starts = [p["recipe"] for p in starting_points(choices)]
     assert [p["algorithm"] for p in starts[:2]] == ["winograd", "winograd_per_block"]   # measured in the first batch
-    default, _ = run(build_op(res4, TARGET), res4)   # the direct form stays the default
+    default, _ = run(build_op(res4, TARGET), res4)
     assert_close(default, ref)
     for params in (dict(KH=1, KW=1, padding=0), dict(KH=3, KW=3, stride=2, padding=1)):
         other = get_op("conv2d_nchw", **{**dict(N=1, C=256, H=14, W=14, F=256, stride=1), **params})
         assert "algorithm" not in anchor_recipe_choices(other, TARGET)
+
+
+def rewritten(s) -> bool:
+    return bool(s.steps) and s.steps[0]["op"] == "rewrite"
+
+
+# channels in whole vectors of AVX2 and AVX-512, with work enough for the rewrite to apply
+@pytest.mark.parametrize("N, C, H, W, F", [(1, 32, 29, 27, 48), (2, 64, 17, 19, 64), (1, 128, 14, 14, 64)])
+def test_the_default_takes_the_rewrite_where_the_output_has_tiles_enough(N, C, H, W, F):
+    """WINOGRAD_DEFAULT_MIN_TILES 2x2 tiles of output (the batch counted) or more: build_op's kernel
+    is the Winograd form, values as a float64 convolution's on sizes no tile divides."""
+    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=1)
+    assert N * -(-H // 2) * -(-W // 2) >= WINOGRAD_DEFAULT_MIN_TILES
+    assert rewritten(default_schedule(op, TARGET))
+    got, ref = run(build_op(op, TARGET), op, seed=5)
+    assert_close(got, ref)
+
+
+def test_the_default_stays_direct_on_few_tiles_other_convolutions_and_an_unfused_epilogue():
+    few = get_op("conv2d_nchw", N=1, C=256, H=7, W=7, F=256, KH=3, KW=3, stride=1, padding=1)   # as res5: 16 tiles
+    assert winograd_rewrite_applies(few, TARGET)
+    strided = get_op("conv2d_nchw", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=2, padding=1)
+    for op in (few, strided):
+        assert not rewritten(default_schedule(op, TARGET))
+        got, ref = run(build_op(op, TARGET), op, seed=6)
+        assert_close(got, ref)
+    many = get_op("conv2d_nchw", N=1, C=64, H=18, W=18, F=64, KH=3, KW=3, stride=1, padding=1)
+    relu = compute(many.output.shape, lambda *i: te_max(many.output[i], 0.0), name="relu")
+    assert rewritten(schedule_conv_nchw_default(many, TARGET, epilogue=relu))
+    assert not rewritten(schedule_conv_nchw_default(many, TARGET, epilogue=relu, fuse_epilogue=False))
+
+
+def test_a_fused_group_with_a_convolution_anchor_takes_the_same_default():
+    """A model's fused group (convolution, bias, relu as one compute DAG) is scheduled by its
+    structure; its convolution gets the rule the inventory operator gets."""
+    x = placeholder((1, 64, 16, 18), "float32", "x")
+    w = placeholder((64, 64, 3, 3), "float32", "w")
+    bias = placeholder((64,), "float32", "bias")
+    conv = conv2d_nchw(x, w, 1, 1)
+    out = compute(conv.shape, lambda n, f, y, xx: te_max(conv[n, f, y, xx] + bias[f], 0.0), name="bias_relu")
+    op = OpDef("fused_conv_bias_relu", [x, w, bias], out, {}, 0.0, None)
+    s = schedule_by_structure(op, TARGET)
+    assert rewritten(s)
+    kernel = compiler.build(s, [x, w, bias, out], TARGET)
+    rng = np.random.default_rng(7)
+    xs, ws, bs = (rng.uniform(-1, 1, t.shape).astype(np.float32) for t in (x, w, bias))
+    got = poisoned(out.shape, "float32", 0)
+    kernel(xs, ws, bs, got)
+    xp = np.pad(xs.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros(out.shape)
+    for ky in range(3):
+        for kx in range(3):
+            ref += np.einsum("nchw,fc->nfhw", xp[:, :, ky:ky + 16, kx:kx + 18], ws[:, :, ky, kx].astype(np.float64))
+    ref = np.maximum(ref + bs.astype(np.float64)[None, :, None, None], 0.0)
+    assert_close(got, ref)

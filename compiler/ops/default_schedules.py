@@ -16,12 +16,13 @@ from ..schedule import Schedule
 from ..target import resolve_target
 from . import schedule_conv, schedule_elementwise, schedule_fused, schedule_nn, schedule_pool
 from .schedule_anchor import schedule_by_structure
+from .schedule_conv_plane import schedule_conv_nchw_default
 from .schedule_gemm import schedule_gemm
 
 GEMM_OPS = ("matmul", "matmul_int8", "dense", "batch_matmul")
 
 _FAMILY = {
-    "conv2d_nchw": schedule_conv.schedule_conv_nchw,
+    "conv2d_nchw": schedule_conv_nchw_default,
     "depthwise_conv2d_nchw": schedule_conv.schedule_conv_nchw,
     "conv2d_nhwc": schedule_conv.schedule_conv_nhwc,
     "conv2d_bias_relu": schedule_fused.schedule_conv_bias_relu,

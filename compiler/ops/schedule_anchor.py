@@ -45,9 +45,8 @@ from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
 from .schedule_common import unit_step
-from .schedule_conv import schedule_conv_nchw
 from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
-from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_recipe
+from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_default, schedule_conv_nchw_recipe
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
@@ -69,7 +68,7 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
         view = anchor_view(opdef)
         if view is not None:
             if view.name == "conv2d_nchw":
-                return _conv_with_epilogue(schedule_conv_nchw, view, opdef, target)
+                return _conv_with_epilogue(schedule_conv_nchw_default, view, opdef, target)
             if view.name == "conv2d_nchwc":
                 return _conv_with_epilogue(schedule_conv_nchwc, view, opdef, target)
             row_lanes = _one_row(view, target)

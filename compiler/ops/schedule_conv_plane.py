@@ -57,6 +57,7 @@ from .schedule_conv import (
     unrolled_fits,
 )
 from .schedule_winograd import schedule_conv_nchw_winograd, winograd_rewrite_applies
+from .winograd import DEFAULT_TILE, tile_grid
 
 # conv2d_nchw's algorithms (the recipe's first knob where the Winograd rewrite applies): the
 # direct form; Winograd with the weights transformed whole, then the matrix products; Winograd
@@ -66,6 +67,15 @@ ALGORITHMS = ("direct", "winograd", "winograd_per_block")
 PLANE_BLOCK_REGISTERS = (4, 2)   # channel blocks of a plane tile, in registers
 MAX_PLANE_TILES = 3              # plane tiles the tuner tries per convolution
 MAX_PLANE_BYTES = 64 << 10       # a block's plane buffer stays well inside the L1 .. L2
+# Winograd tiles of the output (per image, summed over the batch) from which the default takes the
+# rewrite: the kernel transforms its weights on every call (about 170 flops per input x output
+# channel pair), which the matrix products (32 flops per pair and tile) must bury. Same runs on
+# znver4, whole-weight rewrite over the direct default, AVX-512 / AVX2 code: 784 tiles (64 ch)
+# 1.33x / 1.49x, 196 (128 ch) 1.68x / 1.67x, 49 (256 ch) 1.56x / 1.50x, 49 (512 ch) 1.09x /
+# 1.24x, 225 (32 -> 64 ch) 1.46x / 1.89x, 81 (96 -> 48 ch) 1.18x / 1.32x; below it AVX2 code
+# lost (36 tiles at 128 ch 0.74x, 25 at 256 ch 1.08x, 16 at 256 ch 0.32x) and res5's 16 tiles
+# at 512 ch lost on both (0.53x / 0.58x). The tuner measures the rewrite wherever it applies.
+WINOGRAD_DEFAULT_MIN_TILES = 48
 
 
 def plane_chunk(opdef, target, fb: int, budget: int, block: int = INPUT_BLOCK) -> int:
@@ -119,6 +129,26 @@ def plane_tiles(opdef, target) -> list:
         out += [["plane", vt, *factors, plane_chunk(opdef, target, vt, caps.l2 // 2)] for vt, factors in ranked[:1]]
     unique = [t for i, t in enumerate(out) if t not in out[:i]]
     return unique[:MAX_PLANE_TILES]
+
+
+def winograd_by_default(opdef, target) -> bool:
+    """Whether conv2d_nchw's default schedule is the Winograd rewrite: where the rewrite applies
+    (winograd_rewrite_applies) and the output holds WINOGRAD_DEFAULT_MIN_TILES tiles or more."""
+    if not winograd_rewrite_applies(opdef, target):
+        return False
+    rows, cols = tile_grid(tuple(opdef.output.shape[2:]), DEFAULT_TILE)
+    return opdef.output.shape[0] * rows * cols >= WINOGRAD_DEFAULT_MIN_TILES
+
+
+def schedule_conv_nchw_default(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
+    """conv2d_nchw's (and depthwise_conv2d_nchw's) schedule without tuning: the Winograd rewrite
+    with its weights transformed whole where winograd_by_default says it pays, else the direct
+    form of schedule_conv_nchw. An epilogue that is not to be fused (the fallback when a fused one
+    makes too much code) takes the direct form, which can store the convolution first."""
+    target = resolve_target(target)
+    if fuse_epilogue and winograd_by_default(opdef, target):
+        return schedule_conv_nchw_winograd(opdef, target, epilogue)
+    return schedule_conv_nchw(opdef, target, epilogue, fuse_epilogue)
 
 
 def conv2d_nchw_recipe_choices(opdef, target) -> dict:
@@ -246,5 +276,5 @@ def schedule_conv_nchw_plane(opdef, target=None, epilogue=None, fuse_epilogue: b
     return s
 
 
-__all__ = ["schedule_conv_nchw_plane", "schedule_conv_nchw_recipe", "conv2d_nchw_recipe_choices", "plane_tiles",
-           "plane_chunk", "plane_pays"]
+__all__ = ["schedule_conv_nchw_plane", "schedule_conv_nchw_recipe", "schedule_conv_nchw_default", "winograd_by_default",
+           "conv2d_nchw_recipe_choices", "plane_tiles", "plane_chunk", "plane_pays"]
