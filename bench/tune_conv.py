@@ -1,7 +1,8 @@
 """ResNet-50's batch-1 convolutions: tunefarm's default and tuned kernels against oneDNN (issue 22).
 
 For each layer (the 7x7/2 stem, the 3x3 convolutions of res2-res5 and their stride-2 first
-blocks, the 1x1 reductions and expansions, the stride-2 1x1 downsamples): tune conv2d_nchw with
+blocks, the 1x1 reductions and expansions, the stride-2 1x1 downsamples; with `--set others`,
+other networks' dilated, grouped, depthwise, asymmetric and odd-sized ones): tune conv2d_nchw with
 the sketch space for `--trials` measurements (a real run: builder pool, isolated measuring
 worker, records in a fresh SQLite file, end-of-run re-timing), build the best record through
 apply-best, and check the default and the tuned kernel against a float64 reference. Then, with
@@ -55,9 +56,34 @@ LAYERS = {
 }
 
 
+# convolutions of other networks, of the kinds the ResNet-50 list lacks (issue 35: dilated, strided,
+# grouped, odd sizes), as conv2d_nchw parameters (N=1; torch gets the same stride, padding,
+# dilation and groups)
+OTHERS = {
+    "deeplab 3x3 dil2": dict(C=256, H=33, W=33, F=256, KH=3, KW=3, stride=1, padding=2, dilation=2),
+    "resnext 3x3 g32": dict(C=256, H=28, W=28, F=256, KH=3, KW=3, stride=1, padding=1, groups=32),
+    "grouped 3x3 g4": dict(C=128, H=30, W=30, F=128, KH=3, KW=3, stride=1, padding=1, groups=4),
+    "depthwise 3x3": dict(C=144, H=56, W=56, F=144, KH=3, KW=3, stride=1, padding=1, groups=144),
+    "inception 3x3 35": dict(C=96, H=35, W=35, F=96, KH=3, KW=3, stride=1, padding=1),
+    "inception 5x5": dict(C=48, H=35, W=35, F=64, KH=5, KW=5, stride=1, padding=2),
+    "inception 1x7": dict(C=128, H=17, W=17, F=128, KH=1, KW=7, stride=1, padding=(0, 3)),
+    "inception 3x3/2 valid": dict(C=288, H=35, W=35, F=384, KH=3, KW=3, stride=2, padding=0),
+    "vgg 3x3 odd 3>61": dict(C=3, H=57, W=61, F=61, KH=3, KW=3, stride=1, padding=1),
+}
+SETS = {"resnet50": list(LAYERS), "others": list(OTHERS), "all": [*LAYERS, *OTHERS]}
+
+
 def params(layer: str) -> dict:
+    if layer in OTHERS:
+        return dict(N=1, **OTHERS[layer])
     C, H, F, K, stride, pad = LAYERS[layer]
     return dict(N=1, C=C, H=H, W=H, F=F, KH=K, KW=K, stride=stride, padding=pad)
+
+
+def torch_args(layer: str) -> dict:
+    """conv2d's keyword arguments for torch: the layer's stride, padding, dilation and groups."""
+    p = params(layer)
+    return dict(stride=p["stride"], padding=p["padding"], dilation=p.get("dilation", 1), groups=p.get("groups", 1))
 
 
 def tune_layer(layer: str, trials: int, db_dir: str, seed: int):
@@ -87,7 +113,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=32, help="tuning measurements per layer (0: defaults only)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per layer")
-    ap.add_argument("--layers", nargs="+", choices=list(LAYERS), default=list(LAYERS))
+    ap.add_argument("--layers", nargs="+", choices=SETS["all"], default=None, help="layers by name (default: --set's)")
+    ap.add_argument("--set", choices=list(SETS), default="resnet50",
+                    help="ResNet-50's layers, other networks' convolutions (dilated, grouped, depthwise, odd sizes), or all")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -113,7 +141,7 @@ def main() -> int:
 
     rows, tuned_vs, default_vs, tune_seconds, speedups = [], {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for layer in args.layers:
+        for layer in args.layers or SETS[args.set]:
             opdef = get_op("conv2d_nchw", **params(layer))
             default = build_op(opdef, target)
             if args.trials > 0:
@@ -126,23 +154,23 @@ def main() -> int:
             else:
                 tuned = default
             data, weight = random_inputs(opdef, np.random.default_rng(0))
-            _, _, _, _, stride, pad = LAYERS[layer]
+            conv_args = torch_args(layer)
             x, w = torch.from_numpy(data), torch.from_numpy(weight)
-            ref = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=pad).numpy()
+            ref = torch.nn.functional.conv2d(x.double(), w.double(), **conv_args).numpy()
             outs = []
             for kernel in (default, tuned):
                 out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
                 kernel(data, weight, out)
                 outs.append(out)
-            errs = [rel_err(o, ref) for o in outs] + [rel_err(torch.nn.functional.conv2d(x, w, stride=stride, padding=pad).numpy(), ref)]
+            errs = [rel_err(o, ref) for o in outs] + [rel_err(torch.nn.functional.conv2d(x, w, **conv_args).numpy(), ref)]
             if max(errs[:2]) > 1e-4:
                 print(f"{layer}: WRONG RESULT (relative error default {errs[0]:.2e}, tuned {errs[1]:.2e})", file=sys.stderr)
                 return 1
 
             out = poisoned(opdef.output.shape, opdef.output.dtype, 0)
             with torch.no_grad():
-                def onednn(x=x, w=w, stride=stride, pad=pad):
-                    torch.nn.functional.conv2d(x, w, stride=stride, padding=pad)
+                def onednn(x=x, w=w, conv_args=conv_args):
+                    torch.nn.functional.conv2d(x, w, **conv_args)
                 t_def, t_tuned, t_torch = [], [], []
                 for _ in range(args.rounds):
                     # a pause before each side: the other runtime's worker threads stop spinning
