@@ -13,8 +13,8 @@ from compiler import compute, placeholder
 from compiler.errors import ScheduleError
 from compiler.ops import build_op, get_op
 from compiler.ops.base import OpDef, random_inputs
-from compiler.ops.functions import conv2d_nchw
 from compiler.ops.default_schedules import default_schedule
+from compiler.ops.functions import conv2d_nchw
 from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe, schedule_by_structure
 from compiler.ops.schedule_conv_plane import WINOGRAD_DEFAULT_MIN_TILES, schedule_conv_nchw_default
 from compiler.ops.schedule_winograd import schedule_conv_nchw_winograd, schedule_winograd_stages, winograd_rewrite_applies
@@ -42,16 +42,18 @@ def assert_close(got, ref):
     assert err < 1e-5, err
 
 
-# (N, C, H, W, F, padding): heights and widths no 2x2 or 4x4 tile divides, asymmetric padding,
-# none, a batch of two, more output than input channels
+# (N, C, H, W, F, padding[, dilation]): heights and widths no 2x2 or 4x4 tile divides, asymmetric
+# padding, none, a batch of two, more output than input channels; dilations (dense convolutions of
+# the input's phases) of 2, 3 and unequal ones, phases of unequal sizes
 CASES = [(1, B, 15, 9, 3 * B, 1), (2, 2 * B, 7, 12, B, (1, 0)), (1, B, 6, 6, 2 * B, 0), (1, 3 * B, 11, 5, B, (0, 2, 1, 0))]
+DILATED = [(1, B, 15, 9, 2 * B, 2, 2), (2, B, 13, 17, B, (2, 1), (2, 1)), (1, 2 * B, 20, 19, B, 3, 3), (1, B, 11, 12, B, 0, 2)]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + DILATED)
 @pytest.mark.parametrize("tile", [2, 4])
 def test_the_rewritten_convolution_matches_a_float64_convolution(case, tile):
-    N, C, H, W, F, padding = case
-    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=padding)
+    N, C, H, W, F, padding, *dilation = case
+    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=padding, dilation=dilation[0] if dilation else 1)
     s = create_schedule(op.output)
     added = s.rewrite(op.output, "winograd", tile=tile, block=B)
     assert {"winograd_weight", "winograd_gemm", "winograd_output"} <= {st.op.tag for st in added}
@@ -113,7 +115,6 @@ def test_a_convolution_of_computed_data_keeps_the_stage_that_computes_it():
 
 @pytest.mark.parametrize("params, why", [
     (dict(stride=2, padding=1), "strided"),
-    (dict(stride=1, padding=1, dilation=2), "dilated"),
     (dict(stride=1, padding=1, groups=2), "grouped"),
 ])
 def test_a_convolution_the_rewrite_does_not_fit_is_refused_and_left_as_it_was(params, why):
@@ -167,11 +168,12 @@ def rewritten(s) -> bool:
 
 
 # channels in whole vectors of AVX2 and AVX-512, with work enough for the rewrite to apply
-@pytest.mark.parametrize("N, C, H, W, F", [(1, 32, 29, 27, 48), (2, 64, 17, 19, 64), (1, 128, 14, 14, 64)])
-def test_the_default_takes_the_rewrite_where_the_output_has_tiles_enough(N, C, H, W, F):
+@pytest.mark.parametrize("N, C, H, W, F, dilation", [(1, 32, 29, 27, 48, 1), (2, 64, 17, 19, 64, 1), (1, 128, 14, 14, 64, 1),
+                                                     (1, 64, 25, 23, 64, 2), (1, 64, 25, 26, 32, 3)])
+def test_the_default_takes_the_rewrite_where_the_output_has_tiles_enough(N, C, H, W, F, dilation):
     """WINOGRAD_DEFAULT_MIN_TILES 2x2 tiles of output (the batch counted) or more: build_op's kernel
     is the Winograd form, values as a float64 convolution's on sizes no tile divides."""
-    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=1)
+    op = get_op("conv2d_nchw", N=N, C=C, H=H, W=W, F=F, KH=3, KW=3, stride=1, padding=dilation, dilation=dilation)
     assert N * -(-H // 2) * -(-W // 2) >= WINOGRAD_DEFAULT_MIN_TILES
     assert rewritten(default_schedule(op, TARGET))
     got, ref = run(build_op(op, TARGET), op, seed=5)
@@ -182,7 +184,11 @@ def test_the_default_stays_direct_on_few_tiles_other_convolutions_and_an_unfused
     few = get_op("conv2d_nchw", N=1, C=256, H=7, W=7, F=256, KH=3, KW=3, stride=1, padding=1)   # as res5: 16 tiles
     assert winograd_rewrite_applies(few, TARGET)
     strided = get_op("conv2d_nchw", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=2, padding=1)
-    for op in (few, strided):
+    # a dilation of 12 on a 33x33 map: 3 rows per phase, in 2 tiles of 2: the tiles would cover
+    # twice the output
+    sparse = get_op("conv2d_nchw", N=1, C=64, H=33, W=33, F=64, KH=3, KW=3, stride=1, padding=12, dilation=12)
+    assert not winograd_rewrite_applies(sparse, TARGET)
+    for op in (few, strided, sparse):
         assert not rewritten(default_schedule(op, TARGET))
         got, ref = run(build_op(op, TARGET), op, seed=6)
         assert_close(got, ref)

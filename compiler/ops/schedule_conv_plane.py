@@ -136,7 +136,7 @@ def winograd_by_default(opdef, target) -> bool:
     (winograd_rewrite_applies) and the output holds WINOGRAD_DEFAULT_MIN_TILES tiles or more."""
     if not winograd_rewrite_applies(opdef, target):
         return False
-    rows, cols = tile_grid(tuple(opdef.output.shape[2:]), DEFAULT_TILE)
+    rows, cols = tile_grid(tuple(opdef.output.shape[2:]), DEFAULT_TILE, tuple(opdef.params["dilation"]))
     return opdef.output.shape[0] * rows * cols >= WINOGRAD_DEFAULT_MIN_TILES
 
 

@@ -23,7 +23,7 @@ from .schedule_common import fuse_all, lanes, want_parallel
 from .schedule_conv import feasible_tiles, pack_weight_panels, pick_tile, register_tile, schedule_block_copy
 from .schedule_conv_nchwc import DENSE_CHAIN_LATENCY, MAX_TILE_BLOCKS, MAX_TILE_CHOICES, schedule_blocked_pad
 from .schedule_elementwise import schedule_injective_stage
-from .winograd import DEFAULT_TILE, winograd_tile
+from .winograd import DEFAULT_TILE, tile_grid, winograd_tile
 
 WINOGRAD_TAGS = ("winograd_input", "winograd_gemm", "winograd_output")
 
@@ -154,14 +154,18 @@ def _schedule_output_transform(st, rows, m: int, target):
     _rows_at_tile(rows, st, tile, target)
 
 
+MAX_TILED_OVER_OUTPUT = 1.5   # outputs the tiles cover, over the output's: past it the tiles compute mostly waste
+
+
 def winograd_rewrite_applies(opdef, target) -> bool:
     """Whether conv2d_nchw's recipe offers the Winograd rewrite: a float32 convolution that
-    winograd_tile takes (dense, 3x3, stride 1, no dilation, channels and work enough) whose
-    channels are whole vectors, with OIHW weights (not pre-packed panels). Its weights are an
-    input, so the kernel transforms them on every call: that pays where the tiles are many
-    (ResNet-50's res2-res4 3x3 layers, 784 to 49 tiles of 2x2, ran 1.5-1.9x oneDNN on znver4)
-    and not where they are few (res5's 16 tiles: 0.75x; its direct form 1.17x); the tuner
-    measures which."""
+    winograd_tile takes (dense, 3x3, stride 1, channels and work enough; any dilation, as the
+    rewrite's phases) whose channels are whole vectors, with OIHW weights (not pre-packed
+    panels), and whose tiles cover at most MAX_TILED_OVER_OUTPUT times its output (a dilation
+    of 12 on a 33x33 map: 3 rows per phase, in 2 tiles of 2). Its weights are an input, so the
+    kernel transforms them on every call: that pays where the tiles are many (ResNet-50's
+    res2-res4 3x3 layers, 784 to 49 tiles of 2x2, ran 1.5-1.9x oneDNN on znver4) and not where
+    they are few (res5's 16 tiles: 0.75x; its direct form 1.17x); the tuner measures which."""
     data, weight = opdef.inputs[0], opdef.inputs[1]
     if opdef.name != "conv2d_nchw" or weight.ndim != 4 or opdef.output.dtype != "float32" or data.dtype != "float32":
         return False
@@ -170,8 +174,11 @@ def winograd_rewrite_applies(opdef, target) -> bool:
     C, F = data.shape[1], weight.shape[0]
     if C % vl or F % vl:
         return False
-    return winograd_tile(C, F, (p["KH"], p["KW"]), p["stride"], p["dilation"], p.get("groups", 1),
-                         tuple(opdef.output.shape[2:]), data.shape[0]) > 0
+    out_hw = tuple(opdef.output.shape[2:])
+    rows, cols = tile_grid(out_hw, DEFAULT_TILE, tuple(p["dilation"]))
+    if rows * cols * DEFAULT_TILE ** 2 > MAX_TILED_OVER_OUTPUT * out_hw[0] * out_hw[1]:
+        return False
+    return winograd_tile(C, F, (p["KH"], p["KW"]), p["stride"], (1, 1), p.get("groups", 1), out_hw, data.shape[0]) > 0
 
 
 def schedule_conv_nchw_winograd(opdef, target, epilogue=None, weights_per_block: bool = False) -> Schedule:

@@ -103,9 +103,24 @@ def winograd_matrices(m: int) -> tuple:
     return tuple(np.array([[float(v) for v in row] for row in mat]) for mat in _matrices(m))
 
 
-def tile_grid(out_hw: tuple, m: int) -> tuple:
-    """(tile rows, tile columns) covering an output of `out_hw` in m x m tiles."""
-    return -(-out_hw[0] // m), -(-out_hw[1] // m)
+def tile_grid(out_hw: tuple, m: int, dilation: tuple = (1, 1)) -> tuple:
+    """(tile rows, tile columns) covering an output of `out_hw` in m x m tiles; with a dilation d,
+    per dimension d phases (the outputs ≡ p mod d, a dense convolution of the inputs ≡ p mod d)
+    of ceil(ceil(size / d) / m) tiles each, phase after phase."""
+    return tuple(d * _ceil_div(_ceil_div(size, d), m) for size, d in zip(out_hw, dilation))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def phase_extent(out_hw: tuple, m: int, dilation: tuple) -> tuple:
+    """The height and width of a dilated convolution's output in phase-major order (each phase's
+    rows, padded to whole tiles, one after the other: tile_grid's tiles times m); the output
+    itself where there is no dilation."""
+    if tuple(dilation) == (1, 1):
+        return tuple(out_hw)
+    return tuple(t * m for t in tile_grid(out_hw, m, dilation))
 
 
 # F(2x2, 3x3): 2.25x fewer multiplications at the direct form's accuracy (its Bᵀ and Aᵀ are 0
@@ -178,23 +193,34 @@ def _row_sum(coeffs, term) -> E.Expr:
     return total
 
 
-def winograd_input(data, pads: tuple, m: int):
+def winograd_input(data, pads: tuple, m: int, dilation: tuple = (1, 1)):
     """V [a, a, C/B, N·TH·TW, B] = Bᵀ d B of each input tile of blocked data [N, C/B, H, W, B]
     zero-padded by `pads` (top, left, bottom, right) and at the bottom and right to whole tiles:
-    rows first (the stage winograd_input_rows, per tile), then columns."""
+    rows first (the stage winograd_input_rows, per tile), then columns. With a `dilation` (dh,
+    dw) the tiles are tile_grid's phases: tile row t of phase t // (TH / dh) reads every dh-th
+    input row from that phase's first, so each phase is a dense 3x3 convolution."""
     N, CB, H, W, B = data.shape
     pt, pl, pb, pr = pads
-    OH, OW = H + pt + pb - KERNEL + 1, W + pl + pr - KERNEL + 1
-    TH, TW = tile_grid((OH, OW), m)
+    dh, dw = dilation
+    OH, OW = H + pt + pb - dh * (KERNEL - 1), W + pl + pr - dw * (KERNEL - 1)
+    TH, TW = tile_grid((OH, OW), m, dilation)
+    per_phase_h, per_phase_w = TH // dh, TW // dw
     a = m + KERNEL - 1
-    padded = pad_tensor(data, (0, 0, pt, pl, 0), (0, 0, TH * m + KERNEL - 1 - H - pt, TW * m + KERNEL - 1 - W - pl, 0),
+    # the last row (column) a tile reads, in padded coordinates, is the padded input's last
+    high = dh - 1 + dh * ((per_phase_h - 1) * m + a - 1)
+    wide = dw - 1 + dw * ((per_phase_w - 1) * m + a - 1)
+    padded = pad_tensor(data, (0, 0, pt, pl, 0), (0, 0, max(0, high + 1 - H - pt), max(0, wide + 1 - W - pl), 0),
                         name="pad")
     BT, _, _ = _matrices(m)
     P = N * TH * TW
 
+    def origin(t, per_phase, d):
+        """A tile's first input row (column) in padded coordinates, from its tile row (column)."""
+        return t * m if d == 1 else t // per_phase + d * (t % per_phase) * m
+
     def at(p, i, j, cb, b):
         n, th, tw = p // (TH * TW), p // TW % TH, p % TW
-        return padded[n, cb, th * m + i, tw * m + j, b]
+        return padded[n, cb, origin(th, per_phase_h, dh) + dh * i, origin(tw, per_phase_w, dw) + dw * j, b]
 
     rows = compute((a, a, CB, P, B), lambda i, j, cb, p, b: winograd_rows(BT, i, lambda k: at(p, k, j, cb, b)),
                    name="winograd_input_rows", tag="winograd_input_rows")
@@ -218,7 +244,8 @@ def winograd_gemm(V, U):
 
 def winograd_output(M, out_shape: tuple, m: int):
     """The convolution's output [N, F/B, OH, OW, B] from M [a, a, F/B, P, B]: Aᵀ M A per tile,
-    rows first (winograd_output_rows, per tile), each output element one row of Aᵀ over them."""
+    rows first (winograd_output_rows, per tile), each output element one row of Aᵀ over them.
+    A dilated convolution's output comes in phase-major order (phase_extent's OH and OW)."""
     a, _, FO, P, FB = M.shape
     N, _, OH, OW, _ = out_shape
     TH, TW = tile_grid((OH, OW), m)
@@ -251,28 +278,38 @@ def winograd_weight(weight, m: int, block: int):
                    name="winograd_weight", tag="winograd_weight")
 
 
-def winograd_conv2d_nchw(data, weight, pads: tuple, m: int, block: int, name: str = "conv2d_winograd"):
+def winograd_conv2d_nchw(data, weight, pads: tuple, m: int, block: int, name: str = "conv2d_winograd",
+                         dilation: tuple = (1, 1)):
     """The 3x3 stride-1 NCHW convolution of data [N, C, H, W] and weights [F, C, 3, 3] by
     F(m x m, 3 x 3), channels in blocks of `block` (which divides C and F): the data copied into
     blocks, both transforms, the matrix products and the output transform in the blocked
-    layout, then the output copied back to NCHW (stage winograd_nchw)."""
+    layout, then the output copied back to NCHW (stage winograd_nchw). A `dilation` (dh, dw) is
+    dh x dw dense convolutions of the input's phases (winograd_input), their outputs in
+    phase-major order until the copy back interleaves them."""
     N, C, H, W = data.shape
     F = weight.shape[0]
+    dh, dw = dilation
     if C % block or F % block:
         raise ExprError(f"winograd: {C} input and {F} output channels must be whole blocks of {block}")
     blocked = compute((N, C // block, H, W, block), lambda n, cb, h, w, b: data[n, cb * block + b, h, w],
                       name="data_blocked", tag="winograd_data_blocked")
-    V = winograd_input(blocked, pads, m)
+    V = winograd_input(blocked, pads, m, dilation)
     M = winograd_gemm(V, winograd_weight(weight, m, block))
     pt, pl, pb, pr = pads
-    OH, OW = H + pt + pb - KERNEL + 1, W + pl + pr - KERNEL + 1
-    out = winograd_output(M, (N, F // block, OH, OW, block), m)
-    return compute((N, F, OH, OW), lambda n, f, h, w: out[n, f // block, h, w, f % block], name=name, tag="winograd_nchw")
+    OH, OW = H + pt + pb - dh * (KERNEL - 1), W + pl + pr - dw * (KERNEL - 1)
+    PH, PW = phase_extent((OH, OW), m, dilation)
+    out = winograd_output(M, (N, F // block, PH, PW, block), m)
+
+    def interleaved(size, d, phased):
+        """Where output row (column) `size` of the NCHW output sits in the phase-major order."""
+        return size if d == 1 else size % d * (phased // d) + size // d
+    return compute((N, F, OH, OW), lambda n, f, h, w: out[n, f // block, interleaved(h, dh, PH), interleaved(w, dw, PW), f % block],
+                   name=name, tag="winograd_nchw")
 
 
 def rewrite_conv2d_nchw(op, tile: int = DEFAULT_TILE, block: int = 0):
     """The `winograd` rewrite (compiler/rewrite.py) of a conv2d_nchw stage: dense, 3x3, stride 1,
-    no dilation, float32, channels in whole blocks of `block` (the target's vector lanes, which
+    any dilation, float32, channels in whole blocks of `block` (the target's vector lanes, which
     the schedule gives). The stage must be exactly functions.conv2d_nchw of its two inputs (its
     canonical text is rebuilt and compared), so no other reduction is taken for a convolution."""
     def refuse(why):
@@ -286,17 +323,18 @@ def rewrite_conv2d_nchw(op, tile: int = DEFAULT_TILE, block: int = 0):
     source, weight = op.input_tensors()
     if weight.ndim != 4 or tuple(weight.shape[2:]) != (KERNEL, KERNEL) or op.dtype != "float32":
         raise refuse("is not a float32 3x3 convolution")
-    if op.attrs.get("groups") != 1 or tuple(op.attrs.get("stride", ())) != (1, 1) or tuple(op.attrs.get("dilation", ())) != (1, 1):
-        raise refuse("is grouped, strided or dilated")
+    dilation = tuple(op.attrs.get("dilation", ()))
+    if op.attrs.get("groups") != 1 or tuple(op.attrs.get("stride", ())) != (1, 1) or len(dilation) != 2:
+        raise refuse("is grouped or strided")
     pads = tuple(op.attrs.get("padding", (0, 0, 0, 0)))
     data = source.op.input_tensors()[0] if any(pads) and source.op.input_tensors() else source
     if data.ndim != 4 or data.dtype != "float32":
         raise refuse("does not read NCHW float32 data")
-    direct = conv2d_nchw(data, weight, 1, pads, 1, 1)
+    direct = conv2d_nchw(data, weight, 1, pads, dilation, 1)
     if canonical_text([direct]) != canonical_text([op.output]):
         raise refuse("computes something other than the convolution of its inputs")
     try:
-        return winograd_conv2d_nchw(data, weight, pads, tile, block, name=op.name)
+        return winograd_conv2d_nchw(data, weight, pads, tile, block, name=op.name, dilation=dilation)
     except ExprError as e:
         raise refuse(str(e)) from None
 
@@ -304,4 +342,4 @@ def rewrite_conv2d_nchw(op, tile: int = DEFAULT_TILE, block: int = 0):
 register_rewrite("winograd", rewrite_conv2d_nchw)
 
 __all__ = ["winograd_tile", "DEFAULT_TILE", "winograd_matrices", "transform_weight", "winograd_input", "winograd_gemm", "winograd_output",
-           "winograd_rows", "tile_grid", "winograd_weight", "winograd_conv2d_nchw", "rewrite_conv2d_nchw"]
+           "winograd_rows", "tile_grid", "phase_extent", "winograd_weight", "winograd_conv2d_nchw", "rewrite_conv2d_nchw"]
