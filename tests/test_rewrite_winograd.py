@@ -1,7 +1,8 @@
 """The `winograd` algorithm rewrite (compiler/rewrite.py, Schedule.rewrite): an NCHW 3x3
 convolution computed by F(m x m, 3 x 3) inside one kernel, its weights transformed on every
-call, offered to the tuner as conv2d_nchw's `algorithm` knob; checked against float64 numpy on
-sizes no tile or block divides, through replayed steps, and refused where it does not apply."""
+call, offered to the tuner as conv2d_nchw's `algorithm` knob and taken by its default where the
+output has tiles enough; checked against float64 numpy on sizes no tile or block divides, dilated
+or not, through replayed steps, and refused where it does not apply."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def winograd_by_default(opdef, target) -> bool:
 
 
 def schedule_conv_nchw_default(opdef, target=None, epilogue=None, fuse_epilogue: bool = True) -> Schedule:
-    """conv2d_nchw's (and depthwise_conv2d_nchw's) schedule without tuning: the Winograd rewrite
+    """conv2d_nchw's schedule without tuning: the Winograd rewrite
     with its weights transformed whole where winograd_by_default says it pays, else the direct
     form of schedule_conv_nchw. An epilogue that is not to be fused (the fallback when a fused one
     makes too much code) takes the direct form, which can store the convolution first."""
