@@ -56,8 +56,7 @@ from .schedule_conv import (
     unroll_inner_reduction,
     unrolled_fits,
 )
-from .schedule_winograd import schedule_conv_nchw_winograd, winograd_rewrite_applies
-from .winograd import DEFAULT_TILE, tile_grid
+from .schedule_winograd import output_tiles, schedule_conv_nchw_winograd, winograd_rewrite_applies
 
 # conv2d_nchw's algorithms (the recipe's first knob where the Winograd rewrite applies): the
 # direct form; Winograd with the weights transformed whole, then the matrix products; Winograd
@@ -136,7 +135,7 @@ def winograd_by_default(opdef, target) -> bool:
     (winograd_rewrite_applies) and the output holds WINOGRAD_DEFAULT_MIN_TILES tiles or more."""
     if not winograd_rewrite_applies(opdef, target):
         return False
-    rows, cols = tile_grid(tuple(opdef.output.shape[2:]), DEFAULT_TILE, tuple(opdef.params["dilation"]))
+    rows, cols = output_tiles(opdef)
     return opdef.output.shape[0] * rows * cols >= WINOGRAD_DEFAULT_MIN_TILES
 
 

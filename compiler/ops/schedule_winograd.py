@@ -175,10 +175,16 @@ def winograd_rewrite_applies(opdef, target) -> bool:
     if C % vl or F % vl:
         return False
     out_hw = tuple(opdef.output.shape[2:])
-    rows, cols = tile_grid(out_hw, DEFAULT_TILE, tuple(p["dilation"]))
+    rows, cols = output_tiles(opdef)
     if rows * cols * DEFAULT_TILE ** 2 > MAX_TILED_OVER_OUTPUT * out_hw[0] * out_hw[1]:
         return False
     return winograd_tile(C, F, (p["KH"], p["KW"]), p["stride"], (1, 1), p.get("groups", 1), out_hw, data.shape[0]) > 0
+
+
+def output_tiles(opdef) -> tuple:
+    """(tile rows, tile columns) of one image of conv2d_nchw's output in the rewrite's
+    DEFAULT_TILE tiles, its dilation's phases counted (tile_grid)."""
+    return tile_grid(tuple(opdef.output.shape[2:]), DEFAULT_TILE, tuple(opdef.params["dilation"]))
 
 
 def schedule_conv_nchw_winograd(opdef, target, epilogue=None, weights_per_block: bool = False) -> Schedule:
@@ -239,4 +245,4 @@ def schedule_winograd_stages(s, conv, target, gemm_tile: tuple | None = None, we
 
 __all__ = ["WINOGRAD_TAGS", "schedule_winograd", "schedule_winograd_input", "schedule_winograd_gemm",
            "schedule_winograd_output", "schedule_winograd_stages", "schedule_conv_nchw_winograd", "winograd_rewrite_applies",
-           "winograd_gemm_tile", "winograd_gemm_choices", "is_winograd_gemm"]
+           "output_tiles", "winograd_gemm_tile", "winograd_gemm_choices", "is_winograd_gemm"]
