@@ -13,6 +13,7 @@ library with a C API. Only onnx_import.py imports `onnx`, on first use.
 
 from __future__ import annotations
 
+from .dynamic import ShapeSpecializedModel, compile_onnx
 from .errors import DynamicShapeError, GraphError, InputError, NotOnnxError, ShapeError, UnsupportedModelError
 from .export_model import ExportedModel, export_model
 from .fuse import FusedGroup, fuse
@@ -21,6 +22,7 @@ from .onnx_import import from_onnx
 from .runtime import GraphModule, ModelTask, build_model, extract_tasks
 from .workloads import GroupKernel, lower_group
 
-__all__ = ["from_onnx", "build_model", "extract_tasks", "export_model", "ExportedModel", "fuse", "lower_group", "Graph", "Node", "Value",
-           "GraphModule", "ModelTask", "FusedGroup", "GroupKernel", "GraphError", "NotOnnxError",
-           "UnsupportedModelError", "DynamicShapeError", "ShapeError", "InputError"]
+__all__ = ["from_onnx", "build_model", "compile_onnx", "ShapeSpecializedModel", "extract_tasks", "export_model",
+           "ExportedModel", "fuse", "lower_group", "Graph", "Node", "Value", "GraphModule", "ModelTask", "FusedGroup",
+           "GroupKernel", "GraphError", "NotOnnxError", "UnsupportedModelError", "DynamicShapeError", "ShapeError",
+           "InputError"]

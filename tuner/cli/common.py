@@ -200,12 +200,44 @@ def input_shapes(items) -> dict:
     return shapes
 
 
-def load_graph(path, shape_items):
+def dim_sizes(items) -> dict:
+    """`--dim NAME=SIZE` options → {symbol: size}."""
+    sizes = {}
+    for text in items:
+        name, sep, size = text.rpartition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise UsageError(f"--dim {text!r}: expected SYMBOL=SIZE (e.g. batch=8)")
+        sizes[name] = int(size)
+    return sizes
+
+
+def load_graph(path, shape_items, dim_items=(), symbolic_default: int | None = None):
     """The `tunefarm model` commands' model: the ONNX file at `path` imported with its
-    `--input-shape` options; a file that is not a model, or shapes that do not fit, are usage errors."""
+    `--input-shape` options, and its symbolic dimensions set by name (`--dim batch=8`); those left
+    open take `symbolic_default` (with a note on stderr) where the command runs the model on random
+    inputs, and are an error where the shapes become records or a library (`symbolic_default`
+    None). A file that is not a model, or shapes that do not fit, are usage errors."""
     from compiler.graph import GraphError, from_onnx
+    from compiler.graph.dynamic import input_signature
+    from compiler.graph.onnx_import import load_model
     try:
-        return from_onnx(path, input_shapes=input_shapes(shape_items))
+        model = load_model(path)
+        shapes = input_shapes(shape_items)
+        sizes = dim_sizes(dim_items)
+        open_dims = []
+        for name, (_, dims) in input_signature(model, shapes).items():
+            if all(isinstance(s, int) for s in dims):
+                continue
+            if any(not isinstance(s, int) and s not in sizes for s in dims):
+                if symbolic_default is None:
+                    continue   # from_onnx names the dimension and how to pin it
+                open_dims += [f"{name}[{d}] ({s or '?'})" for d, s in enumerate(dims)
+                              if not isinstance(s, int) and s not in sizes]
+            shapes[name] = tuple(s if isinstance(s, int) else sizes.get(s, symbolic_default) for s in dims)
+        if open_dims:
+            print(f"note: symbolic dimensions {', '.join(open_dims)} taken as {symbolic_default} "
+                  "(set them with --dim NAME=SIZE or --input-shape)", file=sys.stderr)
+        return from_onnx(model, input_shapes=shapes)
     except GraphError as e:
         raise UsageError(str(e)) from None
 

@@ -14,7 +14,6 @@ each fused kernel of a run, beside onnxruntime's profile of the same nodes with 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 
 import numpy as np
@@ -30,7 +29,7 @@ def _shapes(opdef) -> str:
 def cmd_tasks(args) -> int:
     from compiler.graph import GraphError, extract_tasks
     target = resolve_target(args.target)
-    graph = load_graph(args.model, args.input_shape)
+    graph = load_graph(args.model, args.input_shape, args.dim)
     try:
         tasks = extract_tasks(graph, target)
     except GraphError as e:
@@ -49,10 +48,11 @@ def cmd_tasks(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from compiler.graph.run_timing import round_ratio, time_interleaved
     from compiler.runtime import set_num_threads
 
     target = resolve_target(args.target)
-    graph = load_graph(args.model, args.input_shape)
+    graph = load_graph(args.model, args.input_shape, args.dim, symbolic_default=1)
     if args.threads:
         set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -65,25 +65,20 @@ def cmd_run(args) -> int:
     inputs = random_inputs(graph, np.random.default_rng(args.seed))
     outputs = module.run(**inputs)
     session = _onnxruntime_session(args.model, args.threads)
-    ours, theirs = [], []
-    ref = None
+    ref = session.run(None, inputs) if session is not None else None
+    runs = {"tunefarm": lambda: module.run(**inputs)}
     if session is not None:
-        ref = session.run(None, inputs)
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        module.run(**inputs)
-        ours.append(time.perf_counter() - t)
-        if session is not None:
-            t = time.perf_counter()
-            session.run(None, inputs)
-            theirs.append(time.perf_counter() - t)
+        runs["onnxruntime"] = lambda: session.run(None, inputs)
+    # the protocol model profile and the benchmarks time with (compiler.graph.run_timing)
+    times = time_interleaved(runs, rounds=args.repeat)
     ok = True
-    print(f"tunefarm:    {statistics.median(ours) * 1e3:9.3f} ms (median of {args.repeat})")
+    disturbed = " (disturbed: other processes took time from a round)" if times["tunefarm"].disturbed else ""
+    print(f"tunefarm:    {times['tunefarm'].ms:9.3f} ms (median of {args.repeat} rounds){disturbed}")
     if session is None:
         print("onnxruntime: not installed (pip install 'tunefarm[bench]' to compare)")
     else:
-        ratio = statistics.median(theirs) / statistics.median(ours)
-        print(f"onnxruntime: {statistics.median(theirs) * 1e3:9.3f} ms   ratio (onnxruntime / tunefarm) {ratio:.2f}x")
+        ratio = round_ratio(times, "onnxruntime", "tunefarm")
+        print(f"onnxruntime: {times['onnxruntime'].ms:9.3f} ms   ratio (onnxruntime / tunefarm) {ratio:.2f}x")
         for name, a, b in zip(graph.outputs, outputs, ref):
             scale = float(np.max(np.abs(b))) if b.size else 0.0
             err = float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
@@ -114,6 +109,9 @@ def register(sub):
         q.add_argument("model", metavar="MODEL.onnx")
         q.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                        help="pin an input whose shape the model leaves dynamic")
+        q.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                       help="set a symbolic dimension by its name in the model, in every input that has it "
+                            "(e.g. --dim batch=8); run and profile take 1 for any left open")
 
     q = msub.add_parser("tasks", help="the model's unique fused workloads with their weights")
     common(q)
@@ -134,7 +132,8 @@ def register(sub):
     q.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
                                               "sqlite:///~/.tunefarm/records.db)")
     q.add_argument("--no-records", action="store_true", help="default schedules only")
-    q.add_argument("--repeat", type=int, default=10, help="timed runs of each (interleaved)")
+    q.add_argument("--repeat", type=int, default=5, help="timing rounds of each, alternating (each round "
+                                                         "the median of several runs)")
     q.add_argument("--threads", type=int, default=0, help="threads for both (default: all cores)")
     q.add_argument("--rtol", type=float, default=1e-4, help="largest output difference, relative to the "
                                                             "largest output magnitude")

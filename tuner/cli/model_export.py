@@ -21,7 +21,7 @@ def cmd_export(args) -> int:
     from compiler.graph.export_model import c_identifier
 
     target = resolve_target(args.target)
-    graph = load_graph(args.model, args.input_shape)
+    graph = load_graph(args.model, args.input_shape, args.dim)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ def cmd_profile(args) -> int:
         except ort_profile.OnnxRuntimeError as e:
             raise UsageError(f"--compare: {e}") from None
     target = resolve_target(None)
-    graph = load_graph(args.model, args.input_shape)
+    graph = load_graph(args.model, args.input_shape, args.dim, symbolic_default=1)
     if args.threads:
         set_num_threads(args.threads)
     module = build_graph_module(graph, target, args.db, args.no_records)

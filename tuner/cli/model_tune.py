@@ -43,7 +43,7 @@ def cmd_tune(args) -> int:
         raise UsageError(f"--trials must be >= 0, got {args.trials}")
     target = resolve_target(args.target)
     check_runs_here(args, target)
-    graph = load_graph(args.model, args.input_shape)
+    graph = load_graph(args.model, args.input_shape, args.dim)
     try:
         tasks = model_tasks(graph, target, args.key)
     except (GraphError, ModelTuningError) as e:
@@ -82,7 +82,7 @@ def _summary(args, out) -> int:
     print(f"estimated end-to-end latency (sum of weight x best kernel latency): {_ms(est)} "
           f"(default schedules {_ms(base)}{ratio}); {out.scheduled.trials} trials in {out.scheduled.seconds:.1f} s")
     db = f" --db {args.db}" if args.db else ""
-    shapes = "".join(f" --input-shape {s}" for s in args.input_shape)
+    shapes = "".join(f" --input-shape {s}" for s in args.input_shape) + "".join(f" --dim {d}" for d in args.dim)
     print(f"run it with these records: tunefarm model run {args.model}{shapes}{db}")
     return status
 
