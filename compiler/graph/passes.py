@@ -123,6 +123,7 @@ def prepack_matmul_weights(graph: Graph, target) -> Graph:
     import math
 
     from ..ops.schedule_gemm import gemm_tile, gemv_panel_columns
+    from .workloads import shared_b_rows
     out = Graph(dict(graph.values), [replace(n) for n in graph.nodes], list(graph.inputs), list(graph.outputs),
                 graph.opset, graph.name)
     for n in out.nodes:
@@ -136,7 +137,9 @@ def prepack_matmul_weights(graph: Graph, target) -> Graph:
         K, N = b.shape
         lanes = target.vector_lanes(b.dtype)
         rows = math.prod(a.shape[:-1])
-        mr, nb = gemm_tile(a.shape[-2], N, lanes, target.capabilities.vector_registers)
+        # a batch of A sharing B is one product of all its rows (workloads.row_view)
+        M = a.shape[-2] if shared_b_rows(a.shape, b.shape) is None else rows
+        mr, nb = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
         if rows == 1:
             nb = gemv_panel_columns(K, N, lanes, target.num_cores)
             if nb is None:

@@ -71,11 +71,10 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
                 return _conv_with_epilogue(schedule_conv_nchw_default, view, opdef, target)
             if view.name == "conv2d_nchwc":
                 return _conv_with_epilogue(schedule_conv_nchwc, view, opdef, target)
-            row_lanes = _one_row(view, target)
-            if row_lanes:
-                return schedule_gemv(view, target, lanes=row_lanes)
-            prepacked = "weight_block" in view.params   # B came in the panels packing makes
-            return schedule_gemm(view, target, pack=not prepacked and _packing_pays(view, target))
+            kind, arg = product_schedule(view, target)
+            if kind == "gemv":
+                return schedule_gemv(view, target, lanes=arg)
+            return schedule_gemm(view, target, pack=arg)
     if not reductions:
         s = create_schedule(out)
         for st in s.stages:
@@ -93,6 +92,37 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
     if len(reductions) == 1 and _is_epilogue_of(out.op, reductions[0], computes):
         return _reduction_with_epilogue(out, reductions[0], target)
     return _stages_at_root(out, computes, target)
+
+
+def product_schedule(view, target) -> tuple:
+    """How the default schedules a matrix product's anchor view: ("gemv", lanes) for one output
+    row streamed (schedule_gemv), else ("gemm", pack): schedule_gemm, copying B into panels on
+    every call or not (B came prepacked, or one row tile uses each panel)."""
+    row_lanes = _one_row(view, target)
+    if row_lanes:
+        return "gemv", row_lanes
+    prepacked = "weight_block" in view.params   # B came in the panels packing makes
+    return "gemm", not prepacked and _packing_pays(view, target)
+
+
+def product_schedule_kind(opdef, target=None) -> str | None:
+    """The default schedule's kind for a DAG with a matrix product, None for one without:
+    "gemv", "gemm" (B packed every call), "gemm-prepacked" (B came in the panels),
+    "gemm-inplace" (B read where it is), each "batched-" when the product has a batch of
+    matrices; "generic" when the product is not an anchor the GEMM schedules take (the
+    structural fallback: no register tile of the GEMM's). What tests and benchmarks assert on."""
+    target = resolve_target(target)
+    computes = [op for op in topo_order([opdef.output]) if isinstance(op, ComputeOp)]
+    if not any(op.reduce_axis and op.tag in GEMM_TAGS for op in computes):
+        return None
+    view = anchor_view(opdef)
+    if view is None or view.name not in ("matmul", "dense") or schedule_tagged(opdef, target) is not None:
+        return "generic"
+    kind, arg = product_schedule(view, target)
+    if kind == "gemm":
+        kind = "gemm-prepacked" if "weight_block" in view.params else "gemm" if arg else "gemm-inplace"
+    *batch, _, _ = view.output.shape
+    return ("batched-" if math.prod(batch) > 1 else "") + kind
 
 
 def _reduction_with_epilogue(out, red, target) -> Schedule:
@@ -387,4 +417,4 @@ def _no_reference(*arrays):  # pragma: no cover - a schedule's view of an anchor
     raise NotImplementedError("an anchor view has no reference")
 
 
-__all__ = ["schedule_by_structure", "anchor_view", "anchor_recipe_choices", "schedule_anchor_recipe", "RECIPES"]
+__all__ = ["schedule_by_structure", "anchor_view", "product_schedule", "product_schedule_kind", "anchor_recipe_choices", "schedule_anchor_recipe", "RECIPES"]

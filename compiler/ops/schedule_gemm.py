@@ -23,7 +23,7 @@ LOADS_PER_CYCLE = 2  # vector loads a core issues per cycle (broadcasts of A, ve
 ROW_VECTORS = (4, 2, 1)  # vectors per tile row: a power of two (see schedule_common.accumulator_factor)
 
 
-def gemm_tile(M: int, N: int, lanes: int, registers: int) -> tuple:
+def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = None) -> tuple:
     """(mr, nr) of the register tile for a target with `registers` vector registers of `lanes`.
 
     A k step holds mr·nv accumulators, nv vectors of B and one broadcast of A in registers, and
@@ -33,7 +33,11 @@ def gemm_tile(M: int, N: int, lanes: int, registers: int) -> tuple:
     not fit), 6 × 4 with 32. Useful: the last column tile's lanes past N are computed and thrown
     away, so where N is not a multiple of the wide tile a narrower one that divides it is faster
     (ConvNeXt's 384 -> 96 projection: 6 x 64 wasted a quarter of its FMAs, 8 x 32 ran 1.38x faster).
+    `columns`: B already comes in panels that wide (a model's prepacked weight), so nr is that.
     """
+    if columns is not None:
+        nv = max(columns // lanes, 1)
+        return max(1, min(MAX_MR, M, (registers - nv - 1) // nv)), columns
     tiles = []
     for nv in ROW_VECTORS:
         mr = min(MAX_MR, M, (registers - nv - 1) // nv)
@@ -55,7 +59,7 @@ def schedule_gemm(opdef, target=None, pack: bool = True) -> Schedule:
     target = resolve_target(target)
     s, out_stage, acc_stage, lanes = _product_stages(opdef, target)
     *batch, M, N = opdef.output.shape
-    mr, nr = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
+    mr, nr = gemm_tile(M, N, lanes, target.capabilities.vector_registers, opdef.params.get("weight_block"))
     *b_axes, i, j = out_stage.op.axis
     io, ii = out_stage.split(i, factor=mr)
     jo, ji = out_stage.split(j, factor=nr)
