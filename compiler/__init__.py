@@ -28,6 +28,7 @@ from .expr import (
     abs,  # noqa: A004
     cast,
     ceil,
+    checked_index,
     const,
     equal,
     erf,
@@ -77,7 +78,7 @@ __all__ = [
     "expr", "canonical_text", "workload_key",
     "ArgumentError", "CompilerError", "DTypeError", "ExportError", "ExprError", "KernelLoadError",
     "KernelRuntimeError", "LoweringError", "ScheduleError", "TargetError",
-    "abs", "cast", "ceil", "const", "equal", "erf", "exp", "floor", "floordiv", "floormod", "gelu",
+    "abs", "cast", "ceil", "checked_index", "const", "equal", "erf", "exp", "floor", "floordiv", "floormod", "gelu",
     "if_then_else", "log", "maximum", "minimum", "not_equal", "power", "select", "sigmoid", "sqrt", "tanh",
     "lower", "Schedule", "Stage", "create_schedule", "apply_steps", "steps_from_json", "steps_to_json",
     "Target", "Tensor", "compute", "placeholder", "reduce_axis", "max", "min", "sum",

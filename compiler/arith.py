@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild
+from .expr import INDEX_DTYPE, Binary, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild
 
 
 class Lin:
@@ -68,6 +68,8 @@ def struct_key(e: Expr):
         return ("c", e.value, e.dtype)
     head = (type(e).__name__, getattr(e, "op", None), getattr(e, "func", None), e.dtype,
             id(getattr(e, "buffer", None)) if hasattr(e, "buffer") else None)
+    if type(e) is CheckedIndex:   # two checks of one value against other ranges are other atoms
+        head += (e.lo, e.hi, e.site)
     return head + tuple(struct_key(c) for c in children(e))
 
 
@@ -97,6 +99,8 @@ def lin_range(lin: Lin, ranges: dict):
 def _atom_range(atom: Expr, ranges: dict):
     if isinstance(atom, Var):
         return ranges.get(atom)
+    if isinstance(atom, CheckedIndex):   # the kernel stops where it is not in [lo, hi)
+        return (atom.lo, atom.hi - 1)
     if isinstance(atom, Binary):
         if atom.op in ("floordiv", "floormod") and isinstance(atom.b, Const) and atom.b.value > 0:
             c = atom.b.value
@@ -325,9 +329,18 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
     return Compare(e.op, a, b)
 
 
+def _simplify_checked(e: CheckedIndex, ranges) -> Expr:
+    """The check dropped where the ranges prove the value inside [lo, hi) (a constant index)."""
+    v = simplify(e.value, ranges)
+    r = expr_range(v, ranges)
+    if r is not None and e.lo <= r[0] and r[1] < e.hi:
+        return v
+    return e if v is e.value else CheckedIndex(v, e.lo, e.hi, e.site)
+
+
 _SIMPLIFY: dict[type, Callable[[Any, dict], Expr]] = {Var: _leaf, Const: _leaf, Binary: _simplify_binary, Cast: _simplify_cast,
              Compare: _simplify_compare, Logical: _simplify_logical,
-             Not: _simplify_not, Select: _simplify_select}
+             Not: _simplify_not, Select: _simplify_select, CheckedIndex: _simplify_checked}
 
 
 def _cast_value(v, dtype):
@@ -419,6 +432,8 @@ def _atom_bound(atom: Expr, relax: dict, ranges: dict) -> tuple[Lin, Lin] | None
     if isinstance(atom, Var):
         lo, hi = relax[atom]
         return Lin({}, lo), Lin({}, hi)
+    if isinstance(atom, CheckedIndex):
+        return Lin({}, atom.lo), Lin({}, atom.hi - 1)
     if isinstance(atom, Binary) and isinstance(atom.b, Const) and atom.op in ("floordiv", "floormod"):
         c = atom.b.value
         inner = bound(atom.a, relax, ranges)

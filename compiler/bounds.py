@@ -8,24 +8,27 @@ bounds an index `I` by `I >= min(I - G)` and `I <= max(I + G)`, which is how
 
 - provably inside: nothing to do;
 - provably able to leave the tensor: LoweringError naming the stage, the tensor and the index;
-- unknown (an index computed from tensor data, a gather): clamped into the tensor, like numpy's
-  `take(..., mode="clip")`, so the kernel can never read outside a buffer.
+- unknown (an index computed from tensor data, a gather): checked at run time
+  (`expr.checked_index` against [0, dim)): a kernel that meets an index outside its tensor
+  stops and the call raises KernelRuntimeError naming the stage, the read and the value. It
+  used to be clamped (numpy's `take(mode="clip")`), which never read outside a buffer but gave
+  an embedding lookup of id 10^9 the last row, silently.
 """
 
 from __future__ import annotations
 
 from . import arith
 from .errors import LoweringError
-from .expr import INDEX_DTYPE, Binary, Compare, Const, Logical, Not, Select, children, rebuild
-from .loop_ir import format_expr
+from .expr import INDEX_DTYPE, Binary, Compare, Const, Logical, Not, Select, by_kind, checked_index, children, fold, rebuild
+from .loop_ir import FORMAT_TABLE, format_expr
 from .tensor import Reduce, TensorRead
 
 _NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
 
 def checked_body(stage_name: str, body, ranges: dict):
-    """`body` with data-dependent indices clamped; LoweringError for a read that can leave its
-    tensor. `ranges`: Var -> (lo, hi) of the stage's axes and reduce axes."""
+    """`body` with data-dependent indices checked at run time; LoweringError for a read that can
+    leave its tensor. `ranges`: Var -> (lo, hi) of the stage's axes and reduce axes."""
     checker = _Checker(stage_name, ranges)
     if isinstance(body, Reduce):
         where = checker.visit(body.where, ()) if body.where is not None else None
@@ -65,7 +68,8 @@ class _Checker:
         for d, (idx, dim) in enumerate(zip(indices, read.tensor.shape)):
             r = self._index_range(idx, guards)
             if r is None:
-                indices[d] = _clamp(idx, dim)
+                where = ", ".join(fold(i, _SITE_TEXT) for i in read.indices)
+                indices[d] = checked_index(idx, 0, dim, f"{self.stage_name}: {read.tensor.name}[{where}] dimension {d}"[:200])
             elif r[0] < 0 or r[1] > dim - 1:
                 raise LoweringError(
                     f"{self.stage_name}: the read {read.tensor.name}[{', '.join(format_expr(i) for i in read.indices)}] "
@@ -154,9 +158,9 @@ def _narrowed(ranges: dict, guards: tuple):
     return out
 
 
-def _clamp(idx, dim: int):
-    zero, top = Const(0, INDEX_DTYPE), Const(dim - 1, INDEX_DTYPE)
-    return Binary("min", Binary("max", idx, zero, INDEX_DTYPE), top, INDEX_DTYPE)
+# a read's indices as the runtime's message shows them: tensor reads by name (idx[i])
+_SITE_TEXT = by_kind({**FORMAT_TABLE, TensorRead: lambda n, k: f"{n.tensor.name}[{', '.join(k)}]"},
+                     lambda n, k: f"<{type(n).__name__}>")
 
 
 def _conjuncts(cond, ranges: dict) -> tuple:

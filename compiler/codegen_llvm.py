@@ -24,9 +24,17 @@
   chunk still allocates and frees its own: kept per thread number, the same direct
   convolutions ran at either of two speeds from one process to the next (res4's 3x3/2: 101,
   144 or 207 GFLOPS; per call, 190-209). The module's `<kernel>_release` frees what the slots
-  hold (the runtime calls it when a Kernel is collected). The kernel returns KERNEL_OK, or
-  KERNEL_OUT_OF_MEMORY (after freeing what it holds) when a heap allocation failed in it or in
-  any of its threads.
+  hold (the runtime calls it when a Kernel is collected).
+- Status: the kernel returns KERNEL_OK or a bit set of failures, after freeing what it holds:
+  KERNEL_OUT_OF_MEMORY when a heap allocation failed in it or any of its threads,
+  KERNEL_INDEX_OUT_OF_RANGE when a data-dependent index (expr.CheckedIndex) left its range.
+  Every kernel takes one argument after its buffers, the caller's error record (int64[2], may be
+  NULL; compiler/index_checks.py), where the first check to fire leaves its number and value.
+- A check is one unsigned compare of `value - lo` against `hi - lo` and a branch, weighted
+  unlikely, to a cold block that records and exits; in a vector loop the lanes' compares
+  (masked by the loop's current mask) are or-reduced into one branch. In a parallel loop the
+  failing thread ends its share of the loop and ors the status into the kernel's status word;
+  the other threads stop at their next chunk.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from typing import Any
 from llvmlite import ir
 
 from . import arith
-from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
+from .expr import Binary, Call, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
+from .index_checks import IndexCheck, collect_checks
 from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt, Store, walk_stmts
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -57,6 +66,7 @@ KERNEL_OK = 0
 MIN_WORK_PER_THREAD = 1 << 14
 ACCUMULATE_WORK = 0.25   # an accumulator update's share of MIN_WORK_PER_THREAD against a stored element's
 KERNEL_OUT_OF_MEMORY = 1
+KERNEL_INDEX_OUT_OF_RANGE = 2
 
 _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
@@ -76,13 +86,24 @@ def _mangle(t) -> str:
 class ModuleBuilder:
     """One LLVM module holding a kernel and the functions outlined from its parallel loops."""
 
-    def __init__(self, func: LoweredFunc, target):
+    def __init__(self, func: LoweredFunc, target, index_checks: bool = True):
+        """`index_checks=False` clamps data-dependent indices into their range instead of
+        checking them: only for measuring what the checks cost (bench/index_checks.py)."""
         self.func = func
         self.target = target
         self.module = ir.Module(name=func.name)
         self.module.triple = target.triple
         self.n_outlined = 0
         self.scratch_slots: list = []   # the i64 global of every kept heap scratch buffer
+        self.index_checks = index_checks
+        self.checks: list = collect_checks(func) if index_checks else []   # IndexCheck by number
+
+    def check_number(self, e: CheckedIndex) -> int:
+        """The number the kernel reports for check `e` (its position in `checks`)."""
+        check = IndexCheck.of(e)
+        if check not in self.checks:
+            self.checks.append(check)
+        return self.checks.index(check)
 
     def declare(self, name: str, ret, args, varargs=False):
         fn = self.module.globals.get(name)
@@ -96,13 +117,16 @@ class ModuleBuilder:
 
     def build(self) -> ir.Module:
         f = self.func
-        fnty = ir.FunctionType(I32, [PTR] * len(f.args))
+        fnty = ir.FunctionType(I32, [PTR] * (len(f.args) + 1))   # the buffers, the error record
         fn = ir.Function(self.module, fnty, name=f.name)
         for a in fn.args:
             a.add_attribute("noalias")
         em = FunctionEmitter(self, fn)
         for buf, arg in zip(f.args, fn.args):
             em.buffers[buf] = arg
+        em.error_ptr = fn.args[-1]
+        if self.checks:
+            _clear_error_record(em.builder, em.error_ptr)
         em.emit_stmt(f.body)
         em.finish()
         self._emit_release(f.name + RELEASE_SUFFIX)
@@ -128,6 +152,12 @@ class ModuleBuilder:
         b.ret_void()
 
 
+def _clear_error_record(b, record):
+    """record[0] = 0 where the caller passed a record: no check has fired yet."""
+    with b.if_then(b.icmp_unsigned("!=", record, ir.Constant(PTR, None))):
+        b.store(ir.Constant(I64, 0), record)
+
+
 def _emit_thread_entry(entry: ir.Function, body: ir.Function, struct_t, first_buffer: int, n_buffers: int):
     """What GOMP_parallel runs on each thread: the captured buffer pointers loaded from the
     closure and passed to the chunk's body as `noalias` arguments. Loaded inside the body they
@@ -148,7 +178,7 @@ class FunctionEmitter:
     def __init__(self, mb: ModuleBuilder, fn: ir.Function, status_field=None):
         """`status_field`: (closure struct type, field index) of the pointer through which an
         outlined parallel chunk reports a failure to its kernel (None for the kernel itself,
-        which returns its status)."""
+        which returns its status); the caller's error record is the field after it."""
         self.mb = mb
         self.fn = fn
         # entry: allocas; heap: the scratch buffers' aligned_alloc calls; check: all of them
@@ -169,7 +199,9 @@ class FunctionEmitter:
         self.mask: ir.Value | None = None
         self.ranges: dict = {}
         self.in_parallel = False
-        self._fail_block: ir.Block | None = None
+        self._exit: ir.Block | None = None        # the failure exit: frees, returns its phi's status
+        self._exit_status: ir.Value | None = None
+        self.error_ptr: ir.Value | None = None
         ir.IRBuilder(self.entry).branch(self.heap_block)
         self.heap_builder = ir.IRBuilder(self.heap_block)   # at the end of the allocations' blocks
         self.status_ptr: ir.Value | None = None
@@ -178,31 +210,41 @@ class FunctionEmitter:
             b = self.heap_builder
             field = b.gep(fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, index)], source_etype=struct_t)
             self.status_ptr = b.load(field, typ=PTR)
+            record = b.gep(fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, index + 1)], source_etype=struct_t)
+            self.error_ptr = b.load(record, typ=PTR)
 
     def finish(self):
-        """Free the heap buffers and return; wire up the allocation check."""
+        """Free the heap buffers and return; wire up the allocation check and the failure exit
+        (filled last: it frees every heap buffer, including those met after a branch to it)."""
         self._free_heap_buffers(self.builder)
-        self._return(self.builder, KERNEL_OK)
+        self._return(self.builder, ir.Constant(I32, KERNEL_OK))
         self.heap_builder.branch(self.check_block)
         b = ir.IRBuilder(self.check_block)
         if not self.heap_buffers:
             b.branch(self.body_block)
-            return
-        failed = None
-        for ptr, _ in self.heap_buffers:
-            null = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
-            failed = null if failed is None else b.or_(failed, null)
-        b.cbranch(failed, self.fail_block(), self.body_block)
-
-    def fail_block(self):
-        """A block that gives back every heap buffer (a null one empties its slot, freeing what
-        another call left there) and reports KERNEL_OUT_OF_MEMORY."""
-        if self._fail_block is None:
-            self._fail_block = self.fn.append_basic_block("out_of_memory")
-            b = ir.IRBuilder(self._fail_block)
+        else:
+            failed = None
+            for ptr, _ in self.heap_buffers:
+                null = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
+                failed = null if failed is None else b.or_(failed, null)
+            oom = self.fn.append_basic_block("out_of_memory")
+            b.cbranch(failed, oom, self.body_block)
+            self.fail(ir.IRBuilder(oom), ir.Constant(I32, KERNEL_OUT_OF_MEMORY))
+        if self._exit is not None:
+            b = ir.IRBuilder(self._exit)
+            b.position_at_end(self._exit)
             self._free_heap_buffers(b)
-            self._return(b, KERNEL_OUT_OF_MEMORY)
-        return self._fail_block
+            self._return(b, self._exit_status)
+
+    def fail(self, b, status):
+        """End `b`'s block with a jump to the failure exit, which gives back every heap buffer (a
+        null one empties its slot, freeing what another call left there) and reports `status`
+        (an i32 value)."""
+        if self._exit is None:
+            self._exit = self.fn.append_basic_block("failed")
+            self._exit_status = ir.IRBuilder(self._exit).phi(I32, name="status")
+        self._exit_status.add_incoming(status, b.block)
+        b.branch(self._exit)
 
     def _free_heap_buffers(self, b):
         """Each heap buffer back into its slot; what the slot held (another call's, or nothing:
@@ -213,12 +255,13 @@ class FunctionEmitter:
                 ptr = b.inttoptr(b.atomic_rmw("xchg", slot, b.ptrtoint(ptr, I64), "acq_rel"), PTR)
             b.call(free, [ptr])
 
-    def _return(self, b, status: int):
+    def _return(self, b, status):
         if self.status_ptr is None:
-            b.ret(ir.Constant(I32, status))
+            b.ret(status)
             return
-        if status != KERNEL_OK:  # several threads may fail at once: an atomic or, not a store
-            b.atomic_rmw("or", self.status_ptr, ir.Constant(I32, status), "monotonic")
+        if not (isinstance(status, ir.Constant) and status.constant == KERNEL_OK):
+            # several threads may fail at once: an atomic or, not a store
+            b.atomic_rmw("or", self.status_ptr, status, "monotonic")
         b.ret_void()
 
     # ------------------------------------------------------------------ statements
@@ -285,7 +328,7 @@ class FunctionEmitter:
         captured_vars = [v for v in self.vars if v in used_vars]
         used_bufs = _buffers_of(s.body)
         captured_bufs = [bf for bf in self.buffers if bf in used_bufs]
-        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs) + [PTR]
+        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs) + [PTR, PTR]
         struct_t = ir.LiteralStructType(fields)
         name = f"{self.fn.name}_par{mb.n_outlined}"
         fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(captured_bufs))), name=name + "_body")
@@ -301,7 +344,7 @@ class FunctionEmitter:
             slot = _opaque_alloca(b, struct_t, "closure")
             status = _opaque_alloca(b, I32, "thread_status")
         b.store(ir.Constant(I32, KERNEL_OK), status)
-        values = [self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs] + [status]
+        values = [self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs] + [status, self.error_ptr]
         for i, val in enumerate(values):
             b.store(val, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
         gomp = mb.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
@@ -309,12 +352,15 @@ class FunctionEmitter:
         most = b.call(mb.declare("omp_get_max_threads", I32, []), [])
         team = b.select(b.icmp_signed("<", cap, most), cap, most)
         b.call(gomp, [thread_entry, slot, team, ir.Constant(I32, 0)])
-        failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, KERNEL_OK))
+        reported = b.load(status, typ=I32)
+        failed = b.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK))
         after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
-        b.cbranch(failed, self.fail_block(), after)
+        par_failed = self.fn.append_basic_block(f"failed_par{mb.n_outlined}")
+        b.cbranch(failed, par_failed, after)
+        self.fail(ir.IRBuilder(par_failed), reported)
         b.position_at_end(after)
         # the outlined body
-        child = FunctionEmitter(mb, fn, status_field=(struct_t, len(values) - 1))
+        child = FunctionEmitter(mb, fn, status_field=(struct_t, len(values) - 2))
         child.in_parallel = True
         child.ranges = dict(self.ranges)
         cb = child.builder
@@ -637,8 +683,60 @@ class FunctionEmitter:
             return self.builder.fcmp_unordered(op, a, b) if e.op == "ne" else self.builder.fcmp_ordered(op, a, b)
         return self.builder.icmp_signed(_ICMP[e.op], a, b)
 
+    def _emit_checked(self, e: CheckedIndex):
+        """The index, after a compare and an unlikely branch to a block that records the check
+        and the offending value (the first bad lane's, in a vector) and exits the kernel with
+        KERNEL_INDEX_OUT_OF_RANGE. Lanes the current mask switches off are not checked, like the
+        loads they would feed."""
+        v = self.emit_expr(e.value)
+        b = self.builder
+        vector = isinstance(v.type, ir.VectorType)
+
+        def c(x):
+            return ir.Constant(v.type, [x] * v.type.count) if vector else ir.Constant(I64, x)
+        if not self.mb.index_checks:   # clamped, for the cost comparison only
+            smax, smin = _intrinsic_call("llvm.smax"), _intrinsic_call("llvm.smin")
+            return smin(self, smax(self, v, c(e.lo)), c(e.hi - 1))
+        number = self.mb.check_number(e)
+        bad = b.icmp_unsigned(">=", b.sub(v, c(e.lo)), c(e.hi - e.lo))   # one compare for both ends
+        if vector:
+            if self.mask is not None:
+                bad = b.and_(bad, self.mask)
+            fires = b.call(self.mb.intrinsic("llvm.vector.reduce.or", I1, [bad.type], [bad.type]), [bad])
+        else:
+            fires = bad
+            if self.mask is not None:   # a uniform index under a lane mask: only where a lane reads
+                active = b.call(self.mb.intrinsic("llvm.vector.reduce.or", I1, [self.mask.type], [self.mask.type]),
+                                [self.mask])
+                fires = b.and_(bad, active)
+        error = self.fn.append_basic_block("index_error")
+        ok = self.fn.append_basic_block("index_ok")
+        b.cbranch(fires, error, ok).set_weights([1, 1 << 20])
+        eb = ir.IRBuilder(error)
+        value = v
+        if vector:
+            bits = ir.IntType(v.type.count)
+            first = eb.call(self.mb.intrinsic("llvm.cttz", bits, [bits, I1], [bits]),
+                            [eb.bitcast(bad, bits), ir.Constant(I1, 0)])
+            value = eb.extract_element(v, eb.zext(first, I64) if bits.width < 64 else first)
+        self._record_index_error(eb, number, value)
+        if self.in_parallel:   # this thread leaves the loop's chunks; the others stop at their next
+            eb.call(self.mb.declare("GOMP_loop_end_nowait", ir.VoidType(), []), [])
+        self.fail(eb, ir.Constant(I32, KERNEL_INDEX_OUT_OF_RANGE))
+        b.position_at_end(ok)
+        return v
+
+    def _record_index_error(self, b, number: int, value):
+        """The caller's error record (when there is one) takes check `number` and `value`, unless
+        another thread's check got there first (compare-and-swap on its first word)."""
+        record = self.error_ptr
+        with b.if_then(b.icmp_unsigned("!=", record, ir.Constant(PTR, None))):
+            first = b.cmpxchg(record, ir.Constant(I64, 0), ir.Constant(I64, number + 1), "monotonic", "monotonic")
+            with b.if_then(b.extract_value(first, 1)):
+                b.store(value, b.gep(record, [ir.Constant(I64, 1)], source_etype=I64))
+
     def _emit_logical(self, e: Logical):
-        if any(isinstance(n, Load) for n in walk(e.b)):
+        if _reads_memory(e.b):
             # `a && b` reads in b only where a holds (and `a || b` only where it does not):
             # guards such as `i < n && A[i] > 0` are written that way and proven so
             on_true, on_false = (e.b, Const(False, "bool")) if e.op == "and" else (Const(True, "bool"), e.b)
@@ -660,7 +758,7 @@ class FunctionEmitter:
             per_lane = self.vec_var is not None and self.vec_var in _free_vars(e)
             return self._broadcast(v) if per_lane else v
         cond = self.emit_expr(e.cond)
-        has_loads = any(isinstance(n, Load) for n in walk(e.t)) or any(isinstance(n, Load) for n in walk(e.f))
+        has_loads = _reads_memory(e.t) or _reads_memory(e.f)
         if not has_loads:
             t, f = self._pair(self.emit_expr(e.t), self.emit_expr(e.f))
             if isinstance(t.type, ir.VectorType):
@@ -818,6 +916,12 @@ def _free_vars(e: Expr) -> set:
     return {n for n in walk(e) if isinstance(n, Var)}
 
 
+def _reads_memory(e: Expr) -> bool:
+    """Whether evaluating `e` loads memory or checks an index: then it may run only where a
+    select or `&&` picks it (a guarded gather's check must not fire on the lanes it skips)."""
+    return any(isinstance(n, (Load, CheckedIndex)) for n in walk(e))
+
+
 def _stmt_exprs(s):
     if isinstance(s, Store):
         return [s.index, s.value]
@@ -846,9 +950,9 @@ def _buffers_of(s: Stmt) -> set:
     return out
 
 
-def generate(func: LoweredFunc, target) -> ir.Module:
-    """LLVM IR module for a lowered function."""
-    return ModuleBuilder(func, target).build()
+def generate(func: LoweredFunc, target, index_checks: bool = True) -> ir.Module:
+    """LLVM IR module for a lowered function (`index_checks`: see ModuleBuilder)."""
+    return ModuleBuilder(func, target, index_checks).build()
 
 
 def _intrinsic_call(name: str):
@@ -889,6 +993,7 @@ _EMIT: dict[type, Callable[[Any, Any], Any]] = {
     Select: FunctionEmitter.emit_select,
     Cast: FunctionEmitter.emit_cast,
     Call: FunctionEmitter._emit_call,
+    CheckedIndex: FunctionEmitter._emit_checked,
 }
 
 CHUNKS_PER_THREAD = 4   # a parallel loop's iterations in this many contiguous chunks per thread
@@ -916,6 +1021,11 @@ def _emit_dynamic_chunks(child, s: For):
     cb.cbranch(cb.icmp_unsigned("!=", got, ir.Constant(ir.IntType(8), 0)), body, done)
     cb.position_at_end(body)
     child.emit_serial_loop(s.var, cb.load(lo, typ=I64), cb.load(hi, typ=I64), s.body)
+    if mb.checks:   # once a thread's index check failed, the others take no further chunk
+        reported = cb.load_atomic(child.status_ptr, "monotonic", 4, typ=I32)
+        claim = child.fn.append_basic_block("claim")
+        cb.cbranch(cb.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK)), done, claim)
+        cb.position_at_end(claim)
     more = cb.call(next_fn, [lo, hi])
     cb.cbranch(cb.icmp_unsigned("!=", more, ir.Constant(ir.IntType(8), 0)), body, done)
     cb.position_at_end(done)

@@ -43,13 +43,23 @@ class KernelLoadError(CompilerError):
 
 
 class KernelRuntimeError(CompilerError, RuntimeError):
-    """A kernel reported a failure while running (e.g. its scratch memory could not be allocated).
+    """A kernel reported a failure while running: its scratch memory could not be allocated, or
+    an index read from data was out of range (its outputs must not be used then).
 
-    `status` is the kernel's return code (see compiler.codegen_llvm)."""
+    `status` is the kernel's return code, a bit set (see compiler.codegen_llvm). For an index
+    error, `check` is the compiler.index_checks.IndexCheck that fired (its site and valid range)
+    and `value` the offending index; a model's runtime adds `node` and `op_type` (the ONNX
+    node's name and type) and `call` (the failing step)."""
 
-    def __init__(self, message: str, status: int = 0):
+    def __init__(self, message: str, status: int = 0, *, check=None, value: int | None = None,
+                 node: str | None = None, op_type: str | None = None, call: int | None = None):
         super().__init__(message)
         self.status = status
+        self.check = check
+        self.value = value
+        self.node = node
+        self.op_type = op_type
+        self.call = call
 
 
 class ExportError(CompilerError):

@@ -218,6 +218,38 @@ class Call(Expr):
         return Call(self.func, kids, self.dtype)
 
 
+class CheckedIndex(Expr):
+    """An index computed from data (a gather's row), checked at run time against [lo, hi).
+
+    It evaluates to `value` itself; where `value` falls outside [lo, hi) the kernel stops instead:
+    it records the check (`site`) and the offending value in its error record and returns
+    KERNEL_INDEX_OUT_OF_RANGE (compiler/codegen_llvm.py), which the runtime raises as
+    KernelRuntimeError naming the site, the value and the range. Nothing reads memory through an
+    index that left its tensor, and no output built from it is handed back.
+
+    Why a node and not a clamp: a clamped gather (numpy's take(mode="clip")) or a wrapped one
+    (`i % n`) returns a plausible row for a bad index, which is a silent wrong answer. The node
+    carries its range, so the bounds proof (bounds.py) and the index arithmetic (arith.py) know
+    the value lies in [lo, hi) wherever it is used, and code generation turns it into one compare
+    and a branch to the kernel's error exit, in scalar, vectorized and parallel loops alike.
+
+    `site` says where the index is read, in words the runtime shows: a stage's read
+    (`embed: table[i0] dimension 0`, made by bounds.py) or a model node's input (made by
+    compiler.graph.ops.base.node_site). It is part of the expression (its canonical text), so it
+    must not name anything a workload key may not depend on (value names, graph positions)."""
+
+    __slots__ = ("value", "lo", "hi", "site")
+
+    def __init__(self, value: Expr, lo: int, hi: int, site: str):
+        self.value, self.lo, self.hi, self.site, self.dtype = value, lo, hi, site, INDEX_DTYPE
+
+    def children(self) -> tuple:
+        return (self.value,)
+
+    def rebuild(self, kids: tuple) -> Expr:
+        return CheckedIndex(kids[0], self.lo, self.hi, self.site)
+
+
 # ----------------------------------------------------------------------------- constructors
 
 def const(value, dtype: str | None = None) -> Const:
@@ -330,6 +362,25 @@ def cast(dtype, value) -> Expr:
             raise DTypeError(f"cannot cast the constant {value.value!r} to {dtype}")
         Const(math.trunc(value.value), dtype)  # raises DTypeError when out of range
     return Cast(dtype, value)
+
+
+def checked_index(value, lo: int, hi: int, site: str) -> Expr:
+    """`value` (an integer expression computed from data), checked at run time to lie in
+    [lo, hi): a kernel that meets a value outside stops with KernelRuntimeError naming `site`,
+    the value and the range (see CheckedIndex). The one way a data-dependent index enters an
+    expression; int8/int32 values are widened to int64 first."""
+    value = as_expr(value)
+    if not is_int(value.dtype):
+        raise DTypeError(f"a checked index must be an integer, got {value.dtype}")
+    if isinstance(lo, bool) or isinstance(hi, bool) or not isinstance(lo, int) or not isinstance(hi, int):
+        raise ExprError(f"checked index bounds must be ints, got {lo!r} and {hi!r}")
+    if lo >= hi:
+        raise ExprError(f"checked index range [{lo}, {hi}) is empty")
+    if not isinstance(site, str) or not site or len(site) > 200:
+        raise ExprError("a checked index needs a site: a short text naming where it is read")
+    if value.dtype != INDEX_DTYPE:
+        value = cast(INDEX_DTYPE, value)
+    return CheckedIndex(value, lo, hi, site)
 
 
 def _math(func: str, x, int_ok: bool = False) -> Expr:

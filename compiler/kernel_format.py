@@ -1,7 +1,8 @@
 """The bytes a kernel travels as, and the checks an object file passes before LLVM loads it.
 
-Layout (version 2): MAGIC, a little-endian u32 header length, the JSON header (name, target,
-arguments with shapes, dtypes and which ones the kernel writes, loop IR), the object file, and a
+Layout (version 3): MAGIC, a little-endian u32 header length, the JSON header (name, target,
+arguments with shapes, dtypes and which ones the kernel writes, its run-time index checks, loop
+IR), the object file, and a
 SHA-256 of everything before it. The checksum covers the header too: an argument shape edited in
 transit would otherwise make the kernel read or write outside the arrays it is given.
 
@@ -21,7 +22,9 @@ from .target import Target
 from .target_string import enabled_features
 
 MAGIC = b"TFK1"
-FORMAT_VERSION = 2
+# 3: every kernel takes the caller's error record after its buffers (compiler/index_checks.py),
+# and the header lists its index checks; a version-2 object called that way would never report
+FORMAT_VERSION = 3
 _DIGEST = 32
 
 
@@ -68,6 +71,9 @@ def _checked_header(header: dict) -> dict:
             ok = ok and isinstance(a["name"], str) and a["dtype"] in ALL_DTYPES and \
                 isinstance(a.get("written", True), bool) and isinstance(shape, list) and \
                 all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+        for c in header.get("checks", []):
+            ok = ok and isinstance(c["site"], str) and all(
+                isinstance(c[k], int) and not isinstance(c[k], bool) for k in ("lo", "hi"))
     except Exception as e:  # noqa: BLE001 - any malformed header is the same user error
         raise KernelLoadError(f"malformed kernel header: {e!r}") from None
     if not ok:

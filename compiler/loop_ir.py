@@ -6,7 +6,7 @@ Buffers are flat: every Load/Store takes one int64 element offset. Loops always 
 from __future__ import annotations
 
 from .dtypes import nbytes
-from .expr import Binary, Call, Cast, Compare, Const, Expr, Logical, Not, Select, Var, by_kind, fold
+from .expr import Binary, Call, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, by_kind, fold
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 
@@ -144,7 +144,7 @@ def _operator_text(n, kids) -> str:
     return f"({kids[0]} {_SYM[n.op]} {kids[1]})" if n.op in _SYM else f"{n.op}({kids[0]}, {kids[1]})"
 
 
-_FORMAT = {
+FORMAT_TABLE = {
     Var: lambda n, k: n.name,
     Const: _const_text,
     Binary: _operator_text, Compare: _operator_text, Logical: _operator_text,
@@ -153,8 +153,9 @@ _FORMAT = {
     Cast: lambda n, k: f"{n.dtype}({k[0]})",
     Call: lambda n, k: f"{n.func}({', '.join(k)})",
     Load: lambda n, k: f"{n.buffer.name}[{k[0]}]",
+    CheckedIndex: lambda n, k: f"checked({k[0]} in [{n.lo}, {n.hi}))",
 }
-_FORMAT_VISIT = by_kind(_FORMAT, lambda n, k: f"<{type(n).__name__}>")
+_FORMAT_VISIT = by_kind(FORMAT_TABLE, lambda n, k: f"<{type(n).__name__}>")
 
 
 def format_expr(e: Expr) -> str:

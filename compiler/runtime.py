@@ -5,7 +5,9 @@ built it, or any process that receives its bytes (`Kernel.to_bytes` / `load_kern
 is loaded with LLVM's MCJIT and called through ctypes after every argument is checked, so a
 shape or dtype mismatch, an output that overlaps another argument or a read-only output raises
 ArgumentError instead of corrupting memory. A kernel is safe to call from several threads.
-A kernel whose scratch memory cannot be allocated raises KernelRuntimeError.
+A kernel whose scratch memory cannot be allocated, or that meets a data-dependent index outside
+its range (compiler/index_checks.py), raises KernelRuntimeError; after an index error the
+outputs hold whatever the kernel had written before it stopped, and must not be used.
 
 Parallel loops run on libgomp; in a process forked after parallel kernels ran they run on one
 thread (see compiler/openmp.py).
@@ -24,8 +26,9 @@ import numpy as np
 
 from . import host_lock, kernel_format
 from .buffers import aligned_copy
-from .codegen_llvm import KERNEL_OK, KERNEL_OUT_OF_MEMORY, RELEASE_SUFFIX, generate
+from .codegen_llvm import KERNEL_INDEX_OUT_OF_RANGE, KERNEL_OK, KERNEL_OUT_OF_MEMORY, RELEASE_SUFFIX, ModuleBuilder
 from .errors import ArgumentError, KernelLoadError, KernelRuntimeError
+from .index_checks import RECORD_WORDS, IndexCheck, failed_check
 from .kernel_format import MAGIC, check_runnable
 from .lower import lower
 from .openmp import before_parallel_call, get_max_threads, runtime_libraries, set_num_threads
@@ -35,7 +38,9 @@ from .timing import Timing, TimingOptions, time_samples
 
 _STATUS_MESSAGES = {
     KERNEL_OUT_OF_MEMORY: "could not allocate its scratch buffers (out of memory)",
+    KERNEL_INDEX_OUT_OF_RANGE: "an index read from data is out of range",
 }
+ErrorRecord = ctypes.c_int64 * RECORD_WORDS
 
 # Names the generated code or its C runtime use: a kernel with one of them would call itself
 # instead (the JIT) or take the library function's place (an exported library).
@@ -107,16 +112,20 @@ def _release_scratch(release, engine) -> None:
 class Kernel:
     """A compiled kernel: call it with numpy arrays in the order of `args`."""
 
-    def __init__(self, name: str, object_code: bytes, args: list, target: Target, source: str = ""):
+    def __init__(self, name: str, object_code: bytes, args: list, target: Target, source: str = "",
+                 checks: list | None = None):
         self.name = name
         self.object_code = object_code
         self.args = [a if isinstance(a, ArgSpec) else ArgSpec.from_json(a) for a in args]
         self.target = target
         self.source = source  # the lowered loop IR, for people
+        # the run-time index checks, numbered as the kernel reports them (compiler/index_checks.py)
+        self.checks = [c if isinstance(c, IndexCheck) else IndexCheck.from_json(c) for c in checks or ()]
         self.parallel = b"GOMP_parallel" in object_code
         self._fn = None
         self._engine = None
         self._load_lock = threading.Lock()
+        self._records = threading.local()   # each calling thread's error record
 
     # ------------------------------------------------------------------ loading
     def load(self) -> None:
@@ -152,7 +161,7 @@ class Kernel:
         release = engine.get_function_address(self.name + RELEASE_SUFFIX)
         if release:   # the scratch buffers the kernel keeps between calls, freed with it
             weakref.finalize(self, _release_scratch, ctypes.CFUNCTYPE(None)(release), engine)
-        return engine, ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(self.args)))(addr)
+        return engine, ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * (len(self.args) + 1)))(addr)
 
     # ------------------------------------------------------------------ calling
     def check_args(self, arrays) -> list:
@@ -174,6 +183,13 @@ class Kernel:
         self._check_overlaps(arrays)
         return [arr.ctypes.data for arr in arrays]
 
+    def error_record(self):
+        """This thread's error record (a ctypes int64 array), passed as the kernel's last argument."""
+        record = getattr(self._records, "record", None)
+        if record is None:
+            record = self._records.record = ErrorRecord()
+        return record
+
     def _check_overlaps(self, arrays):
         """Arguments are `noalias` in the generated code: an output sharing memory with another
         argument would be read after it was partly overwritten."""
@@ -192,14 +208,24 @@ class Kernel:
     def _run(self, fn, ptrs):
         if self.parallel:
             before_parallel_call()
-        status = fn(*ptrs)
+        record = self.error_record()
+        status = fn(*ptrs, record)
         if status != KERNEL_OK:
-            raise KernelRuntimeError(f"kernel {self.name} failed: {self.status_message(status)}", status)
+            raise self.failure(status, record)
+
+    def failure(self, status: int, record, where: str = "") -> KernelRuntimeError:
+        """The KernelRuntimeError of a call that returned `status` with error record `record`:
+        for an index error it names the check's site, the value and the valid range, and carries
+        them as `check` and `value` (a model's runtime names the node from them)."""
+        check, value = failed_check(self.checks, record) if status & KERNEL_INDEX_OUT_OF_RANGE else (None, None)
+        reason = self.status_message(status) if check is None else check.message(value)
+        return KernelRuntimeError(f"kernel {self.name}{where} failed: {reason}", status, check=check, value=value)
 
     @staticmethod
     def status_message(status: int) -> str:
-        """What a kernel's non-zero return status means."""
-        return _STATUS_MESSAGES.get(status, f"status {status}")
+        """What a kernel's non-zero return status means (a bit set of failures)."""
+        known = [text for bit, text in _STATUS_MESSAGES.items() if status & bit]
+        return "; ".join(known) if known and status & ~sum(_STATUS_MESSAGES) == 0 else f"status {status}"
 
     def measure(self, *arrays, options: TimingOptions | None = None, lock: bool = True) -> Timing:
         """Time the kernel by tunefarm's measurement protocol (compiler/timing.py): one warm-up
@@ -211,6 +237,7 @@ class Kernel:
         buffers start (compiler/buffers.py), and a timing must not depend on where numpy happened
         to put the caller's. Returns a Timing (seconds per call)."""
         timed, ptrs = self._aligned_args(arrays)
+        ptrs = [*ptrs, self.error_record()]
         fn = self._load()
 
         def run_batch(n):
@@ -218,10 +245,10 @@ class Kernel:
             for _ in range(n):
                 failed |= fn(*ptrs)
             if failed:
-                self._run(fn, ptrs)  # raises KernelRuntimeError with the reason
+                self._run(fn, ptrs[:-1])  # raises KernelRuntimeError with the reason
 
         with host_lock.exclusive() if lock else contextlib.nullcontext():
-            self._run(fn, ptrs)      # the warm-up call runs on the held host too
+            self._run(fn, ptrs[:-1])      # the warm-up call runs on the held host too
             timing = time_samples(run_batch, options)
         self._copy_back(arrays, timed)
         return timing
@@ -254,8 +281,9 @@ class Kernel:
 
         def evaluator(*arrays):
             timed, ptrs = self._aligned_args(arrays)   # as in `measure`
+            ptrs = [*ptrs, self.error_record()]
             fn = self._load()
-            self._run(fn, ptrs)
+            self._run(fn, ptrs[:-1])
             n = number
             results = []
             for _ in range(repeat):
@@ -266,7 +294,7 @@ class Kernel:
                         failed |= fn(*ptrs)
                     dt = time.perf_counter() - t0
                     if failed:
-                        self._run(fn, ptrs)  # raises KernelRuntimeError with the reason
+                        self._run(fn, ptrs[:-1])  # raises KernelRuntimeError with the reason
                     if dt * 1000.0 >= min_repeat_ms or min_repeat_ms <= 0:
                         break
                     n = max(n * 2, int(n * min_repeat_ms / max(dt * 1000.0, 1e-3) * 1.2))
@@ -281,7 +309,7 @@ class Kernel:
     def to_bytes(self) -> bytes:
         """Everything needed to call the kernel in another process (see compiler/kernel_format.py)."""
         header = {"name": self.name, "target": str(self.target), "args": [a.to_json() for a in self.args],
-                  "source": self.source}
+                  "checks": [c.to_json() for c in self.checks], "source": self.source}
         return kernel_format.encode(header, self.object_code)
 
     def __repr__(self):
@@ -314,18 +342,23 @@ def load_kernel(data: bytes) -> Kernel:
     target = Target.from_string(header["target"])
     kernel_format.check_object(obj, target)
     args = [ArgSpec.from_json(a) for a in header["args"]]
-    return Kernel(header["name"], obj, args, target, header.get("source", ""))
+    return Kernel(header["name"], obj, args, target, header.get("source", ""), header.get("checks", []))
 
 
-def build(schedule: Schedule, args, target=None, name: str = "main") -> Kernel:
-    """Lower, generate LLVM IR, compile to an object for `target` (host by default) and wrap it."""
+def build(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True) -> Kernel:
+    """Lower, generate LLVM IR, compile to an object for `target` (host by default) and wrap it.
+
+    `index_checks=False` clamps data-dependent indices instead of checking them; it exists only
+    so bench/index_checks.py can measure what the checks cost in one process. Nothing else
+    passes it: a kernel that clamps returns a wrong row for a bad index."""
     target = resolve_target(target)
     check_kernel_name(name)
     func = lower(schedule, args, name)
-    obj = compile_module(generate(func, target), target)
+    mb = ModuleBuilder(func, target, index_checks)
+    obj = compile_module(mb.build(), target)
     outputs = set(schedule.outputs)
     specs = [ArgSpec(b.name, b.shape, b.dtype, t in outputs) for b, t in zip(func.args, args)]
-    return Kernel(name, obj, specs, target, str(func))
+    return Kernel(name, obj, specs, target, str(func), mb.checks)
 
 
 __all__ = ["ArgSpec", "Kernel", "Timing", "TimingOptions", "TimingResult", "build", "load_kernel", "compile_module", "check_runnable",

@@ -30,6 +30,8 @@ EXPR is an object whose "node" says what it is:
     {"node": "cast", "dtype": dt, "args": [a]}
     {"node": "call", "op": "exp", "args": [a]}
     {"node": "read", "tensor": index, "indices": [EXPR, ...]}
+    {"node": "checked_index", "lo": int, "hi": int, "site": text, "args": [a]}
+                                                        a data-dependent index checked at run time
     {"node": "reduce", "op": "sum" | "max" | "min", "axes": [{"name": "k", "lo": 0, "hi": 16}],
      "source": EXPR, "where": EXPR}                     only as a whole body; "where" optional
 
@@ -75,9 +77,10 @@ _FIELDS = {
     "cast": ({"node", "dtype", "args"}, set()),
     "call": ({"node", "op", "args"}, set()),
     "read": ({"node", "tensor", "indices"}, set()),
+    "checked_index": ({"node", "lo", "hi", "site", "args"}, set()),
     "reduce": ({"node", "op", "axes", "source"}, {"where"}),
 }
-_ARITY = {"binary": 2, "compare": 2, "logical": 2, "not": 1, "select": 3, "cast": 1, "call": 1}
+_ARITY = {"binary": 2, "compare": 2, "logical": 2, "not": 1, "select": 3, "cast": 1, "call": 1, "checked_index": 1}
 _OPS = {"binary": E.BINARY_OPS, "compare": E.COMPARE_OPS, "logical": E.LOGICAL_OPS, "call": E.MATH_FUNCS,
         "reduce": REDUCE_COMBINERS}
 _ENTRY_FIELDS = {
@@ -195,6 +198,8 @@ class _Writer:
             return {"node": "cast", "dtype": e.dtype, "args": kids((e.value,))}
         if isinstance(e, E.Call):
             return {"node": "call", "op": e.func, "args": kids(e.args)}
+        if isinstance(e, E.CheckedIndex):
+            return {"node": "checked_index", "lo": e.lo, "hi": e.hi, "site": e.site, "args": kids((e.value,))}
         if isinstance(e, TensorRead):
             return {"node": "read", "tensor": self.index[id(e.tensor.op)],
                     "indices": [self.expr(x, env, f"{path}.indices[{n}]", depth + 1) for n, x in enumerate(e.indices)]}
@@ -444,6 +449,11 @@ class _Reader:
             return _build(path, E.if_then_else, *a)
         if node == "cast":
             return _build(path, E.cast, _dtype(d["dtype"], f"{path}.dtype"), *a)
+        if node == "checked_index":
+            lo, hi = (_int(d[k], f"{path}.{k}", -(1 << 62), 1 << 62) for k in ("lo", "hi"))
+            if not isinstance(d["site"], str):
+                _fail(f"{path}.site", f"expected a string, got {_what(d['site'])}")
+            return _build(path, E.checked_index, a[0], lo, hi, d["site"])
         return _build(path, getattr(E, d["op"]), *a)  # call: one of MATH_FUNCS, checked above
 
     def const(self, d, path: str):

@@ -79,14 +79,15 @@ int main(void) {
     static float X[%(R)d * %(S)d];
     static int32_t Nn[%(R)d * %(S)d];
     static double D[%(R)d * %(S)d];
+    int64_t err[2] = {0, 0};   /* the error record; NULL is fine too */
     for (int i = 0; i < %(M)d * %(K)d; i++) A[i] = (float)((i * 37) %% 101 - 50) / 64.0f;
     for (int i = 0; i < %(K)d * %(N)d; i++) B[i] = (float)((i * 53) %% 97 - 48) / 32.0f;
     for (int i = 0; i < %(R)d * %(S)d; i++) X[i] = (float)((i * 13) %% 41 - 20) / 8.0f;
     for (int i = 0; i < %(R)d * %(S)d; i++) Nn[i] = (i * 7) %% 23 - 11;
     for (int i = 0; i < %(M)d * %(N)d; i++) Cm[i] = 1e30f;   /* poison */
     for (int i = 0; i < %(R)d * %(S)d; i++) D[i] = 1e300;
-    if (tf_matmul(A, B, Cm) != 0) return 3;
-    if (tf_expadd(X, Nn, D) != 0) return 4;
+    if (tf_matmul(A, B, Cm, NULL) != 0) return 3;
+    if (tf_expadd(X, Nn, D, err) != 0) return 4;
     for (int i = 0; i < %(M)d * %(N)d; i++) printf("%%.9g\n", Cm[i]);
     for (int i = 0; i < %(R)d * %(S)d; i++) printf("%%.17g\n", D[i]);
     return 0;
@@ -144,7 +145,7 @@ def test_header_compiles_cleanly(exported, std):
 def test_header_compiles_as_cpp(exported):
     d, res = exported
     src = d / "use.cpp"
-    src.write_text('#include "libtfk.h"\nint use() { return tf_expadd(nullptr, nullptr, nullptr); }\n')
+    src.write_text('#include "libtfk.h"\nint use() { return tf_expadd(nullptr, nullptr, nullptr, nullptr); }\n')
     proc = subprocess.run(["c++", "-Wall", "-Werror", "-c", "-o", str(d / "use.o"), str(src), f"-I{d}"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -172,7 +173,7 @@ def test_argument_names_that_are_c_type_names(tmp_path):
     res = C.export_library(k, tmp_path / "libnames.so")
     text = res.header.read_text()
     assert "const int32_t* int32_t_," in text and "const float* float_," in text and "float* uint8_t_" in text
-    (tmp_path / "u.c").write_text('#include "libnames.h"\nint f(void) { return tf_names(0, 0, 0); }\n')
+    (tmp_path / "u.c").write_text('#include "libnames.h"\nint f(void) { return tf_names(0, 0, 0, 0); }\n')
     proc = subprocess.run(["cc", "-Wall", "-Werror", "-c", "-o", str(tmp_path / "u.o"), str(tmp_path / "u.c"),
                            f"-I{tmp_path}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -327,16 +327,20 @@ def test_vectorized_select_with_a_uniform_condition_and_a_reading_branch():
     np.testing.assert_array_equal(got, np.where((np.arange(4) % 2 == 0)[:, None], a[np.arange(4) % 3][:, None], b))
 
 
-def test_data_dependent_indices_are_clamped_into_the_tensor():
+def test_data_dependent_indices_are_checked_not_clamped():
+    """An index read from data that leaves its tensor is an error, never a clamped row
+    (tests/test_index_checks.py covers the rest)."""
     A = C.placeholder((8,), "float32", "A")
     idx = C.placeholder((5,), "int32", "idx")
     out = C.compute((5,), lambda i: A[idx[i]], name="out")
     k = C.build(C.create_schedule(out), [A, idx, out])
     a = np.arange(8, dtype=np.float32)
-    ix = np.array([0, 3, -5, 100, 7], np.int32)
     got = np.full(5, np.nan, np.float32)
-    k(a, ix, got)
-    np.testing.assert_array_equal(got, np.take(a, ix, mode="clip"))
+    for bad in (100, -5, 8):
+        with pytest.raises(C.KernelRuntimeError, match=rf"out: A\[int64\(idx\[i\]\)\] dimension 0: index {bad} is out of range \[0, 8\)"):
+            k(a, np.array([0, 3, bad, 1, 7], np.int32), got)
+    k(a, np.array([0, 3, 5, 1, 7], np.int32), got)
+    np.testing.assert_array_equal(got, a[[0, 3, 5, 1, 7]])
 
 
 # ----------------------------------------------------------------------------- unrolling and memory

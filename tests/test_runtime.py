@@ -18,6 +18,7 @@ import pytest
 
 import compiler as C
 from compiler.errors import ArgumentError, KernelLoadError, TargetError
+from compiler.kernel_format import FORMAT_VERSION
 from compiler.runtime import MAGIC, Kernel, get_max_threads, load_kernel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,7 +160,7 @@ def _pack(header: dict | bytes, obj: bytes, length: int | None = None) -> bytes:
 
 
 def _header(k: Kernel, **changes):
-    h = {"version": 2, "name": k.name, "target": str(k.target), "args": [a.to_json() for a in k.args]}
+    h = {"version": FORMAT_VERSION, "name": k.name, "target": str(k.target), "args": [a.to_json() for a in k.args]}
     h.update(changes)
     return {key: v for key, v in h.items() if v is not None}
 

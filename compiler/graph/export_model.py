@@ -6,20 +6,24 @@ writes a library whose C API runs the whole model:
 
     resnet_model* resnet_create(void);                      /* NULL when out of memory */
     int32_t resnet_run(resnet_model* m, const float* input, float* output);
+    const char* resnet_error(const resnet_model* m, int64_t* index);
     void resnet_destroy(resnet_model* m);
 
 `create` allocates the memory plan's arena (one 64-byte-aligned block holding every buffer of
 plan.py's plan, at the offsets the module uses); `run` copies the inputs into their buffers,
 calls the kernels in the module's order with pointers into the arena and into the weights, and
-copies the outputs out; it returns 0, or the first kernel's failure (1: a kernel's scratch memory
-could not be allocated). The weights are embedded in the library (`.incbin` of the constants
+copies the outputs out; it returns 0, or the first failing kernel's status, a bit set: 1 when its
+scratch memory could not be allocated, 2 when an index read from data (a Gather's indices) was out
+of range; the outputs are then not written. After a 2, `error` says which node's input held the
+bad index and its valid range, and gives the index (the Python runtime's KernelRuntimeError, in
+C). The weights are embedded in the library (`.incbin` of the constants
 exactly as the module hands them to its kernels: pre-packed, transposed), so the library is the
 only file a C program needs beside the header. One model object runs one call at a time; several
 objects may run at once. Parallel loops run on libgomp (OMP_NUM_THREADS).
 
 The kernels are the module's own (each built under its workload's unique symbol,
 runtime.kernel_name), linked by compiler.export.export_library together with the generated C
-runtime; the library exports the three functions and nothing else (a version script).
+runtime; the library exports the four functions and nothing else (a version script).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 
 from ..errors import ExportError
 from ..export import C_KEYWORDS, C_TYPES, c_header, check_writable_dir, export_library, header_text
+from .index_errors import failing_node
 from .ir import Graph
 from .runtime import GraphModule, build_model
 
@@ -46,7 +51,7 @@ class ExportedModel:
 
     library: Path
     header: Path
-    name: str               # the prefix of the C API: NAME_create, NAME_run, NAME_destroy
+    name: str               # the prefix of the C API: NAME_create, NAME_run, NAME_error, NAME_destroy
     arena_bytes: int
     weight_bytes: int
     kernels: int
@@ -109,7 +114,7 @@ def export_model(module_or_graph, lib_path, header_path=None, *, name: str | Non
             f.write(runtime)
         script = os.path.join(tmp, "exports.map")
         with open(script, "w") as f:
-            f.write("{\n  global: " + " ".join(f"{name}_{fn};" for fn in ("create", "run", "destroy"))
+            f.write("{\n  global: " + " ".join(f"{name}_{fn};" for fn in ("create", "run", "error", "destroy"))
                     + "\n  local: *;\n};\n")
         export_library(kernels, lib_path, header_path=False, cc=cc, timeout=timeout, sources=[source],
                        extra_flags=["-O2", "-fPIC", "-std=c11", f"-I{tmp}", f"-Wl,--version-script={script}"])
@@ -230,9 +235,16 @@ def api_header_text(module: GraphModule, name: str) -> str:
         " * cannot be allocated. */",
         f"{name}_model* {name}_create(void);",
         "",
-        "/* Run the model: inputs in, outputs out. 0 on success, else the failing kernel's status",
-        " * (1: its scratch memory could not be allocated). One call at a time per model object. */",
+        "/* Run the model: inputs in, outputs out. 0 on success, else the failing kernel's status, a",
+        " * bit set: 1 when its scratch memory could not be allocated, 2 when an index read from data",
+        " * (a Gather's indices) was out of range; the outputs are not written then. One call at a",
+        " * time per model object. */",
         _signature(module, name) + ";",
+        "",
+        "/* After a run that returned 2: which node's input held the bad index and its valid range, in",
+        " * words (\"Gather node 'emb': indices, valid range [-5, 5)\"), the index in *index",
+        " * (when not NULL). NULL when the model's last run did not fail that way. */",
+        f"const char* {name}_error(const {name}_model* model, int64_t* index);",
         "",
         "/* Free the model (NULL is fine). */",
         f"void {name}_destroy({name}_model* model);",
@@ -258,14 +270,24 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
         + "\\n" + blob + ":\\n.incbin \\\"" + _asm_string(weights_file) + "\\\"\\n.byte 0\\n.previous\\n\");",
         f"extern const unsigned char {blob}[];",
         "",
-        f"struct {name}_model {{ unsigned char* arena; }};",
+        f"struct {name}_model {{ unsigned char* arena; int32_t failed_step; int64_t record[2]; }};",
+        "",
+        *_check_tables(module, name),
         "",
         f"{name}_model* {name}_create(void) {{",
         f"    {name}_model* model = calloc(1, sizeof *model);",
         "    if (!model) return NULL;",
         f"    model->arena = aligned_alloc({ALIGN}, {layout.arena_bytes});",
         "    if (!model->arena) { free(model); return NULL; }",
+        "    model->failed_step = -1;",
         "    return model;",
+        "}",
+        "",
+        f"const char* {name}_error(const {name}_model* model, int64_t* index) {{",
+        "    int32_t s = model->failed_step;",
+        f"    if (s < 0 || model->record[0] < 1 || model->record[0] > {name}_check_count[s]) return NULL;",
+        "    if (index) *index = model->record[1];",
+        f"    return {name}_checks[{name}_check_base[s] + model->record[0] - 1];",
         "}",
         "",
         f"void {name}_destroy({name}_model* model) {{",
@@ -278,18 +300,21 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
         "    unsigned char* a = model->arena;",
         f"    const unsigned char* w = {blob};",
         "    int32_t status;",
+        "    model->failed_step = -1;",
+        "    model->record[0] = 0;",
     ]
     for v, c in zip(module.input_names, ins):
         view = module._inputs[v]
         lines.append(f"    memcpy(a + {layout.of_array(view).offset}, {c}, {view.nbytes});")
-    for step in module.steps:
+    for i, step in enumerate(module.steps):
         args = []
         for arr in step.arrays:
             buf = layout.of_array(arr)
             args.append(f"(void*)({buf.base} + {buf.offset})")
+        args.append("model->record")
         lines.append(f"    /* {step.group.group.describe()} */")
         lines.append(f"    status = {step.kernel.name}({', '.join(args)});")
-        lines.append("    if (status != 0) return status;")
+        lines.append(f"    if (status != 0) {{ model->failed_step = {i}; return status; }}")
     for v, c in zip(module.output_names, outs):
         out_view = module._output_views.get(v)
         if out_view is not None:
@@ -300,6 +325,34 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
         lines.append(f"    memcpy({c}, {buf.base} + {buf.offset}, {nbytes});")
     lines += ["    return 0;", "}", ""]
     return "\n".join(lines)
+
+
+def _check_tables(module: GraphModule, name: str) -> list:
+    """C tables of every step's index checks in words (NAME_error's answers): the checks of all
+    steps in one array, with each step's first entry and count."""
+    texts, base, count = [], [], []
+    for step in module.steps:
+        base.append(len(texts))
+        count.append(len(step.kernel.checks))
+        for check in step.kernel.checks:
+            node = failing_node(step.group.group.nodes, check.site)
+            what = check.site.split(": ", 1)[1] if node is not None else check.site
+            where = f"{node.op_type} node {node.name!r}: {what}" if node is not None else what
+            texts.append(f"{where}, valid range [{check.lo}, {check.hi})")
+    entries = ", ".join(_c_string(t) for t in texts) or "0"
+    return [f"static const char* const {name}_checks[] = {{{entries}}};",
+            f"static const int64_t {name}_check_base[] = {{{', '.join(map(str, base)) or '0'}}};",
+            f"static const int64_t {name}_check_count[] = {{{', '.join(map(str, count)) or '0'}}};"]
+
+
+def _c_string(text: str) -> str:
+    """`text` as a C string literal: printable ASCII as is, everything else (quotes, backslashes,
+    ?, UTF-8 bytes of a node's name) as octal escapes."""
+    out = []
+    for byte in text.encode():
+        ch = chr(byte)
+        out.append(ch if 32 <= byte < 127 and ch not in '"\\?' else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
 
 
 def _asm_string(path: str) -> str:

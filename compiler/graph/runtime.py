@@ -22,12 +22,14 @@ import numpy as np
 from .. import dispatch
 from ..buffers import aligned_empty
 from ..call_sequence import CallSequence
+from ..errors import KernelRuntimeError
 from ..ops import OpDef, default_schedule
 from ..runtime import Kernel, build
 from ..target import resolve_target
 from .concat_in_place import place_concats
 from .errors import InputError
 from .fuse import fuse
+from .index_errors import node_error
 from .ir import Graph
 from .layout import propagate_blocked_layout
 from .passes import prepack_conv_weights, prepack_matmul_weights
@@ -198,7 +200,10 @@ class GraphModule:
             np.copyto(self._inputs[name], arr)
         if self._sequence is None:   # every kernel loaded, the steps compiled into one call
             self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps])
-        self._sequence.run()
+        try:
+            self._sequence.run()
+        except KernelRuntimeError as e:   # an index check: name the ONNX node
+            raise node_error(e, self.steps) from None
         return [self._output(v) for v in self.output_names]
 
     def profile(self, inputs: dict, repeat: int = 10, options=None, lock: bool = True) -> ModelProfile:

@@ -33,6 +33,7 @@ from .errors import GraphError
 from .fuse import FusedGroup
 from .ir import Graph, Value
 from .ops import OPS, Kind, Lazy, materialize
+from .ops.base import lowering_group
 
 MAX_NAME_OPS = 6
 
@@ -158,6 +159,7 @@ def _lower_dag(graph: Graph, group: FusedGroup) -> GroupKernel:
         env[name] = lazy
         return lazy
 
+    lowering_group(group.nodes)   # data_index names its checks by position in the group
     for n in group.nodes:
         lower = OPS[n.op_type].lower
         if lower is None:

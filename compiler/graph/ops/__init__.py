@@ -1,13 +1,25 @@
 """The ONNX operators the graph compiler takes: one `OpSpec` per op type in `OPS` (see base.py).
 
-Importing this package registers every operator (elementwise.py, shape.py, space_depth.py,
-nn.py, normalization.py, conv_transpose.py, resize.py, einsum.py), and the channel-blocked
-layout's own (layout.py), which only compiler.graph.layout makes.
+Importing this package registers every operator (elementwise.py, logical.py, shape.py,
+indexing.py, space_depth.py, nn.py, normalization.py, conv_transpose.py, resize.py, einsum.py),
+and the channel-blocked layout's own (layout.py), which only compiler.graph.layout makes.
 """
 
 from __future__ import annotations
 
-from . import conv_transpose, einsum, elementwise, layout, nn, normalization, resize, shape, space_depth  # noqa: F401 - registration
+from . import (  # noqa: F401 - registration
+    conv_transpose,
+    einsum,
+    elementwise,
+    indexing,
+    layout,
+    logical,
+    nn,
+    normalization,
+    resize,
+    shape,
+    space_depth,
+)
 from .base import OPS, Kind, Lazy, OpSpec, materialize
 from .layout import INTERNAL_OPS
 

@@ -18,11 +18,18 @@ An `OpSpec` is one operator type's whole story, kept in one place:
 group composes elementwise and injective nodes as Lazy reads and materializes one stage at its
 output, so an epilogue chain (bias, residual add, relu) is one stage, the form the anchor's
 schedule stores its register tile through.
+
+An index a lowering reads from a run-time tensor (Gather's indices; any op that addresses one
+tensor by another's values) goes through `data_index`: checked at run time, so a bad index stops
+the kernel and the model's run raises KernelRuntimeError naming this node (graph/index_errors.py)
+instead of reading a wrong (wrapped, clamped) element.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -111,6 +118,50 @@ def broadcast(x: Lazy, shape: tuple) -> Callable:
     return read
 
 
+# ----------------------------------------------------------------------------- data-dependent indices
+
+# {id(node): its position in the fused group being lowered}, set by workloads' lowering
+_GROUP_POSITIONS: ContextVar[dict | None] = ContextVar("group_positions", default=None)
+_SITE = re.compile(r"^(\w+) #(\d+|\?): ")
+
+
+def lowering_group(nodes) -> None:
+    """`nodes` (a fused group, in order) are lowered next, in this context: from now until the
+    next group, `data_index` names each node's checks by its position in the group (structural,
+    so a repeated layer keeps one workload key; the runtime maps a failed check back to the node).
+    Not a `with` block: a group's Lazy reads run when its output is materialized, after its
+    nodes' lowerings return."""
+    _GROUP_POSITIONS.set({id(n): i for i, n in enumerate(nodes)})
+
+
+def node_site(node: Node, what: str) -> str:
+    """The site text of a check in `node`'s lowering: `Gather #2: indices` (op type, position in
+    its group, which input); site_position reads the position back."""
+    positions = _GROUP_POSITIONS.get() or {}
+    pos = positions.get(id(node))
+    return f"{node.op_type} #{'?' if pos is None else pos}: {what}"
+
+
+def site_position(site: str) -> tuple:
+    """(op type, position in the group or None) of a node_site text; (None, None) for another
+    site (a custom compute's stage read)."""
+    m = _SITE.match(site)
+    if m is None:
+        return None, None
+    return m.group(1), None if m.group(2) == "?" else int(m.group(2))
+
+
+def data_index(node: Node, index: E.Expr, n: int, what: str = "indices", negative: bool = True) -> E.Expr:
+    """An index into an axis of `n` elements read from a run-time tensor, made safe: checked at
+    run time against [-n, n) with `negative` (ONNX's negative indices count from the end, wrapped
+    once: -1 is the last) or [0, n), so an index outside is the model's KernelRuntimeError naming
+    `node` and `what`, the value and the range, never a wrong element. Returns the index in [0, n)."""
+    if index.dtype != "int64":
+        index = index.astype("int64")
+    checked = E.checked_index(index, -n if negative else 0, n, node_site(node, what))
+    return checked % n if negative else checked   # floormod: [-n, 0) -> [0, n), and provably in [0, n)
+
+
 # ----------------------------------------------------------------------------- attributes and checks
 
 def ints(node: Node, key: str, default=None):
@@ -154,4 +205,5 @@ FLOATS = ("float32", "float64")
 
 
 __all__ = ["Kind", "OpSpec", "OPS", "register", "Lazy", "materialize", "broadcast", "ints", "axis_of",
-           "const_input", "broadcast_shapes", "same_dtype", "FLOATS"]
+           "const_input", "broadcast_shapes", "same_dtype", "FLOATS", "data_index", "node_site", "site_position",
+           "lowering_group"]

@@ -326,6 +326,8 @@ def _cast_check(node, opset):
 
 def _cast_lower(node, xs, ins, opset):
     x, to = xs[0], _cast_to(node)
+    if x.dtype == to:   # exporters cast a mask that is already bool to bool
+        return Lazy(x.shape, to, x.read)
     if to == "bool":
         return Lazy(x.shape, to, lambda idx: E.not_equal(x.read(idx), 0))
     if x.dtype == "bool":

@@ -20,7 +20,7 @@ import numpy as np
 from ... import expr as E
 from ..errors import ShapeError
 from ..ir import Value
-from .base import Kind, Lazy, axis_of, broadcast, broadcast_shapes, const_input, ints, register, same_dtype
+from .base import Kind, Lazy, axis_of, broadcast, broadcast_shapes, const_input, data_index, ints, register, same_dtype
 from .elementwise import ONNX_DTYPES
 
 # ----------------------------------------------------------------------------- aliases
@@ -299,11 +299,8 @@ def _gather_lower(node, xs, ins, opset):
     shape = data.shape[:axis] + idx.shape + data.shape[axis + 1:]
 
     def read(o):
-        i = idx.read(tuple(o[axis:axis + q]))
-        if i.dtype != "int64":
-            i = i.astype("int64")
-        # ONNX indices may count from the end: floormod maps [-n, n) onto [0, n)
-        i = i % n
+        # ONNX indices may count from the end; one outside [-n, n) stops the kernel
+        i = data_index(node, idx.read(tuple(o[axis:axis + q])), n)
         return data.read(tuple(o[:axis]) + (i,) + tuple(o[axis + q:]))
     return Lazy(shape, data.dtype, read)
 
