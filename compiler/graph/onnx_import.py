@@ -1,6 +1,11 @@
 """ONNX → graph IR: read the model, refuse what cannot be compiled (all of it in one error), infer
 static shapes, and fold what is constant.
 
+Folding comes before refusal: a node whose inputs are all known at import is computed then (by
+its OpSpec's numpy fold where it has one, else by onnx's reference evaluator, onnx_fold.py), so
+only nodes that must run as kernels need an operator tunefarm compiles, and only values kernels
+read need a dtype it compiles.
+
 The `onnx` package is imported here only, on first use: the compiler and the device agent never
 need it, and a missing package is one clear error naming the extra that brings it.
 """
@@ -75,36 +80,40 @@ def from_onnx(src, input_shapes: dict | None = None, simplify_graph: bool = True
     model = load_model(src)
     from onnx import numpy_helper
 
+    from .onnx_fold import ReferenceFolder, constant_nodes
+
     opset = _opset(model)
     g = model.graph
-    problems = _unsupported(g, opset)
     values: dict = {}
-    for init in g.initializer:
+    for init in g.initializer:   # any dtype: one tunefarm does not compile may only feed folded nodes
         arr = numpy_helper.to_array(init)
-        if str(arr.dtype) not in ONNX_DTYPES.values():
-            problems.append(("initializer", init.name, f"dtype {arr.dtype} (tunefarm compiles "
-                                                       f"{', '.join(ONNX_DTYPES.values())})"))
-            continue
         values[init.name] = Value(init.name, tuple(arr.shape), str(arr.dtype), np.array(arr, order="C"))
-    if problems:
-        raise UnsupportedModelError(problems)
-
-    inputs = [vi for vi in g.input if vi.name not in values]
-    input_shapes = dict(input_shapes or {})
-    unknown = sorted(set(input_shapes) - {vi.name for vi in inputs})
-    if unknown:
-        raise GraphError(f"input_shapes names {unknown}, which are not inputs of the model; its inputs are "
-                         f"{[vi.name for vi in inputs]}")
-    for vi in inputs:
-        values[vi.name] = _input_value(onnx, vi, input_shapes.get(vi.name))
-
-    nodes = []
+    input_infos = [vi for vi in g.input if vi.name not in values]
+    nodes, protos = [], {}
     for i, n in enumerate(g.node):
         attrs = {a.name: _attr(onnx, numpy_helper, a) for a in n.attribute}
-        nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{i}", list(n.input), list(n.output), attrs))
-    graph = Graph(values, nodes, [vi.name for vi in inputs], [o.name for o in g.output], opset,
+        node = Node(n.op_type, n.name or f"{n.op_type}_{i}", list(n.input), list(n.output), attrs)
+        nodes.append(node)
+        protos[id(node)] = n
+    folded = constant_nodes(nodes, protos, set(values), set(values) | {vi.name for vi in input_infos})
+    problems = _unsupported(nodes, protos, opset, folded)
+    problems += _kernel_dtypes(nodes, folded, values)
+    if problems:
+        raise UnsupportedModelError(problems)
+    foreign = {id(n) for n in nodes if id(n) in folded and _refusal(n, protos[id(n)], opset) is not None}
+
+    input_shapes = dict(input_shapes or {})
+    unknown = sorted(set(input_shapes) - {vi.name for vi in input_infos})
+    if unknown:
+        raise GraphError(f"input_shapes names {unknown}, which are not inputs of the model; its inputs are "
+                         f"{[vi.name for vi in input_infos]}")
+    for vi in input_infos:
+        values[vi.name] = _input_value(onnx, vi, input_shapes.get(vi.name))
+
+    opsets = {o.domain: int(o.version) for o in model.opset_import}
+    graph = Graph(values, nodes, [vi.name for vi in input_infos], [o.name for o in g.output], opset,
                   g.name or "model")
-    infer_shapes(graph)
+    infer_shapes(graph, ReferenceFolder(protos, opsets), foreign)
     return simplify(graph) if simplify_graph else graph
 
 
@@ -118,29 +127,37 @@ def _opset(model) -> int:
     return opset
 
 
-def _unsupported(g, opset) -> list:
-    """(op_type, node name, reason) of every node that cannot be compiled."""
-    onnx = _onnx()
-    from onnx import numpy_helper
-    problems = []
-    for i, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{i}"
-        if n.domain not in DEFAULT_DOMAINS:
-            problems.append((n.op_type, name, f"operator of domain {n.domain!r} (only the default ONNX domain)"))
+def _unsupported(nodes: list, protos: dict, opset: int, folded: set) -> list:
+    """(op_type, node name, reason) of every node that must run as a kernel (`folded`: those
+    computed at import instead) and cannot be compiled."""
+    return [(n.op_type, n.name, reason) for n in nodes if id(n) not in folded
+            for reason in [_refusal(n, protos[id(n)], opset)] if reason]
+
+
+def _refusal(node: Node, proto, opset: int) -> str | None:
+    """Why `node` cannot be compiled as a kernel, or None when it can."""
+    if proto.domain not in DEFAULT_DOMAINS:
+        return f"operator of domain {proto.domain!r} (only the default ONNX domain)"
+    spec = OPS.get(node.op_type) if node.op_type in ONNX_OP_TYPES else None
+    if spec is None:
+        return "operator not supported"
+    if opset < spec.min_opset:
+        return f"needs opset {spec.min_opset}, the model has {opset}"
+    return spec.check(node, opset) if spec.check is not None else None
+
+
+def _kernel_dtypes(nodes: list, folded: set, values: dict) -> list:
+    """Problems of initializers whose dtype tunefarm does not compile, read by a kernel."""
+    problems, seen = [], set()
+    for n in nodes:
+        if id(n) in folded:
             continue
-        spec = OPS.get(n.op_type) if n.op_type in ONNX_OP_TYPES else None
-        if spec is None:
-            problems.append((n.op_type, name, "operator not supported"))
-            continue
-        if opset < spec.min_opset:
-            problems.append((n.op_type, name, f"needs opset {spec.min_opset}, the model has {opset}"))
-            continue
-        if spec.check is not None:
-            node = Node(n.op_type, name, list(n.input), list(n.output),
-                        {a.name: _attr(onnx, numpy_helper, a) for a in n.attribute})
-            reason = spec.check(node, opset)
-            if reason:
-                problems.append((n.op_type, name, reason))
+        for i in n.inputs:
+            v = values.get(i)
+            if v is not None and v.dtype not in ONNX_DTYPES.values() and i not in seen:
+                seen.add(i)
+                problems.append(("initializer", i, f"dtype {v.dtype} read by {n.op_type} node {n.name!r} "
+                                                   f"(tunefarm compiles {', '.join(ONNX_DTYPES.values())})"))
     return problems
 
 
@@ -186,16 +203,31 @@ def _input_value(onnx, vi, pinned) -> Value:
     return Value(vi.name, tuple(dims), dtype)
 
 
-def infer_shapes(graph: Graph) -> Graph:
-    """Give every node output a Value (shape, dtype) in place, nodes in topological order."""
+def infer_shapes(graph: Graph, evaluate=None, foreign: frozenset | set = frozenset()) -> Graph:
+    """Give every node output a Value (shape, dtype) in place, nodes in topological order, and
+    fold what is constant as it goes (a later node's shape may need the value).
+
+    `evaluate(node, arrays) -> arrays` (onnx_fold.ReferenceFolder) computes a constant node
+    that has no numpy fold; `foreign`: id() of the nodes tunefarm has no kernel for, which
+    must fold (they are dropped once folded). A node that cannot be evaluated, or a kernel
+    reading a value of a dtype tunefarm does not compile, is refused; all of them are listed in
+    one UnsupportedModelError."""
     known = set(graph.values)
+    refused: set = set()   # outputs of refused nodes: nothing after them is inferred
+    problems: list = []
     pending, ordered = list(graph.nodes), []
     while pending:
         progress = False
         rest = []
         for n in pending:
             if all(not i or i in known for i in n.inputs):
-                _infer_node(graph, n)
+                if any(i in refused for i in n.inputs if i):
+                    refused.update(o for o in n.outputs if o)
+                else:
+                    problem = _infer_node(graph, n, evaluate, id(n) in foreign)
+                    if problem is not None:
+                        problems.append(problem)
+                        refused.update(o for o in n.outputs if o)
                 known.update(o for o in n.outputs if o)
                 ordered.append(n)
                 progress = True
@@ -207,16 +239,54 @@ def infer_shapes(graph: Graph) -> Graph:
             raise GraphError(f"nodes {[n.name for n in rest][:5]} read values nothing defines: {missing[:5]} "
                              "(or the graph has a cycle)")
         pending = rest
-    graph.nodes = ordered
+    for o in graph.outputs:
+        v = graph.values.get(o)
+        if v is not None and v.dtype not in ONNX_DTYPES.values():
+            problems.append(("output", o, f"dtype {v.dtype} (tunefarm compiles {', '.join(ONNX_DTYPES.values())})"))
+    if problems:
+        raise UnsupportedModelError(problems)
+    graph.nodes = [n for n in ordered if id(n) not in foreign]
     for o in graph.outputs:
         if o not in graph.values:
             raise GraphError(f"graph output {o!r} is not computed by any node")
     return graph
 
 
-def _infer_node(graph: Graph, n: Node):
-    spec = OPS[n.op_type]
+def _infer_node(graph: Graph, n: Node, evaluate, foreign: bool):
+    """Infer (and fold) one node; None, or the (op_type, name, reason) that refuses it."""
     ins = [graph.values[i] if i else None for i in n.inputs]
+    constant = all(v is None or v.const is not None for v in ins)
+    if foreign or (constant and evaluate is not None and OPS[n.op_type].fold is None):
+        if not constant or evaluate is None:
+            return (n.op_type, n.name, "operator not supported")
+        try:
+            _set_folded(graph, n, evaluate(n, [None if v is None else v.const for v in ins]))
+            return None
+        except GraphError as e:
+            if foreign:
+                return (n.op_type, n.name, getattr(e, "reason", str(e)))
+            # an operator tunefarm compiles but the evaluator does not take: it runs as a kernel
+    try:
+        _infer_known(graph, n, ins)
+    except GraphError as e:
+        if not (constant and evaluate is not None):
+            raise
+        try:   # the numpy path refused constants (a dtype it does not take): the evaluator decides
+            _set_folded(graph, n, evaluate(n, [None if v is None else v.const for v in ins]))
+            return None
+        except GraphError:
+            raise e from None
+    if not all(graph.values[o].const is not None for o in n.outputs if o):
+        for v in ins:
+            if v is not None and v.dtype not in ONNX_DTYPES.values():
+                return (n.op_type, n.name, f"reads {v.name!r} of dtype {v.dtype}, which tunefarm does not compile "
+                                           f"({', '.join(ONNX_DTYPES.values())})")
+    return None
+
+
+def _infer_known(graph: Graph, n: Node, ins: list):
+    """Shape inference by the node's OpSpec, then its numpy fold when the inputs are constant."""
+    spec = OPS[n.op_type]
     try:
         outs = spec.infer(n, ins, graph.opset)
     except ShapeError:
@@ -226,7 +296,22 @@ def _infer_node(graph: Graph, n: Node):
     for name, (shape, dtype) in zip(n.outputs, outs):
         if name:
             graph.values[name] = Value(name, tuple(int(s) for s in shape), dtype)
-    fold_node(graph, n)   # now: a later node's shape may need this value (a Reshape's shape)
+    try:
+        fold_node(graph, n)   # now: a later node's shape may need this value (a Reshape's shape)
+    except GraphError:
+        raise
+    except (IndexError, TypeError, ValueError, KeyError, AttributeError, FloatingPointError) as e:
+        raise ShapeError(f"{n.op_type} node {n.name!r}: folding its constant inputs: {type(e).__name__}: {e}") from None
+
+
+def _set_folded(graph: Graph, n: Node, arrays: list):
+    for name, arr in zip(n.outputs, arrays):
+        if name and arr is not None:
+            arr = np.array(arr, order="C")
+            graph.values[name] = Value(name, tuple(int(s) for s in arr.shape), str(arr.dtype), arr)
+    missing = [o for o in n.outputs if o and (o not in graph.values or graph.values[o].const is None)]
+    if missing:
+        raise ShapeError(f"{n.op_type} node {n.name!r}: folding gave no value for {missing}")
 
 
 __all__ = ["from_onnx", "load_model", "infer_shapes"]
