@@ -10,7 +10,7 @@ from graph_models import assert_close, model, rand, run
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler.graph import UnsupportedModelError, from_onnx
+from compiler.graph import ShapeError, UnsupportedModelError, from_onnx
 
 RNG = np.random.default_rng(17)
 
@@ -176,3 +176,25 @@ def test_folded_initializers_keep_their_arrays():
     t = g.values["t"]
     assert t.dtype == "float32" and t.shape == (3, 3)
     np.testing.assert_array_equal(t.const, np.tril(c))
+
+
+def test_range_of_shapes_folds_and_of_run_time_values_is_a_shape_error():
+    """Range's length is its shape: from Shape → Gather it is a constant; from data it is a
+    ShapeError naming the input that would have to be constant."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "step"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "rf"], ["y"])]
+    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "step": np.array(2, np.int64)}
+    m = model(nodes, {"x": ((2, 6), "float32")}, {"y": (None, "float32")}, inits)
+    with pytest.raises(Exception, match="broadcast"):
+        from_onnx(m)   # 3 values against 6 columns: the length came from the shape
+    inits["step"] = np.array(1, np.int64)
+    m = model(nodes, {"x": ((2, 6), "float32")}, {"y": (None, "float32")}, inits)
+    assert ops(from_onnx(m)) == ["Add"]
+    nodes[2] = helper.make_node("Range", ["zero", "lim", "step"], ["r"], name="data_range")
+    m = model(nodes[2:], {"x": ((2, 6), "float32"), "lim": ((), "int64")}, {"y": (None, "float32")}, inits)
+    with pytest.raises(ShapeError, match="data_range.*limit.*run time") as err:
+        from_onnx(m)
+    assert err.value.needs_constant == "lim"

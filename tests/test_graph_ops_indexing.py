@@ -10,7 +10,8 @@ from graph_models import assert_close, model, rand, run
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler.graph import ShapeError, UnsupportedModelError, from_onnx
+from compiler.errors import KernelRuntimeError
+from compiler.graph import ShapeError, UnsupportedModelError, build_model, from_onnx
 
 RNG = np.random.default_rng(11)
 
@@ -126,3 +127,26 @@ def test_tile_repeats_must_be_constant():
     with pytest.raises(ShapeError, match="the_tile.*repeats.*constant") as err:
         from_onnx(m)
     assert err.value.needs_constant == "r"
+
+
+@pytest.mark.parametrize("op", ["GatherND", "GatherElements", "ScatterND"])
+def test_an_index_outside_its_axis_stops_the_run_naming_the_node(op):
+    """ONNX's indices lie in [-n, n); one outside is the run's KernelRuntimeError naming the node
+    and the value, never a clamped or wrapped element."""
+    x = rand(RNG, (3, 4))
+    bad = {"GatherND": np.array([[1, 4]], np.int64), "GatherElements": np.array([[0, -5, 1, 2]] * 3, np.int64),
+           "ScatterND": np.array([[-4]], np.int64)}[op]
+    ins = {"x": (x.shape, "float32"), "i": (bad.shape, "int64")}
+    feeds = {"x": x, "i": bad}
+    inputs = ["x", "i"]
+    if op == "ScatterND":
+        ins["u"], feeds["u"], inputs = ((1, 4), "float32"), rand(RNG, (1, 4)), ["x", "i", "u"]
+    attrs = {"axis": 1} if op == "GatherElements" else {}
+    m = model([helper.make_node(op, inputs, ["y"], name="the_index_op", **attrs)], ins, {"y": (None, "float32")},
+              opset=13)
+    module = build_model(from_onnx(m))
+    value = {"GatherND": 4, "GatherElements": -5, "ScatterND": -4}[op]
+    with pytest.raises(KernelRuntimeError, match=rf"{op} node 'the_index_op'.*index {value}\b.*out of range"):
+        module.run(**feeds)
+    good = dict(feeds, i=np.zeros_like(bad))
+    module.run(**good)

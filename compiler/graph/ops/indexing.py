@@ -7,10 +7,10 @@ which update lands on an output element is a search over the updates, one reduct
 (below), so it is a kernel of its own.
 
 Index arithmetic from data lives in one helper per operator (`gather_nd_index`,
-`gather_elements_index`, `scatter_nd_index`): ONNX's negative indices count from the end, and
-nothing else is done to them here. An index outside the axis is clamped into the tensor by the
-lowering's bounds check (compiler/bounds.py: a kernel never reads outside a buffer); a run-time
-error for it belongs in these helpers, as for Gather.
+`gather_elements_index`, `scatter_nd_index`), each through `base.data_index`: ONNX's negative
+indices count from the end, and an index outside [-n, n) stops the kernel with a
+KernelRuntimeError naming the node, the value and the range (never a clamped or wrapped
+element, which would be a silent wrong answer).
 
 Constant uses (a Swin's shifted-window mask built by ScatterND, a LeViT's GatherND of constant
 attention biases) never reach these lowerings: the importer folds them (onnx_fold.py).
@@ -28,17 +28,10 @@ from ...tensor import max as te_max
 from ...tensor import min as te_min
 from ...tensor import sum as te_sum
 from ..errors import ShapeError
-from .base import Kind, Lazy, axis_of, const_input, register
+from .base import Kind, Lazy, axis_of, const_input, data_index, register
 from .shape import reshaped
 
 INDEX_DTYPES = ("int32", "int64")
-
-
-def _from_end(i, n: int):
-    """An ONNX index of an axis of extent n: -n..-1 count from the end."""
-    if i.dtype != "int64":
-        i = i.astype("int64")
-    return E.if_then_else(i < 0, i + n, i)
 
 
 def _check_indices(node, v):
@@ -48,9 +41,9 @@ def _check_indices(node, v):
 
 # ----------------------------------------------------------------------------- GatherND
 
-def gather_nd_index(i, n: int):
-    """GatherND's index into an axis of extent n, as read from the indices tensor."""
-    return _from_end(i, n)
+def gather_nd_index(node, i, n: int, j: int):
+    """GatherND's index into an axis of extent n: element j of an index tuple, checked."""
+    return data_index(node, i, n, f"indices[..., {j}]")
 
 
 def _gather_nd_params(node, data_shape, idx_shape):
@@ -86,7 +79,7 @@ def _gather_nd_lower(node, xs, ins, opset):
 
     def read(o):
         tup = tuple(o[:q - 1])
-        coords = tuple(gather_nd_index(idx.read(tup + (j,)), data.shape[b + j]) for j in range(k))
+        coords = tuple(gather_nd_index(node, idx.read(tup + (j,)), data.shape[b + j], j) for j in range(k))
         return data.read(tuple(o[:b]) + coords + tuple(o[q - 1:]))
     return Lazy(shape, data.dtype, read)
 
@@ -108,9 +101,9 @@ register("GatherND", Kind.INJECTIVE, _gather_nd_infer, _gather_nd_lower, _gather
 
 # ----------------------------------------------------------------------------- GatherElements
 
-def gather_elements_index(i, n: int):
-    """GatherElements' index into its axis of extent n, as read from the indices tensor."""
-    return _from_end(i, n)
+def gather_elements_index(node, i, n: int):
+    """GatherElements' index into its axis of extent n, checked."""
+    return data_index(node, i, n)
 
 
 def _gather_elements_infer(node, ins, opset):
@@ -133,7 +126,7 @@ def _gather_elements_lower(node, xs, ins, opset):
     n = data.shape[axis]
 
     def read(o):
-        i = gather_elements_index(idx.read(tuple(o)), n)
+        i = gather_elements_index(node, idx.read(tuple(o)), n)
         return data.read(tuple(o[:axis]) + (i,) + tuple(o[axis + 1:]))
     return Lazy(tuple(idx.shape), data.dtype, read)
 
@@ -156,9 +149,9 @@ register("GatherElements", Kind.INJECTIVE, _gather_elements_infer, _gather_eleme
 SCATTER_REDUCTIONS = ("none", "add", "max", "min")
 
 
-def scatter_nd_index(i, n: int):
-    """ScatterND's index into an axis of extent n, as read from the indices tensor."""
-    return _from_end(i, n)
+def scatter_nd_index(node, i, n: int, j: int):
+    """ScatterND's index into an axis of extent n: element j of an index tuple, checked."""
+    return data_index(node, i, n, f"indices[..., {j}]")
 
 
 def _scatter_nd_check(node, opset):
@@ -202,7 +195,7 @@ def _scatter_nd_lower(node, xs, ins, opset):
     def matches(m, p):
         cond = None
         for j in range(k):
-            c = E.equal(scatter_nd_index(tuples.read((m, j)), D[j]), p[j])
+            c = E.equal(scatter_nd_index(node, tuples.read((m, j)), D[j], j), p[j])
             cond = c if cond is None else cond & c
         return cond
 

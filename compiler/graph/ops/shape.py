@@ -274,7 +274,16 @@ def _range_fold(node, arrays, opset):
 
 
 def _range_infer(node, ins, opset):
-    arrays = [const_input(node, ins, i, w) for i, w in enumerate(("start", "limit", "delta"))]
+    """Range's length, ceil((limit - start) / delta), is its shape: all three must be known at
+    compile time (they are whenever they come from shapes, which are static), and then the whole
+    output is a constant."""
+    for i, what in enumerate(("start", "limit", "delta")):
+        v = ins[i]
+        if v.const is None:
+            raise ShapeError(f"Range node {node.name!r}: {what} (input {v.name!r}) is computed at run time, but "
+                             "the output's length depends on start, limit and delta; tunefarm compiles static "
+                             "shapes only", needs_constant=v.name)
+    arrays = [v.const for v in ins[:3]]
     out = _range_fold(node, arrays, opset)[0]
     return [(out.shape, str(out.dtype))]
 
