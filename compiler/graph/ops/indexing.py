@@ -210,11 +210,14 @@ def _scatter_nd_lower(node, xs, ins, opset):
             return E.if_then_else(w >= 0, updates.read((w,) + tuple(o[k:])), data.read(tuple(o)))
         return Lazy(D, data.dtype, read)
 
-    reducer = {"add": te_sum, "max": te_max, "min": te_min}[reduction]
-
     def combined(*o):
         m = reduce_axis(M, "m")
-        return reducer(updates.read((m.var,) + tuple(o[k:])), axis=m, where=matches(m.var, o[:k]))
+        src, where = updates.read((m.var,) + tuple(o[k:])), matches(m.var, o[:k])
+        if reduction == "add":
+            return te_sum(src, axis=m, where=where)
+        if reduction == "max":
+            return te_max(src, axis=m, where=where)
+        return te_min(src, axis=m, where=where)
     part = compute(D, combined, name=f"scatter_nd_{reduction}", tag="scatter_nd_reduce")
     combine = {"add": lambda a, b: a + b, "max": E.maximum, "min": E.minimum}[reduction]
     return Lazy(D, data.dtype, lambda o: combine(data.read(tuple(o)), part[tuple(o)]))
