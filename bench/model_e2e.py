@@ -159,9 +159,19 @@ def export_here(name: str, path: str) -> None:
 
 
 def export_module(module, shape: tuple, path: str) -> None:
-    """`module` at opset 17 by the TorchScript exporter, its BatchNorm statistics and LayerNorm's
-    scale and shift randomized first, so folding them is not a no-op (bench/model_zoo.py exports
-    its networks this way too)."""
+    """`module` at opset 17 by the TorchScript exporter, its norms randomized first
+    (randomize_norms; bench/model_zoo.py exports its networks with randomized norms too)."""
+    import torch
+    randomize_norms(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice
+        torch.onnx.export(module.eval(), (torch.randn(*shape),), path, dynamo=False, opset_version=17,
+                          input_names=["input"], output_names=["output"])
+
+
+def randomize_norms(module) -> None:
+    """BatchNorm statistics and LayerNorm's scale and shift drawn at random (seeded), so folding
+    them is not a no-op (and not ones and zeros, which the exporter also shares)."""
     import torch
     g = torch.Generator().manual_seed(1)
     for m in module.modules():
@@ -170,13 +180,10 @@ def export_module(module, shape: tuple, path: str) -> None:
             m.running_var.uniform_(0.5, 1.5, generator=g)
             m.weight.data.uniform_(0.5, 1.5, generator=g)
             m.bias.data.uniform_(-0.1, 0.1, generator=g)
-        if isinstance(m, torch.nn.LayerNorm):   # not ones and zeros (which the exporter also shares)
+        if isinstance(m, torch.nn.LayerNorm) and m.weight is not None:
             m.weight.data.uniform_(0.5, 1.5, generator=g)
-            m.bias.data.uniform_(-0.1, 0.1, generator=g)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice
-        torch.onnx.export(module.eval(), (torch.randn(*shape),), path, dynamo=False, opset_version=17,
-                          input_names=["input"], output_names=["output"])
+            if m.bias is not None:
+                m.bias.data.uniform_(-0.1, 0.1, generator=g)
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -200,15 +207,16 @@ def tune(graph, trials: int, directory: str):
 
 # ----------------------------------------------------------------------------- measuring
 
-def time_interleaved(runs: dict, rounds: int) -> dict:
+def time_interleaved(runs: dict, rounds: int, repeat: int = 5) -> dict:
     """{name: (median ms, disturbed, host busy CPUs, [each round's median ms])} of each callable
     in `runs`, timed one after the other for `rounds` rounds by the measurement protocol (a
-    speed-up is the ratio of two things timed interleaved in the same run)."""
+    speed-up is the ratio of two things timed interleaved in the same run), at least `repeat`
+    clean samples a round."""
     from tuner.numpy_baselines import time_callable
     samples: dict = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            samples[name].append(time_callable(fn, (), repeat=5))
+            samples[name].append(time_callable(fn, (), repeat=repeat))
             time.sleep(0.1)
     return {name: (round(statistics.median(t.median for t in ts) * 1e3, 3), any(t.disturbed for t in ts),
                    round(max(t.host_busy for t in ts), 2), [t.median * 1e3 for t in ts])
@@ -226,32 +234,68 @@ def max_rel_error(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
+# ----------------------------------------------------------------------------- shared setup (model_zoo.py too)
+
+def add_common_args(ap, models, rounds: int, tune_group=None) -> None:
+    """The flags both model benchmarks take: --models, --rounds, --threads, --tune (into
+    `tune_group` where given: model_e2e makes it exclusive with --db) and the hidden --export
+    MODEL PATH of the export child."""
+    ap.add_argument("--models", nargs="+", choices=models, default=list(models))
+    ap.add_argument("--rounds", type=int, default=rounds, help="alternating timing rounds per model")
+    ap.add_argument("--threads", type=int, default=2, help="threads of both runtimes")
+    (tune_group or ap).add_argument(
+        "--tune", type=int, default=None, metavar="TRIALS",
+        help="tune each model first with this many trials (fresh records in a temp dir), then time tuned and "
+             "untuned against onnxruntime")
+    ap.add_argument("--export", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
+
+
+def bench_versions() -> tuple | None:
+    """(onnxruntime, torch) versions, or None (and a message) without the bench extra."""
+    try:
+        import onnxruntime as ort
+        return ort.__version__, version("torch")
+    except (ImportError, PackageNotFoundError):
+        print("needs the bench extra: pip install -e '.[bench]' (torch 2.13.0 CPU, onnxruntime)", file=sys.stderr)
+        return None
+
+
+def ort_session(model, threads: int):
+    """onnxruntime's CPU session of `model` (a path or the model's bytes) on `threads` intra-op
+    threads (one inter-op thread), the reference both benchmarks time."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    src = model if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def build_quiet(graph, records=None):
+    """build_model without its "no tuned schedule" warnings (the default schedule, as intended)."""
+    from compiler.graph import build_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build_model(graph, records=records)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per model")
-    ap.add_argument("--threads", type=int, default=2)
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--db", default=None, help="records database: build with its best records (default: untuned)")
-    where.add_argument("--tune", type=int, default=None, metavar="TRIALS",
-                       help="tune each model first with this many trials (fresh records in a temp dir), then time "
-                            "tuned and untuned against onnxruntime")
-    ap.add_argument("--export", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
+    add_common_args(ap, MODELS, rounds=3, tune_group=where)
     args = ap.parse_args()
     if args.export:
         export_here(*args.export)
         return 0
     if args.tune is not None and args.tune < 1:
         ap.error(f"--tune needs at least 1 trial, got {args.tune}")
-    try:
-        import onnxruntime as ort
-        torch_version = version("torch")
-    except (ImportError, PackageNotFoundError):
-        print("needs the bench extra: pip install -e '.[bench]' (torch 2.13.0 CPU, onnxruntime)", file=sys.stderr)
+    versions = bench_versions()
+    if versions is None:
         return 2
+    ort_version, torch_version = versions
 
     import compiler
-    from compiler.graph import build_model, extract_tasks, from_onnx
+    from compiler.graph import extract_tasks, from_onnx
 
     compiler.set_num_threads(args.threads)
     provider = None
@@ -261,14 +305,10 @@ def main() -> int:
         provider = ApplyHistoryBest(open_store(args.db))
     mode = (f"tuned with {args.tune} trials per model" if args.tune else
             "records " + args.db if args.db else "untuned (default schedules)")
-    print(f"host target {compiler.Target.host()}; {args.threads} threads; onnxruntime {ort.__version__}, "
+    print(f"host target {compiler.Target.host()}; {args.threads} threads; onnxruntime {ort_version}, "
           f"torch {torch_version} (exports only); {mode}\n", flush=True)
 
-    def build(graph, records):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # "no tuned schedule": the default schedule, as intended
-            return build_model(graph, records=records)
-
+    build = build_quiet
     report: dict = {k: {} for k in ("ratio_vs_onnxruntime", "tunefarm_ms", "onnxruntime_ms", "max_rel_error",
                                     "build_seconds", "workloads", "disturbed", "host_busy")}
     if args.tune:
@@ -291,9 +331,7 @@ def main() -> int:
             if args.tune:
                 tuned_from = build(graph, None)   # the untuned module, timed in the same rounds
                 report["tuned_workloads"][name] = sum(1 for src in module.sources.values() if src == "records")
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
-            session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            session = ort_session(path, args.threads)
             x = np.random.default_rng(0).standard_normal(graph.values["input"].shape).astype(np.float32)
             (ref,) = session.run(None, {"input": x})
             report["max_rel_error"][name] = max_rel_error(module.run(input=x)[0], ref)
