@@ -1,40 +1,75 @@
 """Any model, not only the four of model_e2e.py: tunefarm against onnxruntime on networks it was
-never fitted to (issue 34).
+never fitted to (issue 34), at the batch sizes and sequence lengths they are deployed at and as
+either of torch's ONNX exporters writes them (issue 54).
 
-Models, batch 1:
+Models (random weights):
 - every model the `onnx` package ships under onnx/backend/test/data/light/ (AlexNet, DenseNet-121,
   Inception v1 and v2, ResNet-50, ShuffleNet, SqueezeNet, VGG-19, ZFNet-512: Caffe2 exports of
   opset 9 whose weights are ConstantOfShape nodes of one value), each ConstantOfShape replaced by
   seeded random weights of its shape, scaled by role (He-scaled convolution and linear weights,
   BatchNorm statistics near identity), and the last layer before the Softmax rescaled so the
-  logits have a spread of LOGIT_STD (a flat Softmax would hide errors);
+  logits have a spread of LOGIT_STD (a flat Softmax would hide errors); the input's batch
+  dimension made symbolic, and every Reshape of activations whose target shape starts with the
+  file's batch of 1 given 0 there instead (copy the input's dimension: any batch);
 - the four models of bench/model_e2e.py (ResNet-18, MobileNetV2, an MLP, a BERT-base layer);
-- networks written here in torch.nn and exported with torch's CPU build (TorchScript exporter,
-  opset 17), each spelling its layers the way its reference implementation does: ResNet-50 with
-  the stride on the 3x3 (torchvision v1.5), ShuffleNetV2 x1.0 (channel split, shuffle as
-  Reshape/Transpose/Reshape), a DenseNet block pair (BatchNorm after Concat), Inception-v3
-  blocks (Concat of four branches, an average-pool branch), EfficientNet-B0 MBConv blocks
-  (squeeze-excite, Swish) and MobileNetV3 blocks (HardSwish, HardSigmoid gate), ConvNeXt blocks
-  (7x7 depthwise, LayerNorm over channels, layer scale), a ViT-S encoder layer with its patch
-  embedding (fused QKV projection unbound into three).
+- networks written here in torch.nn, each spelling its layers the way its reference
+  implementation does: ResNet-50 with the stride on the 3x3 (torchvision v1.5), ShuffleNetV2 x1.0
+  (channel split, shuffle as Reshape/Transpose/Reshape), a DenseNet block pair (BatchNorm after
+  Concat), Inception-v3 blocks (Concat of four branches, an average-pool branch), EfficientNet-B0
+  MBConv blocks (squeeze-excite, Swish) and MobileNetV3 blocks (HardSwish, HardSigmoid gate),
+  ConvNeXt blocks (7x7 depthwise, LayerNorm over channels, layer scale), a ViT-S encoder layer with
+  its patch embedding (fused QKV projection unbound into three), and the whole ViT-B/16 with
+  nn.MultiheadAttention (`vit_b16_mha`, torchvision's layout);
+- transformers built from configs (transformers 5.x, default attention implementation):
+  `bert_base` (BertModel of BertConfig()'s defaults, input_ids and an attention_mask whose last
+  10% are padding in batch row 0), `llama_prefill` (LlamaModel of LLAMA_CONFIG: RMSNorm, rotary,
+  SiLU gate, grouped-query attention, causal mask; a prompt with an attention_mask like BERT's)
+  and `llama_decode` (LlamaForCausalLM's step for one new token: input_ids, attention_mask over
+  the past and the token, position_ids and the KV cache of the past `seq - 1` tokens as inputs
+  past_key_I / past_value_I; logits and present_key_I / present_value_I out).
 
-Each is imported with `compiler.graph.from_onnx` and built untuned (default schedules), checked
-against onnxruntime on the same input, and both are timed alternately for `--rounds` rounds on
+Every torch-defined model (model_e2e's four, the torch.nn networks, the transformers) is exported
+once per exporter in a child process (torch's OpenMP runtime never enters the timing process):
+`torchscript` is torch.onnx.export(dynamo=False, opset_version=17) with dynamic_axes, `dynamo` is
+torch.onnx.export(dynamo=True, opset_version=18) (onnxscript) with dynamic_shapes: the batch axis,
+and the transformers' sequence axis, symbolic. Where an exporter refuses the symbolic axes, the
+model is exported at each shape instead (listed under `static_exports`). The ONNX-shipped light
+zoo runs once under either exporter, as exporter `onnx`. Each shape is then imported with
+`compiler.graph.from_onnx(path, input_shapes=...)` pinning the batch (and sequence), built
+untuned (default schedules), checked against onnxruntime on the same inputs (one session per
+file, its dimensions left symbolic), and both are timed alternately for `--rounds` rounds on
 `--threads` threads each (the protocol of model_e2e.py); a ratio is the median of the rounds'
-ratios (model_e2e.round_ratio), so a host that slows down between rounds moves both sides of it. `--tune TRIALS` first tunes each model's
-fused workloads with that many trials (fresh SQLite records), then times tuned, untuned and
-onnxruntime in the same rounds.
+ratios (model_e2e.round_ratio), so a host that slows down between rounds moves both sides of it.
+`GraphModule.profile` then times the module's kernels one by one against its whole run.
+`--tune TRIALS` first tunes each shape's fused workloads with that many trials (fresh SQLite
+records), then times tuned, untuned and onnxruntime in the same rounds.
 
-A model tunefarm refuses or fails on is listed under `refused` with the reason; the run goes on.
+Flags: --models NAME [NAME ...], --exporter torchscript|dynamo|both (default torchscript),
+--batch N [N ...] (default 1), --seq N [N ...] (default 128; the transformers only: bert_layer,
+bert_base, llama_prefill, llama_decode), --rounds R (default 5), --threads T (default 2), --tune
+TRIALS.
 
-Prints a table, then one JSON line: `ratio_vs_onnxruntime` ({model: onnxruntime's time / ours}),
-`geomean`, `min`, `max_rel_error`, `refused`, `tuned`, and per model the latencies, build seconds
-and workload counts; with --tune also the untuned ratios and the tuning seconds and trials.
+A key is `model/exporter/bN` (`model/onnx/bN` for the light zoo), with `/sM` added for a
+transformer at a sequence length M other than 128. A shape tunefarm refuses or fails on (or an
+exporter or onnxruntime fails on) is listed under `refused` with the reason; the run goes on.
+
+Prints a table, then one JSON line, every per-model dict keyed by those keys:
+`ratio_vs_onnxruntime` (onnxruntime's time / ours), `geomean` and `min` over all keys,
+`max_rel_error`, `tunefarm_ms`, `onnxruntime_ms`, `build_seconds`, `workloads`, `disturbed`,
+`outside_kernels_fraction` (1 - the profile's kernel time / its run time, at least 0: the share
+of a run spent outside kernels), `decode_gbps` (llama_decode: bytes of weights and KV cache one
+step reads / tunefarm's time), `memory_gbps` (this host's read bandwidth, measured in the run: the
+best of several sums over a buffer far larger than the L3, on --threads threads), `refused` and
+`refused_reasons`, `static_exports`, `export_seconds` ({model/exporter: s}), `tuned`, and the run's
+`exporters`, `batches` and `seqs`; with --tune also the untuned ratios and the tuning seconds and
+trials.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import math
 import subprocess
@@ -43,6 +78,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,15 +87,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import model_e2e  # noqa: E402 - the four models, the timing protocol, tuning
+import model_e2e  # noqa: E402 - the four models, the timing protocol, tuning, the shared setup
 
 LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
          "vgg19", "zfnet512")
 E2E = model_e2e.MODELS
 TORCH = ("resnet50_v15", "shufflenet_v2", "densenet_blocks", "inception_v3_blocks", "efficientnet_blocks",
-         "mobilenet_v3_blocks", "convnext_blocks", "vit_s_layer")
-MODELS = tuple(f"light_{n}" for n in LIGHT) + E2E + TORCH
+         "mobilenet_v3_blocks", "convnext_blocks", "vit_s_layer", "vit_b16_mha")
+TRANSFORMERS = ("bert_base", "llama_prefill", "llama_decode")
+MODELS = tuple(f"light_{n}" for n in LIGHT) + E2E + TORCH + TRANSFORMERS
+EXPORTERS = ("torchscript", "dynamo")
+SEQ_MODELS = ("bert_layer",) + TRANSFORMERS    # inputs with a sequence axis: --seq applies
+DEFAULT_SEQ = 128
 LOGIT_STD = 3.0
+# the input of the single-input torch models, one sample (the batch axis comes first)
+SAMPLE_SHAPES = {"resnet18": (3, 224, 224), "mobilenet_v2": (3, 224, 224), "mlp": (784,),
+                 "bert_layer": (DEFAULT_SEQ, 768), "inception_v3_blocks": (192, 35, 35),
+                 **{n: (3, 224, 224) for n in TORCH if n != "inception_v3_blocks"}}
+BERT_VOCAB = 30522   # BertConfig()'s
+LLAMA_CONFIG = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                    intermediate_size=2816, vocab_size=32000, max_position_embeddings=2048)
+PAD_SHARE = 0.1      # of batch row 0's positions masked out at the end (padding)
 
 
 # ----------------------------------------------------------------------------- the light zoo
@@ -140,7 +188,6 @@ def rescale_last_layer(path: str, threads: int) -> float:
     the logits' standard deviation is LOGIT_STD (ReLU and pooling between them are positively
     homogeneous, so the logits scale with it); the factor, or 1.0 without a Softmax."""
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     model = onnx.load(path)
@@ -158,9 +205,7 @@ def rescale_last_layer(path: str, threads: int) -> float:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    session = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    session = model_e2e.ort_session(probe.SerializeToString(), threads)
     feeds = model_inputs(model, seed=1)
     out = session.run([logits], feeds)[0]
     std = float(np.std(out))
@@ -176,23 +221,70 @@ def rescale_last_layer(path: str, threads: int) -> float:
     return factor
 
 
-def model_inputs(model, seed: int = 0) -> dict:
-    """Random standard-normal float32 arrays for the model's non-initializer inputs."""
+def model_inputs(model, seed: int = 0, batch: int = 1) -> dict:
+    """Random standard-normal float32 arrays for the model's non-initializer inputs, `batch` for
+    a symbolic dimension."""
     inits = {i.name for i in model.graph.initializer}
     rng = np.random.default_rng(seed)
     feeds = {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
-        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else batch for d in vi.type.tensor_type.shape.dim)
         feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
     return feeds
+
+
+def symbolic_batch(path: str) -> list:
+    """Make the batch dimension of the model at `path` symbolic ("N"): its inputs' and outputs'
+    first dimension, and every Reshape of activations (a value computed from an input) whose
+    constant target shape starts with the file's batch of 1, which gets 0 there (ONNX: copy the
+    input's dimension) in a constant of its own. Returns the Reshapes so rewritten."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    g = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    live = {vi.name for vi in g.input if vi.name not in consts}   # values computed from the inputs
+    for n in g.node:
+        if any(i in live for i in n.input):
+            live.update(n.output)
+    rewritten = []
+    for n in g.node:
+        if n.op_type != "Reshape" or n.input[0] not in live or n.input[1] not in consts:
+            continue
+        target = consts[n.input[1]]
+        if target.ndim == 1 and target.size and target[0] == 1:
+            target = target.copy()
+            target[0] = 0
+            name = f"{n.input[1]}/any_batch/{len(rewritten)}"
+            g.initializer.append(numpy_helper.from_array(target.astype(np.int64), name))
+            n.input[1] = name
+            rewritten.append(n.name or n.output[0])
+    read = {i for n in g.node for i in n.input}
+    kept = [i for i in g.initializer if i.name in read]   # the rewritten Reshapes' old targets go
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    for vi in list(g.input) + list(g.output):
+        if vi.name in consts or not vi.type.tensor_type.shape.dim:
+            continue
+        dim = vi.type.tensor_type.shape.dim[0]
+        if dim.HasField("dim_value") and dim.dim_value == 1:
+            dim.dim_param = "N"
+    del g.value_info[:]   # intermediate shapes, if any, were inferred at batch 1
+    onnx.save(model, path)
+    return rewritten
 
 
 # ----------------------------------------------------------------------------- torch.nn networks
 
 def torch_networks():
-    """name -> (module, input shape) of the networks written here (see the module docstring)."""
+    """name -> module class of the networks written here (see the module docstring; their
+    inputs' shapes are SAMPLE_SHAPES')."""
     import torch
     from torch import nn
     F = nn.functional
@@ -460,142 +552,423 @@ def torch_networks():
             x = x + self.fc2(F.gelu(self.fc1(self.n2(x))))
             return self.head(self.norm(x)[:, 0])
 
-    return {"resnet50_v15": (ResNet50(), (1, 3, 224, 224)), "shufflenet_v2": (ShuffleNetV2(), (1, 3, 224, 224)),
-            "densenet_blocks": (DenseNetBlocks(), (1, 3, 224, 224)),
-            "inception_v3_blocks": (InceptionBlocks(), (1, 192, 35, 35)),
-            "efficientnet_blocks": (EfficientNetBlocks(), (1, 3, 224, 224)),
-            "mobilenet_v3_blocks": (MobileNetV3Blocks(), (1, 3, 224, 224)),
-            "convnext_blocks": (ConvNeXtBlocks(), (1, 3, 224, 224)), "vit_s_layer": (ViTLayer(), (1, 3, 224, 224))}
+    class ViTB16(nn.Module):
+        """ViT-B/16 as torchvision writes it: patch-embedding convolution, class token, position
+        embedding, 12 pre-LN encoder blocks of nn.MultiheadAttention(768, 12, batch_first=True)
+        (need_weights=False) and an erf-GELU MLP of 3072, the final LayerNorm, a head on the class
+        token."""
+
+        class Block(nn.Module):
+            def __init__(self, dim, heads, mlp):
+                super().__init__()
+                self.ln_1, self.ln_2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+                self.self_attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+                self.mlp = nn.Sequential(nn.Linear(dim, mlp), nn.GELU(), nn.Linear(mlp, dim))
+
+            def forward(self, x):
+                y = self.ln_1(x)
+                x = x + self.self_attention(y, y, y, need_weights=False)[0]
+                return x + self.mlp(self.ln_2(x))
+
+        def __init__(self, dim=768, heads=12, layers=12, mlp=3072):
+            super().__init__()
+            self.conv_proj = nn.Conv2d(3, dim, 16, 16)
+            self.class_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+            self.pos_embedding = nn.Parameter(torch.randn(1, 197, dim) * 0.02)
+            self.layers = nn.Sequential(*(self.Block(dim, heads, mlp) for _ in range(layers)))
+            self.ln, self.head = nn.LayerNorm(dim, eps=1e-6), nn.Linear(dim, 1000)
+
+        def forward(self, x):
+            x = self.conv_proj(x).flatten(2).transpose(1, 2)
+            x = torch.cat((self.class_token.expand(x.shape[0], -1, -1), x), 1) + self.pos_embedding
+            return self.head(self.ln(self.layers(x))[:, 0])
+
+    return {"resnet50_v15": ResNet50, "shufflenet_v2": ShuffleNetV2, "densenet_blocks": DenseNetBlocks,
+            "inception_v3_blocks": InceptionBlocks, "efficientnet_blocks": EfficientNetBlocks,
+            "mobilenet_v3_blocks": MobileNetV3Blocks, "convnext_blocks": ConvNeXtBlocks, "vit_s_layer": ViTLayer,
+            "vit_b16_mha": ViTB16}
 
 
-def export_torch_here(name: str, path: str) -> None:
-    """Random weights (torch's initialization, seeded), exported as model_e2e.py exports."""
+# ----------------------------------------------------------------------------- transformers
+
+def transformer_module(name: str):
+    """The transformers model `name` (random weights from its config, seeded) wrapped to take its
+    inputs positionally and return a tuple of tensors (what both exporters want)."""
+    from torch import nn
+
+    if name == "bert_base":
+        from transformers import BertConfig, BertModel
+
+        class Bert(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = BertModel(BertConfig())
+
+            def forward(self, input_ids, attention_mask):
+                out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+                return out.last_hidden_state, out.pooler_output
+
+        return Bert()
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, LlamaModel
+    config = LlamaConfig(**LLAMA_CONFIG)
+    if name == "llama_prefill":
+
+        class Prefill(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = LlamaModel(config)
+
+            def forward(self, input_ids, attention_mask):
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+        return Prefill()
+
+    class Decode(nn.Module):
+        """One decode step: the past keys and values (flat: layer 0's key, its value, layer 1's key,
+        ...) become a DynamicCache; logits of the new token and the present keys and values out."""
+
+        def __init__(self):
+            super().__init__()
+            self.lm = LlamaForCausalLM(config)
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=cache, use_cache=True)
+            present = []
+            for layer in out.cache.layers:
+                present += [layer.keys, layer.values]
+            return (out.logits, *present)
+
+    return Decode()
+
+
+def padded_mask(batch: int, seq: int) -> np.ndarray:
+    """All ones but the last PAD_SHARE of batch row 0 (padding)."""
+    mask = np.ones((batch, seq), np.int64)
+    mask[0, seq - max(1, round(seq * PAD_SHARE)):] = 0
+    return mask
+
+
+def model_feeds(name: str, batch: int, seq: int) -> dict:
+    """The inputs of torch-defined model `name` at `batch` (and sequence length `seq`), as numpy
+    arrays (the timing process never imports torch); seeded."""
+    rng = np.random.default_rng(0)
+    if name == "bert_layer":
+        return {"input": rng.standard_normal((batch, seq, 768)).astype(np.float32)}
+    if name in SAMPLE_SHAPES:
+        return {"input": rng.standard_normal((batch,) + SAMPLE_SHAPES[name]).astype(np.float32)}
+    if name == "bert_base":
+        return {"input_ids": rng.integers(0, BERT_VOCAB, (batch, seq)), "attention_mask": padded_mask(batch, seq)}
+    vocab = LLAMA_CONFIG["vocab_size"]
+    if name == "llama_prefill":
+        return {"input_ids": rng.integers(0, vocab, (batch, seq)), "attention_mask": padded_mask(batch, seq)}
+    assert name == "llama_decode", name
+    kv_heads = LLAMA_CONFIG["num_key_value_heads"]
+    head_dim = LLAMA_CONFIG["hidden_size"] // LLAMA_CONFIG["num_attention_heads"]
+    feeds = {"input_ids": rng.integers(0, vocab, (batch, 1)), "attention_mask": np.ones((batch, seq), np.int64),
+             "position_ids": np.full((batch, 1), seq - 1, np.int64)}
+    for i in range(LLAMA_CONFIG["num_hidden_layers"]):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}_{i}"] = rng.standard_normal((batch, kv_heads, seq - 1, head_dim)).astype(np.float32)
+    return feeds
+
+
+def io_names(name: str) -> tuple:
+    """(input names, output names, {name: {axis: symbolic name}}) of torch-defined model `name`."""
+    b, s = {0: "batch"}, {0: "batch", 1: "seq"}
+    if name == "bert_base":
+        return (["input_ids", "attention_mask"], ["last_hidden_state", "pooler_output"],
+                {"input_ids": s, "attention_mask": s, "last_hidden_state": s, "pooler_output": b})
+    if name == "llama_prefill":
+        return (["input_ids", "attention_mask"], ["last_hidden_state"],
+                {"input_ids": s, "attention_mask": s, "last_hidden_state": s})
+    if name == "llama_decode":
+        layers = range(LLAMA_CONFIG["num_hidden_layers"])
+        past = [f"past_{k}_{i}" for i in layers for k in ("key", "value")]
+        present = [f"present_{k}_{i}" for i in layers for k in ("key", "value")]
+        axes = {"input_ids": b, "attention_mask": {0: "batch", 1: "total"}, "position_ids": b, "logits": b}
+        axes.update({n: {0: "batch", 2: "past"} for n in past})
+        axes.update({n: {0: "batch", 2: "total"} for n in present})
+        return ["input_ids", "attention_mask", "position_ids"] + past, ["logits"] + present, axes
+    axes = {"input": s if name == "bert_layer" else b, "output": s if name == "bert_layer" else b}
+    return ["input"], ["output"], axes
+
+
+# ----------------------------------------------------------------------------- exports (child process)
+
+def export_torch_here(name: str, path: str, exporter: str, batch: int, seq: int, dynamic: bool) -> None:
+    """Random weights (torch's initialization, seeded; norms randomized as model_e2e's), exported
+    by `exporter` at (`batch`, `seq`), those axes symbolic where `dynamic`."""
     import torch
     torch.manual_seed(0)
-    module, shape = torch_networks()[name]
-    model_e2e.export_module(module, shape, path)
-
-
-def make_model(name: str, directory: str) -> str:
-    """The model's ONNX file in `directory`; torch exports run in a child process (its OpenMP
-    runtime never enters the timing process)."""
-    path = f"{directory}/{name}.onnx"
-    if name.startswith("light_"):
-        light_model(name[len("light_"):], path)
-    elif name in E2E:
-        return model_e2e.export(name, directory)
+    if name in E2E:
+        module = model_e2e.torch_models()[name][0]
+    elif name in TORCH:
+        module = torch_networks()[name]()
     else:
-        subprocess.run([sys.executable, __file__, "--export", name, path], check=True)
-    return path
+        module = transformer_module(name)
+    model_e2e.randomize_norms(module)
+    module.eval()
+    inputs, outputs, axes = io_names(name)
+    feeds = model_feeds(name, batch, seq)
+    args = tuple(torch.from_numpy(feeds[n]) for n in inputs)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice, tracer warnings
+        if exporter == "torchscript":
+            torch.onnx.export(module, args, path, dynamo=False, opset_version=17, input_names=inputs,
+                              output_names=outputs, dynamic_axes=axes if dynamic else None)
+        else:
+            shapes = None
+            if dynamic:
+                shapes = [{a: torch.export.Dim.DYNAMIC for a in axes.get(n, {})} or None for n in inputs]
+                params = inspect.signature(module.forward).parameters.values()
+                if any(p.kind is p.VAR_POSITIONAL for p in params):   # *past: one entry, a tuple
+                    fixed = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+                    shapes = shapes[:fixed] + [tuple(shapes[fixed:])]
+                shapes = tuple(shapes)
+            torch.onnx.export(module, args, path, dynamo=True, opset_version=18, input_names=inputs,
+                              output_names=outputs, dynamic_shapes=shapes, verbose=False)
 
 
-# ----------------------------------------------------------------------------- the run
+def export_torch(name: str, path: str, exporter: str, batch: int, seq: int, dynamic: bool, timeout: float = 1800):
+    """export_torch_here in a child process; None, or the reason it failed (its last words)."""
+    cmd = [sys.executable, __file__, "--export", name, path, "--exporter", exporter, "--batch", str(batch),
+           "--seq", str(seq)] + ([] if dynamic else ["--static"])
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"export timed out after {timeout:.0f} s"
+    if done.returncode == 0 and Path(path).is_file():
+        return None
+    lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return " | ".join((errors or lines)[-3:])[:400] or f"export exited {done.returncode}"
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def memory_gbps(threads: int, mib: int = 1024, repeat: int = 5) -> float:
+    """This host's read bandwidth, GB/s: the best of `repeat` max-reductions (numpy's SIMD loop,
+    the GIL released) of a float32 buffer of `mib` MiB (far beyond the L3), on one thread and
+    split over `threads` threads, whichever reads faster."""
+    buf = np.ones(mib * (1 << 20) // 4, np.float32)
+    best = math.inf
+    for n in sorted({1, threads}):
+        parts = np.array_split(buf, n)
+        with ThreadPoolExecutor(n) as pool:
+            for _ in range(repeat + 1):            # the first pass warms the pages and the threads
+                t0 = time.perf_counter()
+                list(pool.map(np.maximum.reduce, parts))
+                best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def decode_step_bytes(path: str, feeds: dict) -> int:
+    """Bytes one decode step reads at least: every weight of the model at `path` (initializers)
+    once, but only the gathered rows of a table a Gather reads (the token embedding: one row per
+    new token), plus the KV cache (the past_* inputs)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(path, load_external_data=False)
+    tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
+    tokens = feeds["input_ids"].size
+    total = 0
+    for init in model.graph.initializer:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        dims = list(init.dims)
+        total += itemsize * (tokens * math.prod(dims[1:]) if init.name in tables and dims else math.prod(dims))
+    return total + sum(a.nbytes for n, a in feeds.items() if n.startswith("past_"))
+
 
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
+def outside_fraction(module, feeds: dict) -> float:
+    """1 - sum of the kernels' times / the whole run's time, from GraphModule.profile (short
+    timings: at least 3 clean samples each), at least 0."""
+    from compiler.timing import TimingOptions
+    opts = TimingOptions(min_samples=3, max_samples=50, min_seconds=0.01, max_seconds=0.3, attempts=2)
+    prof = module.profile(feeds, options=opts)
+    return max(0.0, 1.0 - prof.kernel_seconds / prof.run_seconds) if prof.run_seconds > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- the run
+
+def key_of(name: str, exporter: str, batch: int, seq: int) -> str:
+    return f"{name}/{exporter}/b{batch}" + (f"/s{seq}" if name in SEQ_MODELS and seq != DEFAULT_SEQ else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per model")
-    ap.add_argument("--threads", type=int, default=2, help="threads of both runtimes")
-    ap.add_argument("--tune", type=int, default=None, metavar="TRIALS",
-                    help="tune each model first with this many trials (fresh records), then time tuned and untuned")
-    ap.add_argument("--export", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
+    model_e2e.add_common_args(ap, MODELS, rounds=5)
+    ap.add_argument("--exporter", choices=EXPORTERS + ("both",), default="torchscript",
+                    help="torch's ONNX exporter for the torch-defined models (the light zoo is ONNX already)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes")
+    ap.add_argument("--seq", type=int, nargs="+", default=[DEFAULT_SEQ],
+                    help=f"sequence lengths of the transformers ({', '.join(SEQ_MODELS)})")
+    ap.add_argument("--static", action="store_true", help=argparse.SUPPRESS)   # export child: fixed shapes
     args = ap.parse_args()
     if args.export:
-        export_torch_here(*args.export)
+        export_torch_here(args.export[0], args.export[1], args.exporter, args.batch[0], args.seq[0], not args.static)
         return 0
     if args.tune is not None and args.tune < 1:
         ap.error(f"--tune needs at least 1 trial, got {args.tune}")
-    try:
-        import onnx
-        import onnxruntime as ort
-    except ImportError:
-        print("needs the bench extra: pip install -e '.[bench]' (torch 2.13.0 CPU, onnxruntime)", file=sys.stderr)
+    if min(args.batch) < 1 or min(args.seq) < 2:
+        ap.error("--batch needs sizes of at least 1, --seq lengths of at least 2")
+    versions = model_e2e.bench_versions()
+    if versions is None:
         return 2
+    import onnx
 
     import compiler
-    from compiler.graph import build_model, extract_tasks, from_onnx
+    from compiler.graph import extract_tasks, from_onnx
 
+    exporters = EXPORTERS if args.exporter == "both" else (args.exporter,)
+    batches, seqs = list(dict.fromkeys(args.batch)), list(dict.fromkeys(args.seq))
     compiler.set_num_threads(args.threads)
     mode = f"tuned with {args.tune} trials per model" if args.tune else "untuned (default schedules)"
-    print(f"host target {compiler.Target.host()}; {args.threads} threads; onnxruntime {ort.__version__}; "
-          f"{mode}\n", flush=True)
-
-    def build(graph, records):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # "no tuned schedule": the default schedule, as intended
-            return build_model(graph, records=records)
+    bandwidth = round(memory_gbps(args.threads), 1)
+    print(f"host target {compiler.Target.host()}; {args.threads} threads; onnxruntime {versions[0]}, torch "
+          f"{versions[1]} (exports only); {mode}; exporters {', '.join(exporters)}; batches {batches}; "
+          f"seqs {seqs}; memory read {bandwidth} GB/s\n", flush=True)
 
     keys = ("ratio_vs_onnxruntime", "tunefarm_ms", "onnxruntime_ms", "max_rel_error", "build_seconds", "workloads",
-            "disturbed")
+            "disturbed", "outside_kernels_fraction")
     report: dict = {k: {} for k in keys}
+    report.update(decode_gbps={}, export_seconds={})
     if args.tune:
         for k in ("untuned_ratio_vs_onnxruntime", "tunefarm_untuned_ms", "tuning_seconds", "tuning_trials"):
             report[k] = {}
     refused: dict = {}
+    static_exports: list = []
+
+    def refuse(key, e):
+        refused[key] = (f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else str(e))[:400]
+        print(f"{key:<34} REFUSED  {refused[key]}", flush=True)
+        if isinstance(e, BaseException) and not isinstance(e, (compiler.graph.GraphError, compiler.CompilerError)):
+            traceback.print_exc()
+
+    def run_shape(key, name, path, session, feeds):
+        """Build, check, time and profile one shape of one model file; fills the report."""
+        feeds = {i.name: feeds[i.name] for i in session.get_inputs()}   # exporters drop unread inputs
+        print(f"{key}: building ...", flush=True)
+        refs = session.run(None, feeds)
+        graph = from_onnx(path, input_shapes={n: a.shape for n, a in feeds.items()})
+        records = trials = n_tasks = None
+        if args.tune:
+            print(f"{key}: tuning {args.tune} trials ...", flush=True)
+            records, tune_s, trials, n_tasks = model_e2e.tune(graph, args.tune, tempfile.mkdtemp(dir=tmp))
+            report["tuning_seconds"][key], report["tuning_trials"][key] = round(tune_s, 1), trials
+        t0 = time.perf_counter()
+        module = model_e2e.build_quiet(graph, records)
+        build_s = round(time.perf_counter() - t0, 1)
+        untuned = model_e2e.build_quiet(graph, None) if args.tune else None
+        outs = module.run(**feeds)
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        once = time.perf_counter() - t0
+        report["build_seconds"][key] = build_s
+        report["workloads"][key] = len(extract_tasks(graph))
+        report["max_rel_error"][key] = max(model_e2e.max_rel_error(o, r) for o, r in zip(outs, refs))
+        del graph, outs, refs
+        runs = {"ours": lambda m=module, f=feeds: m.run(**f), "onnxruntime": lambda s=session, f=feeds: s.run(None, f)}
+        if untuned is not None:
+            runs["untuned"] = lambda m=untuned, f=feeds: m.run(**f)
+        # slow shapes (a second a call) get fewer samples a round: the rounds still alternate
+        timed = model_e2e.time_interleaved(runs, args.rounds, repeat=5 if once < 0.25 else 3 if once < 1 else 2)
+        ours, theirs = timed["ours"][0], timed["onnxruntime"][0]
+        report["tunefarm_ms"][key], report["onnxruntime_ms"][key] = ours, theirs
+        report["ratio_vs_onnxruntime"][key] = round(model_e2e.round_ratio(timed, "onnxruntime", "ours"), 3)
+        report["disturbed"][key] = any(t[1] for t in timed.values())
+        report["outside_kernels_fraction"][key] = round(outside_fraction(module, feeds), 3)
+        line = (f"{key:<34} tunefarm {ours:9.3f} ms   onnxruntime {theirs:9.3f} ms   ratio "
+                f"{report['ratio_vs_onnxruntime'][key]:5.2f}x   max rel. error {report['max_rel_error'][key]:.1e}   "
+                f"{len(module.steps)} kernels, {report['workloads'][key]} workloads, built in {build_s} s, "
+                f"{report['outside_kernels_fraction'][key]:.0%} outside kernels")
+        if name == "llama_decode":
+            gbps = decode_step_bytes(path, feeds) / (ours / 1e3) / 1e9
+            report["decode_gbps"][key] = round(gbps, 1)
+            line += f"   decode reads {gbps:.1f} GB/s (memory {bandwidth} GB/s)"
+        if untuned is not None:
+            u = timed["untuned"][0]
+            report["tunefarm_untuned_ms"][key] = u
+            report["untuned_ratio_vs_onnxruntime"][key] = round(model_e2e.round_ratio(timed, "onnxruntime", "untuned"), 3)
+            line += (f"\n{'':<34} untuned  {u:9.3f} ms   ratio {report['untuned_ratio_vs_onnxruntime'][key]:5.2f}x"
+                     f"   tuned {trials} trials over {n_tasks} workloads in {report['tuning_seconds'][key]} s")
+        if report["disturbed"][key]:
+            line += "   DISTURBED"
+        print(line, flush=True)
+
+    def run_file(path, name, keyed_shapes):
+        """run_shape for each (key, feeds) of one model file under one onnxruntime session."""
+        try:
+            session = model_e2e.ort_session(path, args.threads)
+        except Exception as e:  # noqa: BLE001 - onnxruntime refusing a file is a figure too
+            for key, _ in keyed_shapes:
+                refuse(key, f"onnxruntime: {type(e).__name__}: {e}")
+            return
+        for key, feeds in keyed_shapes:
+            try:
+                run_shape(key, name, path, session, feeds)
+            except Exception as e:  # noqa: BLE001 - a refusal or a crash is a figure, the run goes on
+                refuse(key, e)
+            gc.collect()
+        del session
+        gc.collect()
+
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            path = make_model(name, tmp)
-            rescale_last_layer(path, args.threads)
-            model = onnx.load(path)
-            feeds = model_inputs(model)
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
-            session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            refs = session.run(None, feeds)
-            try:
-                graph = from_onnx(path)
-                records = None
-                if args.tune:
-                    print(f"{name}: tuning {args.tune} trials ...", flush=True)
-                    records, tune_s, trials, n_tasks = model_e2e.tune(graph, args.tune, tempfile.mkdtemp(dir=tmp))
-                    report["tuning_seconds"][name], report["tuning_trials"][name] = round(tune_s, 1), trials
-                t0 = time.perf_counter()
-                module = build(graph, records)
-                report["build_seconds"][name] = round(time.perf_counter() - t0, 1)
-                untuned = build(graph, None) if args.tune else None
-                outs = module.run(**feeds)
-            except Exception as e:  # noqa: BLE001 - a refusal or a crash is a figure, the run goes on
-                refused[name] = f"{type(e).__name__}: {e}"[:400]
-                print(f"{name:<22} REFUSED  {refused[name]}", flush=True)
-                if not isinstance(e, compiler.graph.GraphError):
-                    traceback.print_exc()
+            shapes = [(b, s) for b in batches for s in (seqs if name in SEQ_MODELS else [DEFAULT_SEQ])]
+            if name.startswith("light_"):
+                path = f"{tmp}/{name}.onnx"
+                light_model(name[len("light_"):], path)
+                rescale_last_layer(path, args.threads)
+                symbolic_batch(path)
+                model = onnx.load(path)
+                keyed = [(key_of(name, "onnx", b, s), model_inputs(model, batch=b)) for b, s in shapes]
+                del model
+                run_file(path, name, keyed)
+                Path(path).unlink()
                 continue
-            report["workloads"][name] = len(extract_tasks(graph))
-            report["max_rel_error"][name] = max(model_e2e.max_rel_error(o, r) for o, r in zip(outs, refs))
-            runs = {"ours": lambda m=module, f=feeds: m.run(**f),
-                    "onnxruntime": lambda s=session, f=feeds: s.run(None, f)}
-            if untuned is not None:
-                runs["untuned"] = lambda m=untuned, f=feeds: m.run(**f)
-            timed = model_e2e.time_interleaved(runs, args.rounds)
-            ours, theirs = timed["ours"][0], timed["onnxruntime"][0]
-            report["tunefarm_ms"][name], report["onnxruntime_ms"][name] = ours, theirs
-            report["ratio_vs_onnxruntime"][name] = round(model_e2e.round_ratio(timed, "onnxruntime", "ours"), 3)
-            report["disturbed"][name] = any(t[1] for t in timed.values())
-            line = (f"{name:<22} tunefarm {ours:9.3f} ms   onnxruntime {theirs:9.3f} ms   ratio "
-                    f"{report['ratio_vs_onnxruntime'][name]:5.2f}x"
-                    f"   max rel. error {report['max_rel_error'][name]:.1e}   {len(module.steps)} kernels, "
-                    f"{report['workloads'][name]} workloads, built in {report['build_seconds'][name]} s")
-            if untuned is not None:
-                u = timed["untuned"][0]
-                report["tunefarm_untuned_ms"][name] = u
-                report["untuned_ratio_vs_onnxruntime"][name] = round(model_e2e.round_ratio(timed, "onnxruntime", "untuned"), 3)
-                line += (f"\n{'':<22} untuned  {u:9.3f} ms   ratio {report['untuned_ratio_vs_onnxruntime'][name]:5.2f}x"
-                         f"   tuned {trials} trials over {n_tasks} workloads in {report['tuning_seconds'][name]} s")
-            if report["disturbed"][name]:
-                line += "   DISTURBED"
-            print(line, flush=True)
+            for exporter in exporters:
+                tag, where = f"{name}/{exporter}", f"{tmp}/{name}.{exporter}"
+                print(f"{tag}: exporting ...", flush=True)
+                Path(where).mkdir()
+                t0 = time.perf_counter()
+                path = f"{where}/{name}.onnx"
+                # an example batch of 2: the dynamo exporter specializes axes of size 1
+                failed = export_torch(name, path, exporter, 2, shapes[0][1], dynamic=True)
+                report["export_seconds"][tag] = round(time.perf_counter() - t0, 1)
+                if failed is None:
+                    run_file(path, name, [(key_of(name, exporter, b, s), model_feeds(name, b, s)) for b, s in shapes])
+                else:
+                    print(f"{tag}: no export with symbolic axes ({failed}); exporting each shape", flush=True)
+                    static_exports.append(tag)
+                    for b, s in shapes:
+                        key, path = key_of(name, exporter, b, s), f"{where}/{name}_b{b}_s{s}.onnx"
+                        failed = export_torch(name, path, exporter, b, s, dynamic=False)
+                        if failed is not None:
+                            refuse(key, f"{exporter} export: {failed}")
+                            continue
+                        run_file(path, name, [(key, model_feeds(name, b, s))])
+                        for f in Path(where).glob(f"{name}_b{b}_s{s}.onnx*"):
+                            f.unlink()
+                for f in Path(where).iterdir():
+                    f.unlink()
     ratios = report["ratio_vs_onnxruntime"]
     report.update(geomean=round(geomean(ratios.values()), 3), min=min(ratios.values(), default=0.0),
-                  refused=sorted(refused), refused_reasons=refused, tuned=bool(args.tune), threads=args.threads)
+                  memory_gbps=bandwidth, refused=sorted(refused), refused_reasons=refused,
+                  static_exports=static_exports, tuned=bool(args.tune), threads=args.threads,
+                  exporters=list(exporters), batches=batches, seqs=seqs)
     if args.tune:
         report["tune_trials_per_model"] = args.tune
-    print(f"\ngeomean {report['geomean']:.3f}x onnxruntime over {len(ratios)} models, min {report['min']:.3f}x; "
-          f"refused {len(refused)}", flush=True)
+    print(f"\ngeomean {report['geomean']:.3f}x onnxruntime over {len(ratios)} shapes, min {report['min']:.3f}x; "
+          f"refused {len(refused)}; memory read {bandwidth} GB/s"
+          + "".join(f"; {k} decode {v} GB/s" for k, v in report["decode_gbps"].items()), flush=True)
     print(json.dumps(report))
     return 0
 
