@@ -66,7 +66,7 @@ def struct_key(e: Expr):
         return e
     if isinstance(e, Const):
         return ("c", e.value, e.dtype)
-    head = (type(e).__name__, getattr(e, "op", None), getattr(e, "func", None), e.dtype,
+    head: tuple = (type(e).__name__, getattr(e, "op", None), getattr(e, "func", None), e.dtype,
             id(getattr(e, "buffer", None)) if hasattr(e, "buffer") else None)
     if type(e) is CheckedIndex:   # two checks of one value against other ranges are other atoms
         head += (e.lo, e.hi, e.site)

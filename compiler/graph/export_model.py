@@ -330,7 +330,9 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
 def _check_tables(module: GraphModule, name: str) -> list:
     """C tables of every step's index checks in words (NAME_error's answers): the checks of all
     steps in one array, with each step's first entry and count."""
-    texts, base, count = [], [], []
+    texts: list[str] = []
+    base: list[int] = []
+    count: list[int] = []
     for step in module.steps:
         base.append(len(texts))
         count.append(len(step.kernel.checks))
