@@ -73,9 +73,11 @@ def from_onnx(src, input_shapes: dict | None = None, simplify_graph: bool = True
     """The model at `src` (path, bytes or ModelProto) as a Graph with static shapes.
 
     `input_shapes` pins inputs whose dimensions the model leaves symbolic ({"input": (1, 3,
-    224, 224)}). Every node is checked first and all the unsupported ones are reported in one
-    UnsupportedModelError. With `simplify_graph` (the default) constants are folded and
-    BatchNormalization is folded into its convolution (passes.simplify)."""
+    224, 224)}). A node whose inputs are all known at import is computed then, whatever its
+    operator (onnx_fold.py); every node left to run as a kernel is checked first and all the
+    unsupported ones are reported in one UnsupportedModelError. With `simplify_graph` (the
+    default) the folded nodes are dropped and BatchNormalization is folded into its convolution
+    (passes.simplify); nodes tunefarm has no kernel for are dropped once folded either way."""
     onnx = _onnx()
     model = load_model(src)
     from onnx import numpy_helper
