@@ -139,12 +139,13 @@ def prepack_matmul_weights(graph: Graph, target) -> Graph:
         rows = math.prod(a.shape[:-1])
         # a batch of A sharing B is one product of all its rows (workloads.row_view)
         M = a.shape[-2] if shared_b_rows(a.shape, b.shape) is None else rows
-        mr, nb = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
+        mr, nb = gemm_tile(M, N, lanes, target.capabilities.vector_registers,
+                           fmas_per_cycle=target.capabilities.fmas_per_cycle)
         if rows == 1:
             nb = gemv_panel_columns(K, N, lanes, target.num_cores)
             if nb is None:
                 continue
-        elif rows <= mr or n.op_type != "MatMul":   # one row tile: the schedule reads B in place
+        elif rows <= mr:   # one row tile: the schedule reads B in place
             continue
         name = f"{n.inputs[1]}/panels{nb}"
         if name not in out.values:

@@ -274,7 +274,8 @@ def _packing_pays(view, target) -> bool:
         return True
     *batch, M, N = view.output.shape
     lanes = target.vector_lanes(view.output.dtype)
-    mr, _ = gemm_tile(M, N, lanes, target.capabilities.vector_registers)
+    mr, _ = gemm_tile(M, N, lanes, target.capabilities.vector_registers,
+                      fmas_per_cycle=target.capabilities.fmas_per_cycle)
     return math.prod(batch) * M > mr
 
 

@@ -20,19 +20,26 @@ from .schedule_common import PARALLEL_MIN_WORK
 
 MAX_MR = 8  # rows of a register tile (the gemm template's tile_i knob goes this far)
 LOADS_PER_CYCLE = 2  # vector loads a core issues per cycle (broadcasts of A, vectors of B)
+FMA_LATENCY = 4  # cycles between two updates of one accumulator (schedule_conv.FMA_LATENCY)
 ROW_VECTORS = (4, 2, 1)  # vectors per tile row: a power of two (see schedule_common.accumulator_factor)
 
 
-def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = None) -> tuple:
+def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = None,
+              fmas_per_cycle: float = 2.0) -> tuple:
     """(mr, nr) of the register tile for a target with `registers` vector registers of `lanes`.
 
     A k step holds mr·nv accumulators, nv vectors of B and one broadcast of A in registers, and
     does mr·nv FMAs for mr + nv loads. Among whole-register row widths nv (no wider than N) and
     the most rows that fit, the tile that does the most useful FMAs per cycle wins, then the one
     with the most FMAs per load: 6 × 2 vectors with 16 registers (12 accumulators: 4 × 4 would
-    not fit), 6 × 4 with 32. Useful: the last column tile's lanes past N are computed and thrown
-    away, so where N is not a multiple of the wide tile a narrower one that divides it is faster
-    (ConvNeXt's 384 -> 96 projection: 6 x 64 wasted a quarter of its FMAs, 8 x 32 ran 1.38x faster).
+    not fit), 6 × 4 with 32. A k step takes the longest of its FMAs on the target's
+    `fmas_per_cycle` pipes, its loads at LOADS_PER_CYCLE and one FMA latency (each accumulator
+    waits for its previous update), as schedule_conv.pick_tile rates conv tiles. Useful: the
+    last column tile's lanes past N are computed and thrown away, so where N is not a multiple
+    of the wide tile a narrower one that divides it is faster (ConvNeXt's 384 -> 96 projection:
+    6 x 64 wasted a quarter of its FMAs, 8 x 32 ran 1.38x faster); but a one-vector tile of 8
+    chains starves two FMA pipes (load- and latency-bound): 1000 x 1000 on AVX2 took 8 x 8 for
+    its 0.8 % of wasted lanes under 6 x 16, 0.69x onnxruntime.
     `columns`: B already comes in panels that wide (a model's prepacked weight), so nr is that.
     """
     if columns is not None:
@@ -45,7 +52,7 @@ def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = 
         if mr >= 1 and nr <= MAX_VECTOR_LANES and (nv == 1 or nr <= N):
             fmas = mr * nv
             used = N / (-(-N // nr) * nr)
-            cycles = max(fmas, (mr + nv) / LOADS_PER_CYCLE)   # per FMA pipe issue; loads from L1
+            cycles = max(fmas / fmas_per_cycle, (mr + nv) / LOADS_PER_CYCLE, FMA_LATENCY)   # loads from L1
             tiles.append((round(fmas * used / cycles, 2), fmas / (mr + nv), mr, nr))
     *_, mr, nr = max(tiles)
     return mr, nr
@@ -59,7 +66,8 @@ def schedule_gemm(opdef, target=None, pack: bool = True) -> Schedule:
     target = resolve_target(target)
     s, out_stage, acc_stage, lanes = _product_stages(opdef, target)
     *batch, M, N = opdef.output.shape
-    mr, nr = gemm_tile(M, N, lanes, target.capabilities.vector_registers, opdef.params.get("weight_block"))
+    caps = target.capabilities
+    mr, nr = gemm_tile(M, N, lanes, caps.vector_registers, opdef.params.get("weight_block"), caps.fmas_per_cycle)
     *b_axes, i, j = out_stage.op.axis
     io, ii = out_stage.split(i, factor=mr)
     jo, ji = out_stage.split(j, factor=nr)

@@ -72,7 +72,8 @@ def _gemm(space):
         return None
     op = space.dag.op(out)
     *batch, M, N = [ax.extent for ax in op.axis]
-    mr, nr = gemm_tile(M, N, target.vector_lanes(op.dtype), target.capabilities.vector_registers)
+    mr, nr = gemm_tile(M, N, target.vector_lanes(op.dtype), target.capabilities.vector_registers,
+                       fmas_per_cycle=target.capabilities.fmas_per_cycle)
     n_batch = len(batch)
     tile = {f"s{d}": [1, 1, 1] for d in range(n_batch)}
     tile[f"s{n_batch}"] = [1, 1, mr]

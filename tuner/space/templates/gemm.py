@@ -43,7 +43,8 @@ def _first(default, values):
 def gemm_knob_values(M: int, N: int, K: int, acc_dtype: str, target) -> dict:
     """The values of tile_i, tile_j, tile_k (inner factors), the default schedule's first."""
     base = max(4, GRID_BYTES // nbytes(acc_dtype))
-    mr, nr = gemm_tile(M, N, target.vector_lanes(acc_dtype), target.capabilities.vector_registers)
+    mr, nr = gemm_tile(M, N, target.vector_lanes(acc_dtype), target.capabilities.vector_registers,
+                       fmas_per_cycle=target.capabilities.fmas_per_cycle)
     nrs = [base * m for m in range(1, MAX_LANES // base + 1) if base * (m - 1) < N]
     if N <= MAX_LANES:
         nrs.append(N)
