@@ -12,6 +12,11 @@ finds out of range comes back with its check and value, and a model's runtime ca
 The pointers are baked into the code: the owner must keep every argument buffer and every kernel
 alive, at the same address, for as long as it uses the sequence (GraphModule's buffers are
 allocated once, with the module).
+
+A second function of the same calls reads the monotonic clock before each call and after the
+last (`run_timed`): each kernel's time where it stands in a real run, its inputs just written by
+the kernels before it and its weights wherever the run left them, not warm from calling it alone
+again and again. A model's profile is made of these, so its kernels add up to its run.
 """
 
 from __future__ import annotations
@@ -25,16 +30,37 @@ from .runtime import ErrorRecord, Kernel
 from .target import Target, llvm_binding
 
 SEQUENCE_SYMBOL = "tunefarm_call_sequence"
+TIMED_SEQUENCE_SYMBOL = "tunefarm_call_sequence_timed"
+CLOCK_MONOTONIC = 1   # Linux's clock id
 
 
-def _sequence_ir(calls: list) -> str:
+def _stamp(i: int) -> list:
+    """IR storing the monotonic clock, in nanoseconds, at %stamps[i]."""
+    return [f"  %cg{i} = call i32 @clock_gettime(i32 {CLOCK_MONOTONIC}, {{i64, i64}}* %ts)",
+            f"  %sec{i} = load i64, i64* %ts_sec", f"  %nsec{i} = load i64, i64* %ts_nsec",
+            f"  %secns{i} = mul i64 %sec{i}, 1000000000", f"  %now{i} = add i64 %secns{i}, %nsec{i}",
+            f"  %slot{i} = getelementptr i64, i64* %stamps, i64 {i}", f"  store i64 %now{i}, i64* %slot{i}"]
+
+
+def _sequence_ir(calls: list, timed: bool = False) -> str:
     """LLVM IR of `i32 tunefarm_call_sequence(i32* failed, i8* record)`: each call's address and
     arguments as constants, the error record passed on to every kernel; returns KERNEL_OK, or the
-    failing call's status with its index in *failed."""
-    lines = [f"define i32 @{SEQUENCE_SYMBOL}(i32* %failed, i8* %record) {{", "entry:"]
+    failing call's status with its index in *failed. With `timed`,
+    `i32 tunefarm_call_sequence_timed(i32* failed, i8* record, i64* stamps)`, which also stores
+    the monotonic clock (ns) before call i in stamps[i] and after the last in stamps[len(calls)]."""
+    if timed:
+        lines = ["declare i32 @clock_gettime(i32, {i64, i64}*)",
+                 f"define i32 @{TIMED_SEQUENCE_SYMBOL}(i32* %failed, i8* %record, i64* %stamps) {{", "entry:",
+                 "  %ts = alloca {i64, i64}",
+                 "  %ts_sec = getelementptr {i64, i64}, {i64, i64}* %ts, i32 0, i32 0",
+                 "  %ts_nsec = getelementptr {i64, i64}, {i64, i64}* %ts, i32 0, i32 1"]
+    else:
+        lines = [f"define i32 @{SEQUENCE_SYMBOL}(i32* %failed, i8* %record) {{", "entry:"]
     for i, (address, ptrs) in enumerate(calls):
         fn_type = f"i32 ({', '.join(['i8*'] * (len(ptrs) + 1))})*"
         args = ", ".join([f"i8* inttoptr (i64 {int(p)} to i8*)" for p in ptrs] + ["i8* %record"])
+        if timed:
+            lines += _stamp(i)
         lines += [f"  %f{i} = inttoptr i64 {int(address)} to {fn_type}",
                   f"  %s{i} = call i32 %f{i}({args})",
                   f"  %ok{i} = icmp eq i32 %s{i}, {KERNEL_OK}",
@@ -43,6 +69,8 @@ def _sequence_ir(calls: list) -> str:
                   f"  store i32 {i}, i32* %failed",
                   f"  ret i32 %s{i}",
                   f"next{i}:"]
+    if timed:
+        lines += _stamp(len(calls))
     lines += [f"  ret i32 {KERNEL_OK}", "}"]
     return "\n".join(lines) + "\n"
 
@@ -62,12 +90,14 @@ class CallSequence:
                 raise ValueError(f"kernel {kernel.name} takes {len(kernel.args)} pointers, got {len(ptrs)}")
             address = ctypes.cast(kernel._load(), ctypes.c_void_p).value
             calls.append((address, ptrs))
-        self._engine, self._fn = self._compile(_sequence_ir(calls))
+        self._calls = calls
+        self._engine, self._fn = self._compile(_sequence_ir(calls), SEQUENCE_SYMBOL)
+        self._timed: tuple | None = None   # (engine, function) of the timed sequence, made on first use
         self._failed = ctypes.c_int32(-1)
         self._record = ErrorRecord()
 
     @staticmethod
-    def _compile(ir_text: str):
+    def _compile(ir_text: str, symbol: str, *extra):
         llvm = llvm_binding()
         host = Target.host()
         try:
@@ -76,20 +106,35 @@ class CallSequence:
             module.verify()
             engine = llvm.create_mcjit_compiler(module, host.new_target_machine())
             engine.finalize_object()
-            address = engine.get_function_address(SEQUENCE_SYMBOL)
+            address = engine.get_function_address(symbol)
         except RuntimeError as e:
             raise KernelLoadError(f"cannot compile the call sequence: {e}") from None
-        return engine, ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_void_p)(address)
+        return engine, ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_void_p, *extra)(address)
 
     def __len__(self) -> int:
         return len(self.kernels)
+
+    def run_timed(self, stamps) -> None:
+        """run(), reading the monotonic clock (ns) into `stamps` (a C-contiguous int64 numpy array
+        of len(self) + 1) before each call and after the last: kernel i took
+        stamps[i + 1] - stamps[i]. The timed function is compiled on first use."""
+        if stamps.dtype != "int64" or stamps.shape != (len(self) + 1,) or not stamps.flags.c_contiguous:
+            raise ValueError(f"stamps must be a contiguous int64 array of {len(self) + 1}, got {stamps.dtype} "
+                             f"{stamps.shape}")
+        if self._timed is None:
+            self._timed = self._compile(_sequence_ir(self._calls, timed=True), TIMED_SEQUENCE_SYMBOL, ctypes.c_void_p)
+        if self._parallel:
+            before_parallel_call()
+        self._check(self._timed[1](ctypes.byref(self._failed), ctypes.addressof(self._record), stamps.ctypes.data))
 
     def run(self) -> None:
         """KernelRuntimeError for the first call that fails: its `call` is the call's index, and
         an index error carries the kernel's `check` and the `value` (Kernel.failure)."""
         if self._parallel:
             before_parallel_call()
-        status = self._fn(ctypes.byref(self._failed), ctypes.addressof(self._record))
+        self._check(self._fn(ctypes.byref(self._failed), ctypes.addressof(self._record)))
+
+    def _check(self, status: int) -> None:
         if status != KERNEL_OK:
             call = self._failed.value
             kernel: Kernel = self.kernels[call]
@@ -98,4 +143,4 @@ class CallSequence:
             raise error
 
 
-__all__ = ["CallSequence", "SEQUENCE_SYMBOL"]
+__all__ = ["CallSequence", "SEQUENCE_SYMBOL", "TIMED_SEQUENCE_SYMBOL"]

@@ -79,3 +79,34 @@ def test_pointer_lists_must_match_the_kernels():
         CallSequence([add, add], [[0, 0]])
     with pytest.raises(ValueError, match="takes 2 pointers, got 1"):
         CallSequence([add], [[0]])
+
+
+def test_the_timed_sequence_runs_the_same_calls_and_stamps_each():
+    rng = np.random.default_rng(1)
+    shape = (53, 31)
+    add = _kernel(shape, lambda x: x + 0.5, "timed_add")
+    mul = _kernel(shape, lambda x: x * 3.0, "timed_mul", parallel=True)
+    a = aligned_empty(shape, np.float32)
+    a[...] = rng.uniform(-2, 2, shape).astype(np.float32)
+    b, c = aligned_empty(shape, np.float32), aligned_empty(shape, np.float32)
+    b.fill(np.nan)
+    c.fill(np.nan)
+    seq = CallSequence([add, mul], [[a.ctypes.data, b.ctypes.data], [b.ctypes.data, c.ctypes.data]])
+    stamps = np.zeros(3, np.int64)
+    seq.run_timed(stamps)
+    np.testing.assert_allclose(c, (a.astype(np.float64) + 0.5) * 3.0, rtol=1e-6)
+    assert stamps[0] > 0 and np.all(np.diff(stamps) >= 0)     # the monotonic clock, in call order
+    first = stamps.copy()
+    seq.run_timed(stamps)
+    assert stamps[0] >= first[2]
+    with pytest.raises(ValueError, match="contiguous int64 array of 3"):
+        seq.run_timed(np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="int64"):
+        seq.run_timed(np.zeros(3, np.float64))
+
+
+def test_the_timed_sequence_names_a_failing_call_too():
+    flag = np.zeros(1, np.uint8)
+    seq = CallSequence([_failing_kernel(3)], [[flag.ctypes.data]])
+    with pytest.raises(KernelRuntimeError, match="always_fails"):
+        seq.run_timed(np.zeros(2, np.int64))

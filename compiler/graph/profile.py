@@ -4,17 +4,19 @@ A model that runs slower than expected is slow in a few layers; finding them mea
 fused kernel on its own, with the data it really gets. `profile_model(module, inputs)`:
 
 - runs the model once (checks the inputs, loads every kernel, starts the thread team);
-- replays the step list in order, timing each step's kernel where it stands: when step i is
-  timed, steps 0..i-1 have just written its inputs, exactly as in `run()` (a later step may reuse
-  an earlier value's buffer, so timing each kernel after a whole run could feed it another layer's
-  data). The graph inputs have buffers of their own (plan.py), so the first run left them in
-  place. Repeated calls of one kernel are idempotent: its output never overlaps its inputs
-  (checked at build time);
-- times each kernel by the project's measurement protocol (compiler/timing.py: samples, the median
-  of the clean ones, each sample checked for time lost to other processes) through the same native
-  call `run()` makes, holding the host's exclusive timing lock (compiler/host_lock.py) so no other
-  tunefarm build or timing shares the cores meanwhile; then the whole `run()` the same way, so the
-  time outside kernels (input and output copies, Python between steps) shows as the difference.
+- times each kernel where it stands in a real run: the model's call sequence, compiled a second
+  time with a read of the monotonic clock before each call and after the last
+  (compiler/call_sequence.py, `run_timed`), is run repeatedly on the inputs the first run left in
+  place (the graph inputs have buffers of their own, plan.py), and each kernel's time is the median
+  over those runs of the time between its two clock reads. A kernel is fed by the kernels before
+  it and finds the caches as the run leaves them, exactly as in `run()`; timed alone, over and
+  over, it would find its weights warm in the cache, and the kernels' sum would fall short of the
+  run by whatever a real run pays for reading them (a 4-layer ViT-B's: 8 %);
+- times the whole `run()` (input and output copies and the Python around the native call
+  included) by the project's measurement protocol (compiler/timing.py: samples, the median of the
+  clean ones, each sample checked for time lost to other processes), holding the host's exclusive
+  timing lock (compiler/host_lock.py) so no other tunefarm build or timing shares the cores, as
+  the kernels' runs do; the time outside kernels is the difference.
 
 Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
 anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
@@ -50,6 +52,8 @@ class ProfiledModule(Protocol):
     in_place_nodes: list   # nodes that run no kernel (concat_in_place)
 
     def run(self, **inputs) -> list: ...
+
+    def call_sequence(self) -> Any: ...   # the compiled CallSequence run() calls
 
 # reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around,
 # and a Winograd convolution's matrix products (the multiply-adds it really does, not the
@@ -111,8 +115,9 @@ class ModelProfile:
 
     @property
     def overhead_seconds(self) -> float:
-        """Time of a run outside the kernels: copies of inputs and outputs, Python between steps.
-        Can come out slightly negative: each kernel is timed alone, warm in the caches."""
+        """Time of a run outside the kernels: copies of inputs and outputs, the Python around the
+        native call. Can come out slightly negative: the kernels and the run are medians of
+        different runs."""
         return self.run_seconds - self.kernel_seconds
 
     @property
@@ -161,17 +166,29 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
     opts = options or default_options(repeat)
     module.run(**inputs)   # checks the inputs; every kernel loaded, the thread team started
     held = host_lock.exclusive if lock else contextlib.nullcontext
+    sequence = module.call_sequence()
+    stamps = np.zeros(len(sequence) + 1, np.int64)
+    spans: list = []
+
+    def run_timed(n):
+        for _ in range(n):
+            sequence.run_timed(stamps)
+            spans.append(np.diff(stamps))
+
+    with held():
+        sequence.run_timed(stamps)   # compiles the timed sequence; warm-up
+        spans.clear()
+        in_run = time_samples(run_timed, opts)
+    seconds = np.median(np.array(spans), axis=0) / 1e9
     kernels = []
     for i, step in enumerate(module.steps):
-        with held():
-            timing = _time_step(step, opts)
         gk = step.group
         kernels.append(KernelProfile(index=i, name=gk.opdef.name, ops=gk.group.describe(),
                                      nodes=[n.name for n in gk.group.nodes], key=gk.key,
-                                     source=module.sources.get(gk.key, "default"), seconds=timing.median,
+                                     source=module.sources.get(gk.key, "default"), seconds=float(seconds[i]),
                                      flops=anchor_flops(gk.opdef), bytes=argument_bytes(gk.opdef),
-                                     output_shape=tuple(gk.opdef.output.shape), disturbed=timing.disturbed,
-                                     timing=timing))
+                                     output_shape=tuple(gk.opdef.output.shape), disturbed=in_run.disturbed,
+                                     timing=in_run))
     total = sum(k.seconds for k in kernels)
     for k in kernels:
         k.share = k.seconds / total if total > 0 else 0.0
@@ -185,20 +202,6 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
         run_timing = time_samples(run_batch, opts)
     return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=run_timing.median,
                         threads=get_max_threads(), run_timing=run_timing, in_place=list(module.in_place_nodes))
-
-
-def _time_step(step, opts: TimingOptions) -> Timing:
-    """One step's kernel by the protocol, through the call run() makes; it leaves the step's output
-    written, so the next step is timed on the data a run gives it."""
-    kernel, ptrs = step.kernel, step.ptrs
-    fn = kernel._load()
-
-    def run_batch(n):
-        for _ in range(n):
-            kernel._run(fn, ptrs)
-
-    kernel._run(fn, ptrs)   # warm-up, on the held host
-    return time_samples(run_batch, opts)
 
 
 __all__ = ["profile_model", "ModelProfile", "KernelProfile", "anchor_flops", "argument_bytes", "default_options",

@@ -198,13 +198,17 @@ class GraphModule:
         self._check_inputs(inputs)
         for name, arr in inputs.items():
             np.copyto(self._inputs[name], arr)
-        if self._sequence is None:   # every kernel loaded, the steps compiled into one call
-            self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps])
         try:
-            self._sequence.run()
+            self.call_sequence().run()
         except KernelRuntimeError as e:   # an index check: name the ONNX node
             raise node_error(e, self.steps) from None
         return [self._output(v) for v in self.output_names]
+
+    def call_sequence(self) -> CallSequence:
+        """The steps compiled into one native call (on first use: every kernel loaded)."""
+        if self._sequence is None:
+            self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps])
+        return self._sequence
 
     def profile(self, inputs: dict, repeat: int = 10, options=None, lock: bool = True) -> ModelProfile:
         """Time each kernel of a run on `inputs` ({input name: array}) and the whole run: where the
