@@ -418,4 +418,5 @@ def _no_reference(*arrays):  # pragma: no cover - a schedule's view of an anchor
     raise NotImplementedError("an anchor view has no reference")
 
 
-__all__ = ["schedule_by_structure", "anchor_view", "product_schedule", "product_schedule_kind", "anchor_recipe_choices", "schedule_anchor_recipe", "RECIPES"]
+__all__ = ["schedule_by_structure", "anchor_view", "product_schedule", "product_schedule_kind", "anchor_recipe_choices",
+           "schedule_anchor_recipe", "RECIPES"]
