@@ -18,6 +18,7 @@ from .matmul import batch_matmul, dense, dense_gelu, matmul, matmul_int8
 from .nn import layer_norm, softmax
 from .pool import avg_pool2d, max_pool2d
 from .reduction import reduce_max, reduce_min, reduce_sum
+from .stride_phases import rewrite_stride_phases  # noqa: F401  (registers the `stride_phases` rewrite)
 from .transform import pad, transpose
 from .winograd import rewrite_conv2d_nchw  # noqa: F401  (registers the `winograd` rewrite)
 

@@ -50,6 +50,7 @@ from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
+from .schedule_rules import rule_choices, schedule_by_rule
 from .schedule_winograd import is_winograd_gemm, schedule_winograd_gemm, winograd_gemm_choices
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
@@ -61,6 +62,9 @@ def schedule_by_structure(opdef, target=None) -> Schedule:
     tagged = schedule_tagged(opdef, target)
     if tagged is not None:
         return tagged
+    ruled = schedule_by_rule(opdef, target)   # rules for any DAG: stride phases, row fusion
+    if ruled is not None:
+        return ruled
     out = opdef.output
     computes = [op for op in topo_order([out]) if isinstance(op, ComputeOp)]
     reductions = [op for op in computes if op.reduce_axis]
@@ -149,13 +153,20 @@ def _stages_at_root(out, computes, target) -> Schedule:
     their readers, each reduction computed whole at the root with schedule_reduce_stage, the
     output scheduled as what it is (RMSNorm: the sum of squares per row, then the scaled rows).
     Not the best schedule, but vectors, chains and threads everywhere instead of the naive nest."""
-    s = create_schedule(out)
-    inline_producers(s, out.op, target, keep=lambda op: bool(op.reduce_axis))
-    for op in computes:
-        if op.reduce_axis and any(a.extent > 1 for a in op.axis):
-            schedule_reduce_stage(s[op.output], _reduced_input_shape(op), _chains_not_vectors(op), target,
+    return schedule_stages_at_root(create_schedule(out), out, target)
+
+
+def schedule_stages_at_root(s, out, target) -> Schedule:
+    """_stages_at_root on a schedule whose stages may differ from the definition's (a rewrite
+    made them: schedule_rules' stride phases): each stage as its operation is now."""
+    out_op = s[out].op
+    inline_producers(s, out_op, target, keep=lambda op: bool(op.reduce_axis))
+    for st in list(s.stages):
+        op = st.op
+        if isinstance(op, ComputeOp) and op.reduce_axis and any(a.extent > 1 for a in op.axis) and not st.is_inline:
+            schedule_reduce_stage(st, _reduced_input_shape(op), _chains_not_vectors(op), target,
                                   pack=vector_packing(op) or ())
-    if not out.op.reduce_axis:
+    if not out_op.reduce_axis:
         schedule_injective_stage(s[out], target)
     return s
 
@@ -296,7 +307,7 @@ def anchor_recipe_choices(opdef, target=None) -> dict | None:
         return None
     view = anchor_view(opdef)
     if view is None or view.name not in RECIPES:
-        return None
+        return rule_choices(opdef, target)   # a rule for any DAG (schedule_rules), or None
     return RECIPES[view.name][0](view, target)
 
 
@@ -308,7 +319,10 @@ def schedule_anchor_recipe(opdef, target, choices: dict) -> Schedule:
         return schedule_winograd_gemm(opdef, target, **choices)
     view = anchor_view(opdef)
     if view is None or view.name not in RECIPES:
-        raise ScheduleError(f"{opdef.name}: its default schedule takes no choices")
+        ruled = schedule_by_rule(opdef, target, choices)
+        if ruled is None:
+            raise ScheduleError(f"{opdef.name}: its default schedule takes no choices")
+        return ruled
     return _conv_with_epilogue(RECIPES[view.name][1], view, opdef, target, choices=choices)
 
 
