@@ -60,9 +60,10 @@ Prints a table, then one JSON line, every per-model dict keyed by those keys:
 of a run spent outside kernels), `decode_gbps` (llama_decode: bytes of weights and KV cache one
 step reads / tunefarm's time), `memory_gbps` (this host's read bandwidth, measured in the run: the
 best of several max-reductions of a buffer far larger than the L3, on 1 and --threads threads,
-before and after the models), `refused` and `refused_reasons`, `static_exports`, `export_seconds`
-({model/exporter: s}), `tuned`, and the run's `exporters`, `batches` and `seqs`; with --tune also
-the untuned ratios and the tuning seconds and trials.
+before and after the models), `refused` and `refused_reasons`, `static_exports` (model/exporter),
+`export_seconds` (of the file a key's shape came from, a failed symbolic export included),
+`tuned`, and the run's `exporters`, `batches` and `seqs`; with --tune also the untuned ratios and
+the tuning seconds and trials.
 """
 
 from __future__ import annotations
@@ -927,10 +928,15 @@ def main() -> int:
             shapes = [(b, s) for b in batches for s in (seqs if name in SEQ_MODELS else [DEFAULT_SEQ])]
             if name.startswith("light_"):
                 path = f"{tmp}/{name}.onnx"
-                light_model(name[len("light_"):], path)
-                rescale_last_layer(path, args.threads)
-                symbolic_batch(path)
-                model = onnx.load(path)
+                try:
+                    light_model(name[len("light_"):], path)
+                    rescale_last_layer(path, args.threads)
+                    symbolic_batch(path)
+                    model = onnx.load(path)
+                except Exception as e:  # noqa: BLE001 - reported for each of its shapes
+                    for b, s in shapes:
+                        refuse(key_of(name, "onnx", b, s), e)
+                    continue
                 keyed = [(key_of(name, "onnx", b, s), model_inputs(model, batch=b)) for b, s in shapes]
                 del model
                 run_file(path, name, keyed)
@@ -944,15 +950,19 @@ def main() -> int:
                 path = f"{where}/{name}.onnx"
                 # an example batch of 2: the dynamo exporter specializes axes of size 1
                 failed = export_torch(name, path, exporter, 2, shapes[0][1], dynamic=True)
-                report["export_seconds"][tag] = round(time.perf_counter() - t0, 1)
+                export_s = round(time.perf_counter() - t0, 1)
                 if failed is None:
-                    run_file(path, name, [(key_of(name, exporter, b, s), model_feeds(name, b, s)) for b, s in shapes])
+                    keyed = [(key_of(name, exporter, b, s), model_feeds(name, b, s)) for b, s in shapes]
+                    report["export_seconds"].update((key, export_s) for key, _ in keyed)
+                    run_file(path, name, keyed)
                 else:
                     print(f"{tag}: no export with symbolic axes ({failed}); exporting each shape", flush=True)
                     static_exports.append(tag)
                     for b, s in shapes:
                         key, path = key_of(name, exporter, b, s), f"{where}/{name}_b{b}_s{s}.onnx"
+                        t0 = time.perf_counter()
                         failed = export_torch(name, path, exporter, b, s, dynamic=False)
+                        report["export_seconds"][key] = round(export_s + time.perf_counter() - t0, 1)
                         if failed is not None:
                             refuse(key, f"{exporter} export: {failed}")
                             continue
