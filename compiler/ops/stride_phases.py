@@ -248,6 +248,13 @@ def _read_padded(body, pads: dict, copies: dict):
     return transform(body, fn)
 
 
+def _phase_index(i, s: int, extent: int, full: int):
+    q = Binary("floordiv", i, Const(s, INDEX_DTYPE), INDEX_DTYPE)
+    if extent * s >= full:
+        return q
+    return Binary("min", q, Const(extent - 1, INDEX_DTYPE), INDEX_DTYPE)
+
+
 def rewrite_stride_phases(op):
     """The `stride_phases` rewrite of a stage (see the module docstring); ScheduleError where
     stride_phase_plan finds nothing to split."""
@@ -304,7 +311,11 @@ def rewrite_stride_phases(op):
         out = None
         for phase in reversed(list(phase_tensors)):
             at = dict(zip([p[0] for p in plan], phase))
-            read = phase_tensors[phase][tuple(i // phases_of[d][2] if d in at else i for d, i in enumerate(idx))]
+            tensor = phase_tensors[phase]
+            # x // s, clamped to the phase's extent where the phase has fewer points than the
+            # first (the select takes the phase only where the clamp changes nothing)
+            read = tensor[tuple(_phase_index(i, phases_of[d][2], tensor.shape[d], op.axis[d].extent) if d in at else i
+                                for d, i in enumerate(idx))]
             if out is None:
                 out = read
                 continue
