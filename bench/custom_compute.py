@@ -4,7 +4,9 @@ against PyTorch's CPU build and numpy in the same process.
 Each case is written with the public tensor-expression API the way a user writes one (a fused
 matmul with an elementwise prologue, a transposed-operand matmul, conv1d, a depthwise temporal
 conv, batched attention scores, RMSNorm, a 3-D convolution, an einsum-style contraction, a
-grouped matmul, a row-wise reduction with a prologue, ...), at a realistic size. For each:
+grouped matmul, a row-wise reduction with a prologue, a causal-masked softmax in four stages, a
+transposed 1-D convolution written as zero-stuffing + padding + the flipped kernel, a two-pass
+LayerNorm with SiLU, ...), at a realistic size. For each:
 - zero trials: `build_op` with no record, the schedule tunefarm derives from the compute alone;
 - tuned: `tuner.tune` with the sketch space for `--trials` measurements in a fresh SQLite store
   (its wall time is `tune_seconds`), then `build_op` under apply-best;
@@ -120,8 +122,66 @@ def _cases() -> dict:
         total = C.compute((H,), lambda j: C.sum(C.abs(X[r, j]), axis=r), name="col_sum_abs")
         return [X], C.compute((H,), lambda j: total[j] * (1.0 / R), name="col_mean_abs")
 
+    def causal_softmax():
+        # attention probabilities with a causal mask, a user's four stages over [head, query] rows
+        Hh, S = 8, 256
+        X = C.placeholder((Hh, S, S), "float32", "scores")
+        k1, k2 = C.reduce_axis(S, "k1"), C.reduce_axis(S, "k2")
+        masked = C.compute((Hh, S, S), lambda h, i, j: C.if_then_else(j <= i, X[h, i, j] * 0.125, -1e30), name="masked")
+        m = C.compute((Hh, S), lambda h, i: C.max(masked[h, i, k1], axis=k1), name="rowmax")
+        e = C.compute((Hh, S, S), lambda h, i, j: C.exp(masked[h, i, j] - m[h, i]), name="e")
+        z = C.compute((Hh, S), lambda h, i: C.sum(e[h, i, k2], axis=k2), name="z")
+        return [X], C.compute((Hh, S, S), lambda h, i, j: e[h, i, j] / z[h, i], name="causal_softmax")
+
+    def conv_transpose1d_s4():
+        # a 4x upsampling layer (audio decoders), written as zero-stuffing, padding and the
+        # flipped kernel's correlation
+        Ci, Co, L, K, S, P = 64, 32, 512, 8, 4, 2
+        X, W = C.placeholder((1, Ci, L), "float32", "X"), C.placeholder((Ci, Co, K), "float32", "W")
+        Z = (L - 1) * S + 1
+        z = C.compute((1, Ci, Z), lambda n, c, t: C.if_then_else(C.equal(t % S, 0), X[n, c, t // S], 0.0), name="stuffed")
+        q = K - 1 - P
+        pd = C.compute((1, Ci, Z + 2 * q), lambda n, c, t: C.if_then_else((t >= q) & (t < Z + q), z[n, c, t - q], 0.0),
+                       name="padded")
+        c, r = C.reduce_axis(Ci, "c"), C.reduce_axis(K, "r")
+        OL = (L - 1) * S - 2 * P + K
+        return [X, W], C.compute((1, Co, OL), lambda n, f, t: C.sum(pd[n, c, t + r] * W[c, f, K - 1 - r], axis=[c, r]),
+                                 name="conv_transpose1d")
+
+    def layernorm_silu():
+        # LayerNorm by its two passes then SiLU, the statistics as separate stages
+        R, H = 1024, 1536
+        X, G, Bt = C.placeholder((R, H), "float32", "X"), C.placeholder((H,), "float32", "G"), C.placeholder((H,), "float32", "B")
+        k1, k2 = C.reduce_axis(H, "k1"), C.reduce_axis(H, "k2")
+        total = C.compute((R,), lambda i: C.sum(X[i, k1], axis=k1), name="total")
+        sq = C.compute((R,), lambda i: C.sum((X[i, k2] - total[i] / H) * (X[i, k2] - total[i] / H), axis=k2), name="sq")
+        y = C.compute((R, H), lambda i, j: (X[i, j] - total[i] / H) / C.sqrt(sq[i] / H + 1e-5) * G[j] + Bt[j], name="ln")
+        return [X, G, Bt], C.compute((R, H), lambda i, j: y[i, j] * C.sigmoid(y[i, j]), name="ln_silu")
+
     import torch
     F = torch.nn.functional
+
+    def causal_np(x):
+        s = np.where(np.tril(np.ones(x.shape[1:], bool)), x * 0.125, -1e30)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def causal_torch(x):
+        mask = torch.ones(x.shape[1:], dtype=torch.bool).triu(1)
+        return (x * 0.125).masked_fill(mask, float("-inf")).softmax(-1)
+
+    def convt1d_np(x, w):
+        S, P, K = 4, 2, w.shape[2]
+        L = x.shape[2]
+        full = np.zeros((w.shape[1], (L - 1) * S + K))
+        for t in range(L):
+            full[:, t * S:t * S + K] += np.einsum("c,cfk->fk", x[0, :, t], w)
+        return full[None, :, P:full.shape[1] - P]
+
+    def ln_silu_np(x, g, b):
+        mu = x.mean(1, keepdims=True)
+        y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+        return y / (1 + np.exp(-y))
 
     def conv3d_np(x, w):
         out = np.zeros((1, w.shape[0], x.shape[2] - 2, x.shape[3] - 2, x.shape[4] - 2))
@@ -161,6 +221,11 @@ def _cases() -> dict:
                             lambda x: torch.exp(x * 0.5).sum(dim=1), lambda x: np.exp(x * 0.5).sum(axis=1)),
         "col_mean_abs": Case(column_mean_abs, lambda x: np.abs(x).mean(axis=0), lambda x: x.abs().mean(dim=0),
                              lambda x: np.abs(x).mean(axis=0)),
+        "causal_softmax": Case(causal_softmax, causal_np, causal_torch, causal_np),
+        "conv_transpose1d_s4": Case(conv_transpose1d_s4, convt1d_np, lambda x, w: F.conv_transpose1d(x, w, stride=4, padding=2),
+                                    convt1d_np),
+        "layernorm_silu": Case(layernorm_silu, ln_silu_np,
+                               lambda x, g, b: F.silu(F.layer_norm(x, (x.shape[1],), g, b, 1e-5)), ln_silu_np),
     }
 
 
