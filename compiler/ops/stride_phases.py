@@ -31,7 +31,7 @@ import math
 
 from ..arith import Lin, from_lin, lin_range, simplify, to_lin
 from ..errors import ScheduleError
-from ..expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Logical, Select, Var, substitute, transform, walk
+from ..expr import INDEX_DTYPE, Binary, Cast, Compare, Const, Expr, Logical, Select, Var, substitute, transform, walk
 from ..rewrite import register_rewrite
 from ..tensor import ComputeOp, IterVar, Reduce, TensorRead, compute_from_axes, reduce_axis
 
@@ -60,6 +60,7 @@ def expand_data_movement(e):
     def fn(n):
         if isinstance(n, TensorRead) and is_data_movement(n.tensor.op):
             op = n.tensor.op
+            assert isinstance(op, ComputeOp)   # is_data_movement says so; narrows the type
             mapping = {ax.var: idx for ax, idx in zip(op.axis, n.indices)}
             return expand_data_movement(substitute(op.body, mapping))
         return None
@@ -226,7 +227,7 @@ def _read_padded(body, pads: dict, copies: dict):
         if id(t) not in copies:
             shape = tuple(n + a + b for n, a, b in zip(t.shape, front, back))
             axes = [IterVar(f"i{d}", n) for d, n in enumerate(shape)]
-            cond = None
+            cond: Expr | None = None
             for d, ax in enumerate(axes):
                 for test in (Compare("ge", ax.var, Const(front[d], INDEX_DTYPE)),
                              Compare("lt", ax.var, Const(front[d] + t.shape[d], INDEX_DTYPE))):
@@ -292,6 +293,7 @@ def rewrite_stride_phases(op):
                     break
                 nr = reduce_axis(-(-(rax.extent - rho) // s), f"{rax.name}_t")
                 mapping[rax.var] = nr.var * s + rho
+            assert raxes is not None
             raxes.append(nr)
             ranges[nr.var] = (0, nr.extent - 1)
         body = None if raxes is None else _divide_tests(simplify(substitute(source, mapping), ranges))
@@ -301,6 +303,7 @@ def rewrite_stride_phases(op):
     phase_tensors = {}
     for phase, (axes, raxes, body, _) in bodies.items():
         name = f"{op.name}_p" + "".join(str(x) for x in phase)
+        value: Expr
         if body is None:
             value = Const(0, op.dtype) if op.dtype.startswith("int") else Const(0.0, op.dtype)
         else:
@@ -319,11 +322,12 @@ def rewrite_stride_phases(op):
             if out is None:
                 out = read
                 continue
-            cond = None
+            cond: Expr | None = None
             for d, phi in at.items():
                 t = Compare("eq", Binary("floormod", idx[d], Const(phases_of[d][2], idx[d].dtype), idx[d].dtype),
                             Const(phi, idx[d].dtype))
                 cond = t if cond is None else Logical("and", cond, t)
+            assert cond is not None
             out = Select(cond, read, out)
         return out
     axes = [IterVar(ax.name, ax.extent) for ax in op.axis]
