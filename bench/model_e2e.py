@@ -209,18 +209,12 @@ def tune(graph, trials: int, directory: str):
 
 def time_interleaved(runs: dict, rounds: int, repeat: int = 5) -> dict:
     """{name: (median ms, disturbed, host busy CPUs, [each round's median ms])} of each callable
-    in `runs`, timed one after the other for `rounds` rounds by the measurement protocol (a
-    speed-up is the ratio of two things timed interleaved in the same run), at least `repeat`
-    clean samples a round."""
-    from tuner.numpy_baselines import time_callable
-    samples: dict = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            samples[name].append(time_callable(fn, (), repeat=repeat))
-            time.sleep(0.1)
-    return {name: (round(statistics.median(t.median for t in ts) * 1e3, 3), any(t.disturbed for t in ts),
-                   round(max(t.host_busy for t in ts), 2), [t.median * 1e3 for t in ts])
-            for name, ts in samples.items()}
+    in `runs`, timed by compiler.graph.run_timing.time_interleaved: the protocol `tunefarm model
+    run` and `model profile` time a run with (sides alternated for `rounds` rounds, a pause
+    between them, at least `repeat` clean samples a round)."""
+    from compiler.graph.run_timing import time_interleaved as timed_runs
+    return {name: (round(t.ms, 3), t.disturbed, round(t.host_busy, 2), t.rounds_ms)
+            for name, t in timed_runs(runs, rounds, repeat).items()}
 
 
 def round_ratio(timed: dict, reference: str, ours: str) -> float:
