@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import numpy as np
 import pytest
 from api_env import make_env
@@ -136,13 +137,26 @@ def test_the_openapi_document_describes_the_upload(sqlite_env):
     assert "model" in doc["components"]["schemas"]["JobOut"]["properties"]
 
 
+class _InProcessTransport(httpx.BaseTransport):
+    """httpx requests answered by the app through its TestClient: starlette's TestClient is built on
+    httpx2 where that is installed (huggingface_hub brings it with the bench extra), whose
+    transport an httpx client cannot use directly."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self.client.request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        return httpx.Response(r.status_code, headers=dict(r.headers), content=r.content, request=request)
+
+
 def test_tunefarm_submit_model_sends_the_file_and_shows_the_reason_of_a_refusal(sqlite_env, tmp_path, monkeypatch, capsys):
     """`tunefarm submit --model FILE.onnx` through the Python client (on the app in process)."""
     from tuner.cli import main, remote
     from tuner.service.client import ServiceClient
     env = sqlite_env
     monkeypatch.setattr(remote, "_client", lambda args: ServiceClient("http://testserver", token=env.tokens["submit"],
-                                                                      transport=env.client._transport))
+                                                                      transport=_InProcessTransport(env.client)))
     m, _ = two_layer_repeat()
     good = tmp_path / "two.onnx"
     good.write_bytes(m.SerializeToString())
