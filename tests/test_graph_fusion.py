@@ -11,7 +11,7 @@ from onnx import helper
 from compiler.dispatch import DispatchContext
 from compiler.graph import build_model, extract_tasks, from_onnx, fuse, lower_group
 from compiler.ops import default_schedule
-from compiler.ops.schedule_anchor import anchor_view
+from compiler.ops.schedule_anchor import anchor_view, product_schedule_kind
 
 RNG = np.random.default_rng(11)
 
@@ -251,7 +251,8 @@ def test_run_refuses_mismatched_inputs(field):
 @pytest.mark.parametrize("batch,packed", [(1, False), (64, True)])
 def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(batch, packed):
     """Gemm(transB=1)'s constant [out, in] weight is laid out [in, out] at compile time; a batch-1
-    layer (one row tile) reads it in place, a batch-64 one packs it into panels."""
+    layer (one row tile) reads it in place, a batch-64 one reads it in the panels it is packed
+    into at build time (prepack_matmul_weights), never packing it per call."""
     w = rand(RNG, (24, 40))
     nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])]
     m = model(nodes, {"x": ((batch, 40), "float32")}, {"y": (None, "float32")}, {"w": w})
@@ -260,7 +261,8 @@ def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(b
     assert gemm.attrs["transB"] == 0 and graph.values[gemm.inputs[1]].shape == (40, 24)
     (task,) = extract_tasks(graph)
     steps = [s["op"] for s in default_schedule(task.opdef).steps]
-    assert ("cache_read" in steps) == packed
+    assert "cache_read" not in steps
+    assert (product_schedule_kind(task.opdef) == "gemm-prepacked") == packed
     x = rand(RNG, (batch, 40))
     (y,) = build_model(graph).run(x=x)
     assert_close(y, np.maximum(x.astype(np.float64) @ w.T, 0))
