@@ -9,6 +9,9 @@ Passes, in order:
 4. `_build_stage`: the loop nest, the reduction's init nest, attached producers and their local
    buffers; every index is simplified with the loop ranges as it is created.
 5. `_auto_unroll`: mark small inner nests unrolled where a stage asked for it.
+6. `_peel_vector_tails`: a serial loop around a vector loop whose lanes a split's guard switches
+   off only in its last iteration runs its other iterations without the guard (no masks, no
+   masked loads or stores) and the last one after it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,35 @@ import re
 from . import arith
 from .bounds import checked_body
 from .errors import LoweringError, ScheduleError
-from .expr import INDEX_DTYPE, Binary, Call, Const, Expr, Select, Var, children, free_vars, substitute, transform, walk
-from .loop_ir import Allocate, Buffer, For, IfThenElse, Load, LoweredFunc, Seq, Store, seq, stmt_children, walk_stmts
+from .expr import (
+    INDEX_DTYPE,
+    Binary,
+    Call,
+    Compare,
+    Const,
+    Expr,
+    Select,
+    Var,
+    children,
+    free_vars,
+    substitute,
+    transform,
+    walk,
+)
+from .loop_ir import (
+    Allocate,
+    Buffer,
+    For,
+    IfThenElse,
+    LetStmt,
+    Load,
+    LoweredFunc,
+    Seq,
+    Store,
+    seq,
+    stmt_children,
+    walk_stmts,
+)
 from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from .tensor import IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
 
@@ -99,6 +129,7 @@ class _Lowering:
         roots = [self._build_stage(st) for st in self.stages if st.attach[0] == "root"]
         body = seq(roots)
         _check_unrolled_size(body)
+        body = _peel_vector_tails(body, {})
         for st in reversed(self.stages):
             if st.attach[0] == "root" and not st.is_output:
                 body = Allocate(self.buffer_of[st.tensor], body)
@@ -517,6 +548,142 @@ def _auto_unroll(stmt, max_step: int):
             return IfThenElse(s.cond, then, s.else_), size
         return s, 1
     return visit(stmt)[0]
+
+
+# ----------------------------------------------------------------------------- vector tails
+
+def _peel_vector_tails(st, ranges: dict):
+    """Split off the last iteration of serial loops whose vector lanes only it guards.
+
+    A row of 197 floats in vectors of 8 is `for o < 25: vectorized for i < 8: if (o*8 + i <
+    197) ...`: every vector computed a lane mask, read through masked loads and blended its
+    accumulators (a softmax row took 4x onnxruntime's time). Where the ranges prove a guard that
+    reads a vector lane true for every iteration but the last, the loop runs those iterations
+    with the guard folded away and the last one after it, guarded as before. Loops that hold
+    scratch buffers or parallel loops, or whose unrolled code passes MAX_PEELED_NODES, are left
+    as they are (the body is emitted twice)."""
+    if isinstance(st, For):
+        inner = {**ranges, st.var: (0, st.extent - 1)}
+        m = _lane_tail(st, inner) if st.kind == "serial" and st.extent >= 2 else 0
+        if m:
+            head = _resimplify(st.body, {**ranges, st.var: (0, m - 1)})
+            rest = st.extent - m
+            if rest == 1:
+                shift: Expr = Const(m, INDEX_DTYPE)
+            else:
+                shift = Binary("add", st.var, Const(m, INDEX_DTYPE), INDEX_DTYPE)
+            tail = _map_exprs(st.body, lambda e: substitute(e, {st.var: shift}))
+            if rest == 1:
+                tail = _peel_vector_tails(_resimplify(tail, ranges), ranges)
+            else:
+                tail_ranges = {**ranges, st.var: (0, rest - 1)}
+                tail = For(st.var, rest, "serial", _peel_vector_tails(_resimplify(tail, tail_ranges), tail_ranges))
+            head_ranges = {**ranges, st.var: (0, m - 1)}
+            return seq([For(st.var, m, "serial", _peel_vector_tails(head, head_ranges)), tail])
+        return For(st.var, st.extent, st.kind, _peel_vector_tails(st.body, inner))
+    if isinstance(st, Seq):
+        return Seq([_peel_vector_tails(x, ranges) for x in st.stmts])
+    if isinstance(st, Allocate):
+        return Allocate(st.buffer, _peel_vector_tails(st.body, ranges))
+    if isinstance(st, LetStmt):
+        return LetStmt(st.var, st.value, _peel_vector_tails(st.body, ranges))
+    if isinstance(st, IfThenElse):
+        return IfThenElse(st.cond, _peel_vector_tails(st.then, ranges),
+                          _peel_vector_tails(st.else_, ranges) if st.else_ is not None else None)
+    return st
+
+
+def _lane_tail(loop: For, ranges: dict) -> int:
+    """m > 0 where `loop`'s body has a comparison reading both its variable and a vector lane
+    that holds in its first m iterations (m < extent, the most such), and no scratch buffer or
+    parallel loop; else 0."""
+    lanes, conds = set(), []
+    if _unrolled_code(loop.body) > MAX_PEELED_NODES:
+        return 0
+    for s in walk_stmts(loop.body):
+        if isinstance(s, Allocate) or (isinstance(s, For) and s.kind == "parallel"):
+            return 0
+        if isinstance(s, For):
+            ranges = {**ranges, s.var: (0, s.extent - 1)}
+            if s.kind == "vectorized":
+                lanes.add(s.var)
+        for e in _own_exprs(s):
+            conds.extend(n for n in walk(e) if isinstance(n, Compare))
+    conds = [c for c in conds if loop.var in free_vars(c) and free_vars(c) & lanes]
+    best = 0
+    for c in conds:
+        lo, hi = 1, loop.extent - 1   # the largest m in [lo, hi] whose iterations prove c
+        if not arith.prove(c, {**ranges, loop.var: (0, 0)}):
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if arith.prove(c, {**ranges, loop.var: (0, mid - 1)}):
+                lo = mid
+            else:
+                hi = mid - 1
+        best = max(best, lo)
+    return best
+
+
+MAX_PEELED_NODES = 4096   # code a peeled body may emit (each unrolled copy counted): it is emitted twice
+
+
+def _unrolled_code(st, copies: int = 1) -> int:
+    if isinstance(st, For):
+        return _unrolled_code(st.body, copies * (st.extent if st.kind == "unrolled" else 1))
+    own = sum(copies * _emitted_nodes(e, frozenset()) for e in _own_exprs(st))
+    return own + sum(_unrolled_code(c, copies) for c in stmt_children(st))
+
+
+def _own_exprs(s) -> tuple:
+    if isinstance(s, Store):
+        return (s.index, s.value)
+    if isinstance(s, IfThenElse):
+        return (s.cond,)
+    if isinstance(s, LetStmt):
+        return (s.value,)
+    return ()
+
+
+def _map_exprs(st, fn):
+    """`st` with `fn` applied to every expression it holds."""
+    if isinstance(st, For):
+        return For(st.var, st.extent, st.kind, _map_exprs(st.body, fn))
+    if isinstance(st, Seq):
+        return Seq([_map_exprs(x, fn) for x in st.stmts])
+    if isinstance(st, Allocate):
+        return Allocate(st.buffer, _map_exprs(st.body, fn))
+    if isinstance(st, LetStmt):
+        return LetStmt(st.var, fn(st.value), _map_exprs(st.body, fn))
+    if isinstance(st, IfThenElse):
+        return IfThenElse(fn(st.cond), _map_exprs(st.then, fn),
+                          _map_exprs(st.else_, fn) if st.else_ is not None else None)
+    if isinstance(st, Store):
+        return Store(st.buffer, fn(st.index), fn(st.value))
+    return st
+
+
+def _resimplify(st, ranges: dict):
+    """`st` with every expression simplified under the enclosing loops' ranges; guards the
+    ranges settle folded away."""
+    if isinstance(st, For):
+        return For(st.var, st.extent, st.kind, _resimplify(st.body, {**ranges, st.var: (0, st.extent - 1)}))
+    if isinstance(st, Seq):
+        return seq([_resimplify(x, ranges) for x in st.stmts])
+    if isinstance(st, Allocate):
+        return Allocate(st.buffer, _resimplify(st.body, ranges))
+    if isinstance(st, LetStmt):
+        return LetStmt(st.var, arith.simplify(st.value, ranges), _resimplify(st.body, ranges))
+    if isinstance(st, IfThenElse):
+        cond = arith.simplify(st.cond, ranges)
+        if isinstance(cond, Const):
+            taken = st.then if cond.value else st.else_
+            return _resimplify(taken, ranges) if taken is not None else Seq([])
+        return IfThenElse(cond, _resimplify(st.then, ranges),
+                          _resimplify(st.else_, ranges) if st.else_ is not None else None)
+    if isinstance(st, Store):
+        return Store(st.buffer, arith.simplify(st.index, ranges), arith.simplify(st.value, ranges))
+    return st
 
 
 __all__ = ["lower", "walk_stmts"]
