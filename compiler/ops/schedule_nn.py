@@ -23,6 +23,7 @@ import numpy as np
 from ..schedule import Schedule, create_schedule
 from .schedule_common import fuse_all, lanes, largest_divisor, vectorize_inner, want_parallel
 
+LANE_VECTORS = 2  # vectors of partial statistics on rows of 4 vectors or more: two chains
 ROW_BLOCK = 8  # rows per block: independent reduction chains (and 8 rows of exp = 32 KB at 1024)
 
 
@@ -31,13 +32,15 @@ def schedule_norm(opdef, target=None) -> Schedule:
     s = create_schedule(out)
     axis = opdef.params["axis"]
     vl = lanes(target, out.dtype)
+    blocked = axis == len(out.shape) - 1 and axis > 0 and largest_divisor(out.shape[axis - 1], ROW_BLOCK) > 1
     if axis == len(out.shape) - 1 and out.shape[axis] > vl:
-        _statistics_per_lane(s, s[out], vl)
+        wide = out.shape[axis] >= 4 * vl and not blocked
+        _statistics_per_lane(s, s[out], vl * (LANE_VECTORS if wide else 1))
     st = s[out]
     axes = list(st.op.axis)
     before, red, after = axes[:axis], axes[axis], axes[axis + 1:]
     work = int(np.prod(out.shape)) * 8
-    vectorize_inner(st, after[-1] if after else red, vl, max_vectors=2)
+    _vectorize_row(st, after[-1] if after else red, vl)
     outer, rows = list(before), False
     if before and not after:
         rb = largest_divisor(before[-1].extent, ROW_BLOCK)
@@ -57,6 +60,17 @@ def schedule_norm(opdef, target=None) -> Schedule:
             other.compute_at(st, loop)
         _schedule_inner_stage(other, axis, vl, rows)
     return s
+
+
+def _vectorize_row(stage, axis, vl: int):
+    """`axis` vectorized two registers at a time where it is at least 4 registers long (two
+    independent exp polynomials in flight: one alone waits on its own latency), its tail
+    masked in the last iteration only (lowering peels it); else as vectorize_inner chooses."""
+    if axis.extent >= 4 * vl and axis.extent % (2 * vl):
+        outer, inner = stage.split(axis, factor=2 * vl)
+        stage.vectorize(inner)
+        return outer
+    return vectorize_inner(stage, axis, vl, max_vectors=2)
 
 
 def _statistics_per_lane(s, output_stage, vl: int):
@@ -84,7 +98,7 @@ def _schedule_inner_stage(stage, axis, vl, rows: bool):
             stage.unroll(row)
         return
     vec = trailing[-1] if trailing else op.axis[axis]
-    lo = vectorize_inner(stage, vec, vl, max_vectors=2, carried=bool(rax))
+    lo = vectorize_inner(stage, vec, vl, max_vectors=2, carried=True) if rax else _vectorize_row(stage, vec, vl)
     inner = stage.leaf_iter_vars[stage.leaf_iter_vars.index(lo) + 1] if lo is not None else vec
     if rax:  # the reduction loop outside the vector of accumulators (and the block's rows)
         rest = [a for a in op.axis if a is not vec and a is not row]
