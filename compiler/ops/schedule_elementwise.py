@@ -31,6 +31,7 @@ from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import TensorRead
 from .schedule_common import accumulator_factor, lanes, largest_divisor, parallel_loop, unit_step, vectorize_inner, want_parallel
+from .schedule_tile import product_tile
 
 TRANSPOSE_TILE = 32
 ROW_CHAINS = 8
@@ -112,7 +113,7 @@ def schedule_reduce(opdef, target=None) -> Schedule:
     return s
 
 
-def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=()):
+def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=(), tile=None):
     """[spatial outer, parallel] [reduction loops] [last spatial axis: vector or unrolled].
     `pack`: [(placeholder, axis)] to copy in blocks of the vector (see accumulator_tile)."""
     op = stage.op
@@ -136,7 +137,7 @@ def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=())
         stage.reorder(*keep, *([lo] if lo is not None else []), *rax, li)
         stage.unroll(li)
         return parallel_loop(stage, keep, lo, target, work)
-    return accumulator_tile(stage, spatial, target, work, pack=pack)
+    return accumulator_tile(stage, spatial, target, work, pack=pack, tile=tile)
 
 
 def _unit_stride_reduce_axis(op, vl: int):
@@ -191,7 +192,7 @@ def _lane_partials(stage, axis, target, work: int):
     return loop
 
 
-def accumulator_tile(stage, spatial: list, target, work: int, acc_stage=None, pack=()):
+def accumulator_tile(stage, spatial: list, target, work: int, acc_stage=None, pack=(), tile=None):
     """A reduction that keeps its innermost axis (a pool's window, a sum over rows): the
     accumulators of a tile, vectors of the last axis times up to TILE_CHAINS units of the spatial
     axis before it, in a local cache (cache_write) that LLVM keeps in registers, the reduction
@@ -200,27 +201,45 @@ def accumulator_tile(stage, spatial: list, target, work: int, acc_stage=None, pa
     3x3/2 max pools ran 2.2x onnxruntime's time; 5 columns in registers: 1.75x faster.
 
     `acc_stage`: the reduction's own stage when `stage` is an elementwise epilogue of its shape
-    (a bias, a scale): the reduction is then the tile's accumulators, no cache is added.
+    (a bias, a scale): the reduction is then the tile's accumulators, no cache is added; a list
+    of reductions of that shape the epilogue joins (an LSTM's x·Wx + h·Wh + b): each computed
+    at the same tile, one after the other, so the sum is made from two tiles in registers/L1.
+    `tile`: (tile axis position, units, lanes) of a two-operand reduction (schedule_tile), by
+    default product_tile's when the body has one.
     `pack`: [(placeholder, axis)] the reduction reads with the vector's variable along `axis`:
     each is copied at the root into blocks of the vector's lanes along that axis
     (Schedule.cache_read with a block), so the vector loads are unit-stride (GEMM's panels)."""
     target = resolve_target(target)
     op = stage.op
     last_pos = list(op.axis).index(spatial[-1])
-    tile_pos = list(op.axis).index(spatial[-2]) if len(spatial) > 1 else None
+    acc_stages = list(acc_stage) if isinstance(acc_stage, (list, tuple)) else [acc_stage] if acc_stage is not None else []
+    red_op = acc_stages[0].op if acc_stages else op
+    if tile is None and last_pos == len(op.axis) - 1:
+        tile = product_tile(red_op, target)
+    if tile is not None:   # a two-operand body: the GEMM's register tile (schedule_tile)
+        tile_pos, units, f = tile
+        work = max(work, sum(math.prod(a.op.shape) * math.prod(r.extent for r in a.op.reduce_axis)
+                             for a in acc_stages or [stage]))
+    else:
+        tile_pos = list(op.axis).index(spatial[-2]) if len(spatial) > 1 else None
     vl = lanes(target, op.dtype)
-    f = accumulator_factor(spatial[-1].extent, vl, max_vectors=4)
+    if tile is None:
+        f = accumulator_factor(spatial[-1].extent, vl, max_vectors=4)
     vectors = -(-f // vl)
-    cs = acc_stage if acc_stage is not None else stage.schedule[stage.schedule.cache_write(stage.tensor, "local")]
+    if not acc_stages:
+        acc_stages = [stage.schedule[stage.schedule.cache_write(stage.tensor, "local")]]
     axes = list(stage.op.axis)   # the copy out of the cache, the stage's tensor now
     last = axes[last_pos]
     lo, li = stage.split(last, factor=f) if f < last.extent else (None, last)
     to = ti = None
     if tile_pos is not None:
-        units = _tile_units(axes[tile_pos].extent, max(1, min(TILE_CHAINS, target.capabilities.accumulator_registers // 2)
-                                                         // vectors))
-        if units > 1:
+        if tile is None:
+            units = _tile_units(axes[tile_pos].extent,
+                                max(1, min(TILE_CHAINS, target.capabilities.accumulator_registers // 2) // vectors))
+        if units > 1 and (tile is None or units < axes[tile_pos].extent):
             to, ti = stage.split(axes[tile_pos], factor=units)
+        elif units > 1:
+            ti = axes[tile_pos]
     outer = [a for i, a in enumerate(axes) if i not in (last_pos, tile_pos)]
     if tile_pos is not None and ti is None:
         outer.append(axes[tile_pos])
@@ -235,24 +254,32 @@ def accumulator_tile(stage, spatial: list, target, work: int, acc_stage=None, pa
         attach = loop
     if attach is None:
         return loop
-    cs.compute_at(stage, attach)
+    for cs in acc_stages:
+        cs.compute_at(stage, attach)
     for tensor, axis in pack:
-        packed = stage.schedule[stage.schedule.cache_read(tensor, "global", [cs], block={axis: f})]
+        readers = [cs for cs in acc_stages if any(t is tensor for t in cs.op.input_tensors())]
+        packed = stage.schedule[stage.schedule.cache_read(tensor, "global", readers, block={axis: f})]
         parallel_loop(packed, [packed.op.axis[0]], None, target, math.prod(tensor.shape))
         packed.vectorize(packed.op.axis[-1])
+    for cs in acc_stages:
+        _tile_reduction(cs, last_pos, tile_pos if ti is not None else None, f if lo is not None else None)
+    return loop
+
+
+def _tile_reduction(cs, last_pos: int, tiled, f) -> None:
+    """A register tile's accumulators computed at its tile loop: the reduction loops outside
+    the unrolled units (`tiled`: the tile axis's position) and the vectorized last axis."""
     c_axes = list(cs.op.axis)
-    tiled = tile_pos if ti is not None else None
     c_tile = [c_axes[tiled]] if tiled is not None else []
     c_rest = [a for i, a in enumerate(c_axes) if i not in (last_pos, tiled)]
     c_last = c_axes[last_pos]
     c_lo = None
-    if lo is not None:
+    if f is not None:
         c_lo, c_last = cs.split(c_last, factor=f)
     cs.reorder(*c_rest, *([c_lo] if c_lo is not None else []), *cs.op.reduce_axis, *c_tile, c_last)
     cs.vectorize(c_last)
     if c_tile:
         cs.unroll(c_tile[0])
-    return loop
 
 
 def _tile_units(extent: int, most: int) -> int:
