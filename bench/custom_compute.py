@@ -44,6 +44,7 @@ class Case:
     reference: Callable
     torch_fn: Callable
     numpy_fn: Callable
+    inputs: Callable | None = None   # rng -> the input arrays (index inputs); uniform(-1, 1) otherwise
 
 
 def _cases() -> dict:
@@ -158,8 +159,157 @@ def _cases() -> dict:
         y = C.compute((R, H), lambda i, j: (X[i, j] - total[i] / H) / C.sqrt(sq[i] / H + 1e-5) * G[j] + Bt[j], name="ln")
         return [X, G, Bt], C.compute((R, H), lambda i, j: y[i, j] * C.sigmoid(y[i, j]), name="ln_silu")
 
+    def gru_cell():
+        # a GRU cell as two GEMMs of three gates' width, the gates read at column offsets
+        Bt, I, H = 64, 256, 256
+        X, Hp = C.placeholder((Bt, I), "float32", "x"), C.placeholder((Bt, H), "float32", "h")
+        Wx, Wh = C.placeholder((I, 3 * H), "float32", "Wx"), C.placeholder((H, 3 * H), "float32", "Wh")
+        bx, bh = C.placeholder((3 * H,), "float32", "bx"), C.placeholder((3 * H,), "float32", "bh")
+        k1, k2 = C.reduce_axis(I, "k1"), C.reduce_axis(H, "k2")
+        gx = C.compute((Bt, 3 * H), lambda i, j: C.sum(X[i, k1] * Wx[k1, j], axis=k1), name="gx")
+        gh = C.compute((Bt, 3 * H), lambda i, j: C.sum(Hp[i, k2] * Wh[k2, j], axis=k2), name="gh")
+        r = C.compute((Bt, H), lambda i, j: C.sigmoid(gx[i, j] + bx[j] + gh[i, j] + bh[j]), name="r")
+        z = C.compute((Bt, H), lambda i, j: C.sigmoid(gx[i, H + j] + bx[H + j] + gh[i, H + j] + bh[H + j]), name="z")
+        n = C.compute((Bt, H), lambda i, j: C.tanh(gx[i, 2 * H + j] + bx[2 * H + j] + r[i, j] * (gh[i, 2 * H + j] + bh[2 * H + j])),
+                      name="n")
+        return [X, Hp, Wx, Wh, bx, bh], C.compute((Bt, H), lambda i, j: (1.0 - z[i, j]) * n[i, j] + z[i, j] * Hp[i, j],
+                                                  name="gru_cell")
+
+    def maxpool3d():
+        # 3x3x3 / 2 max pooling of a video feature map, no padding
+        Ch, D, HW = 32, 16, 56
+        X = C.placeholder((1, Ch, D, HW, HW), "float32", "X")
+        OD, OH = (D - 3) // 2 + 1, (HW - 3) // 2 + 1
+        rz, ry, rx = C.reduce_axis(3, "rz"), C.reduce_axis(3, "ry"), C.reduce_axis(3, "rx")
+        return [X], C.compute((1, Ch, OD, OH, OH), lambda n, c, z, y, x: C.max(
+            X[n, c, 2 * z + rz, 2 * y + ry, 2 * x + rx], axis=[rz, ry, rx]), name="maxpool3d")
+
+    def depthwise_conv3d():
+        # a depthwise 3x3x3 convolution (one filter per channel), NCDHW, the padding a stage
+        Ch, D, HW = 64, 8, 28
+        X, W = C.placeholder((1, Ch, D, HW, HW), "float32", "X"), C.placeholder((Ch, 3, 3, 3), "float32", "W")
+        pd = C.compute((1, Ch, D + 2, HW + 2, HW + 2), lambda n, c, z, y, x: C.if_then_else(
+            (z >= 1) & (z <= D) & (y >= 1) & (y <= HW) & (x >= 1) & (x <= HW), X[n, c, z - 1, y - 1, x - 1], 0.0), name="pad3d")
+        rz, ry, rx = C.reduce_axis(3, "rz"), C.reduce_axis(3, "ry"), C.reduce_axis(3, "rx")
+        return [X, W], C.compute((1, Ch, D, HW, HW), lambda n, c, z, y, x: C.sum(
+            pd[n, c, z + rz, y + ry, x + rx] * W[c, rz, ry, rx], axis=[rz, ry, rx]), name="dw_conv3d")
+
+    def cumsum_masked():
+        # an inclusive scan along rows written as a masked reduction (k <= j)
+        R, L = 2048, 64
+        X = C.placeholder((R, L), "float32", "X")
+        k = C.reduce_axis(L, "k")
+        return [X], C.compute((R, L), lambda i, j: C.sum(X[i, k], axis=k, where=k <= j), name="cumsum_masked")
+
+    def cumprod_log():
+        # a cumulative product of (1 + x / 4) as the exp of a masked sum of logs
+        R, L = 2048, 64
+        X = C.placeholder((R, L), "float32", "X")
+        k = C.reduce_axis(L, "k")
+        s_ = C.compute((R, L), lambda i, j: C.sum(C.log(1.0 + X[i, k] * 0.25), axis=k, where=k <= j), name="logsum")
+        return [X], C.compute((R, L), lambda i, j: C.exp(s_[i, j]), name="cumprod")
+
+    EB_V, EB_D, EB_B, EB_MAX = 20000, 128, 512, 24
+
+    def embedding_bag_offsets():
+        # EmbeddingBag(mode="sum") with offsets: bag b sums the rows indices[offsets[b]:offsets[b + 1]]
+        T = C.placeholder((EB_V, EB_D), "float32", "table")
+        N = EB_B * EB_MAX
+        idx, off = C.placeholder((N,), "int32", "indices"), C.placeholder((EB_B + 1,), "int32", "offsets")
+        k = C.reduce_axis(EB_MAX, "k")
+        return [T, idx, off], C.compute((EB_B, EB_D), lambda b, d: C.sum(
+            T[idx[C.min(off[b].astype("int64") + k, N - 1)], d], axis=k, where=off[b].astype("int64") + k < off[b + 1].astype("int64")),
+            name="embedding_bag")
+
+    def embedding_bag_inputs(rng):
+        lengths = rng.integers(0, EB_MAX + 1, EB_B)
+        off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return [rng.uniform(-1, 1, (EB_V, EB_D)).astype(np.float32),
+                rng.integers(0, EB_V, EB_B * EB_MAX).astype(np.int32), off]
+
+    BK_N, BK_B = 1 << 18, 32
+
+    def bucketize_int32():
+        # the bucket of each value among sorted boundaries, as an int32 count of boundaries <= x
+        X, Bd = C.placeholder((BK_N,), "float32", "x"), C.placeholder((BK_B,), "float32", "boundaries")
+        k = C.reduce_axis(BK_B, "k")
+        return [X, Bd], C.compute((BK_N,), lambda i: C.sum(C.if_then_else(Bd[k] <= X[i], 1, 0), axis=k), name="bucketize")
+
+    def bucketize_inputs(rng):
+        return [rng.uniform(-1, 1, BK_N).astype(np.float32), np.sort(rng.uniform(-1, 1, BK_B)).astype(np.float32)]
+
+    def grouped_conv1d_nwc():
+        # a grouped 1-D convolution in NWC layout (8 groups of 16 channels), the padding a stage
+        L, Ch, G, KW = 1024, 128, 8, 3
+        cg = Ch // G
+        X, W = C.placeholder((1, L, Ch), "float32", "X"), C.placeholder((KW, cg, Ch), "float32", "W")
+        pd = C.compute((1, L + 2, Ch), lambda n, t, c: C.if_then_else((t >= 1) & (t <= L), X[n, t - 1, c], 0.0), name="pad_t")
+        r, c = C.reduce_axis(KW, "r"), C.reduce_axis(cg, "c")
+        return [X, W], C.compute((1, L, Ch), lambda n, t, f: C.sum(pd[n, t + r, (f // cg) * cg + c] * W[r, c, f], axis=[r, c]),
+                                 name="grouped_conv1d_nwc")
+
+    def maxplus():
+        # a tropical (max-plus) matrix product: the non-product reduction of shortest paths
+        M = N = K = 256
+        A, B = C.placeholder((M, K), "float32", "A"), C.placeholder((K, N), "float32", "B")
+        k = C.reduce_axis(K, "k")
+        return [A, B], C.compute((M, N), lambda i, j: C.max(A[i, k] + B[k, j], axis=k), name="maxplus")
+
+    def l1_distance():
+        # pairwise L1 (Manhattan) distances: a sum of absolute differences
+        M, N, K = 512, 512, 64
+        A, B = C.placeholder((M, K), "float32", "A"), C.placeholder((N, K), "float32", "B")
+        k = C.reduce_axis(K, "k")
+        return [A, B], C.compute((M, N), lambda i, j: C.sum(C.abs(A[i, k] - B[j, k]), axis=k), name="l1_distance")
+
     import torch
     F = torch.nn.functional
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    def gru_np(x, h, wx, wh, bx, bh):
+        gx, gh = x @ wx + bx, h @ wh + bh
+        H = h.shape[1]
+        r, z = sig(gx[:, :H] + gh[:, :H]), sig(gx[:, H:2 * H] + gh[:, H:2 * H])
+        n = np.tanh(gx[:, 2 * H:] + r * gh[:, 2 * H:])
+        return (1 - z) * n + z * h
+
+    def gru_torch(x, h, wx, wh, bx, bh):
+        return torch._VF.gru_cell(x, h, wx.t(), wh.t(), bx, bh)
+
+    def maxpool3d_np(x):
+        v = np.lib.stride_tricks.sliding_window_view(x, (3, 3, 3), axis=(2, 3, 4))[:, :, ::2, ::2, ::2]
+        return v.max(axis=(-3, -2, -1))
+
+    def dw3d_np(x, w):
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (1, 1)))
+        D, H, W_ = x.shape[2:]
+        return sum(xp[:, :, a:a + D, b:b + H, c:c + W_] * w[None, :, a, b, c, None, None, None]
+                   for a in range(3) for b in range(3) for c in range(3))
+
+    def embag_np(t, idx, off):
+        idx, off = idx.astype(np.int64), off.astype(np.int64)
+        return np.stack([t[idx[off[b]:off[b + 1]]].sum(0) for b in range(len(off) - 1)])
+
+    def embag_torch(t, idx, off):
+        return F.embedding_bag(idx.long(), t, off[:-1].long(), mode="sum")
+
+    def gconv_np(x, w):
+        L, Ch = x.shape[1], x.shape[2]
+        KW, cg, _ = w.shape
+        xp = np.pad(x, ((0, 0), (1, 1), (0, 0)))
+        out = np.zeros((1, L, Ch))
+        for g in range(Ch // cg):
+            sl = slice(g * cg, (g + 1) * cg)
+            out[..., sl] = sum(xp[:, r:r + L, sl] @ w[r][:, sl] for r in range(KW))
+        return out
+
+    def gconv_torch(x, w):
+        KW, cg, Ch = w.shape
+        wt = w.permute(2, 1, 0).contiguous()   # [F, cg, KW]
+        return F.conv1d(x.transpose(1, 2), wt, padding=1, groups=Ch // cg).transpose(1, 2)
+
 
     def causal_np(x):
         s = np.where(np.tril(np.ones(x.shape[1:], bool)), x * 0.125, -1e30)
@@ -226,6 +376,23 @@ def _cases() -> dict:
                                     convt1d_np),
         "layernorm_silu": Case(layernorm_silu, ln_silu_np,
                                lambda x, g, b: F.silu(F.layer_norm(x, (x.shape[1],), g, b, 1e-5)), ln_silu_np),
+        "gru_cell": Case(gru_cell, gru_np, gru_torch, gru_np),
+        "maxpool3d": Case(maxpool3d, maxpool3d_np, lambda x: F.max_pool3d(x, 3, 2), maxpool3d_np),
+        "dw_conv3d": Case(depthwise_conv3d, dw3d_np, lambda x, w: F.conv3d(x, w[:, None], padding=1, groups=w.shape[0]),
+                          dw3d_np),
+        "cumsum_masked": Case(cumsum_masked, lambda x: np.cumsum(x, 1), lambda x: torch.cumsum(x, 1),
+                              lambda x: np.cumsum(x, 1)),
+        "cumprod_log": Case(cumprod_log, lambda x: np.cumprod(1 + x / 4, 1), lambda x: torch.cumprod(1 + x / 4, 1),
+                            lambda x: np.cumprod(1 + x / 4, 1)),
+        "embedding_bag": Case(embedding_bag_offsets, embag_np, embag_torch, embag_np, embedding_bag_inputs),
+        "bucketize_int32": Case(bucketize_int32, lambda x, b: np.searchsorted(b, x, side="right"),
+                                lambda x, b: torch.bucketize(x, b, right=True, out_int32=True),
+                                lambda x, b: np.searchsorted(b, x, side="right"), bucketize_inputs),
+        "grouped_conv1d_nwc": Case(grouped_conv1d_nwc, gconv_np, gconv_torch, gconv_np),
+        "maxplus": Case(maxplus, lambda a, b: (a[:, :, None] + b[None]).max(1), lambda a, b: (a[:, :, None] + b[None]).amax(1),
+                        lambda a, b: (a[:, :, None] + b[None]).max(1)),
+        "l1_distance": Case(l1_distance, lambda a, b: np.abs(a[:, None] - b[None]).sum(-1),
+                            lambda a, b: torch.cdist(a, b, p=1), lambda a, b: np.abs(a[:, None] - b[None]).sum(-1)),
     }
 
 
@@ -285,7 +452,8 @@ def main() -> int:
             placeholders, output = case.define()
             workload = Workload.from_compute(output, placeholders, name=name)
             opdef = workload.opdef()
-            arrays = [rng.uniform(-1.0, 1.0, t.shape).astype(t.dtype) for t in opdef.inputs]
+            arrays = (case.inputs(rng) if case.inputs is not None else
+                      [rng.uniform(-1.0, 1.0, t.shape).astype(t.dtype) for t in opdef.inputs])
             zero = build_op(opdef, target)
             tuned, seconds = zero, 0.0
             if args.trials > 0:
