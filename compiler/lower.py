@@ -597,7 +597,8 @@ def _lane_tail(loop: For, ranges: dict) -> int:
     """m > 0 where `loop`'s body has a comparison reading both its variable and a vector lane
     that holds in its first m iterations (m < extent, the most such), and no scratch buffer or
     parallel loop; else 0."""
-    lanes, conds = set(), []
+    lanes: set = set()
+    conds: list = []
     if _unrolled_code(loop.body) > MAX_PEELED_NODES:
         return 0
     for s in walk_stmts(loop.body):
