@@ -58,9 +58,10 @@ def fuse(graph: Graph) -> list:
             continue
         nodes = [n]
         taken.add(id(n))
-        if kind <= Kind.INJECTIVE or kind == Kind.OUT_ELEMWISE_FUSABLE:
+        if kind <= Kind.INJECTIVE or kind == Kind.OUT_ELEMWISE_FUSABLE or _row_operator(graph, n):
             _grow(graph, nodes, kind, users, taken)
         groups.append(FusedGroup(nodes, kind, _external_inputs(graph, nodes)))
+    groups = _row_prologues(graph, groups, users)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     groups.sort(key=lambda g: position[id(g.nodes[-1])])
     return groups
@@ -76,7 +77,7 @@ def _grow(graph, nodes, kind, users, taken):
         ukind = OPS[u.op_type].kind
         if id(u) in taken or len([o for o in u.outputs if o]) != 1:
             return False
-        if kind == Kind.OUT_ELEMWISE_FUSABLE:
+        if kind >= Kind.OUT_ELEMWISE_FUSABLE:   # an anchor's or a row operator's epilogue
             return ukind <= Kind.BROADCAST and graph.values[u.outputs[0]].shape == head_shape
         return ukind <= Kind.INJECTIVE
 
@@ -141,6 +142,58 @@ def _closed_diamond(graph, nodes, users, fits) -> list | None:
         if any(v in graph.outputs for v in open_values):
             return None
     return None
+
+
+def _row_operator(graph, n) -> bool:
+    """A row operator that runs fused (ROW_OPERATORS): a Softmax whose rows are its own shape's."""
+    if n.op_type not in ROW_OPERATORS or OPS[n.op_type].lower is None:
+        return False
+    from .ops.nn import softmax_fusable
+    shape = graph.values[n.inputs[0]].shape
+    return bool(shape) and softmax_fusable(n, shape, graph.opset)
+
+
+ROW_OPERATORS = frozenset(("Softmax",))
+
+
+def _row_prologues(graph, groups, users) -> list:
+    """Each row operator's group (a Softmax and its epilogue) takes the elementwise/broadcast
+    producers of its input: the tail of the group computing that input whose nodes are all
+    elementwise or broadcast and of the row operator's shape (a scale Mul, a mask Add, a causal
+    Where; their other operands, of any broadcast shape, stay kernel arguments), when that group's
+    output is read by the row operator alone. The rest of that group, if any, stays a group when
+    it hands the tail exactly one value. An anchor's epilogue stays the anchor's (Q·Kᵀ with its
+    scale and mask is one GEMM kernel already)."""
+    producer = {g.output: g for g in groups}
+    merged: set = set()
+    for g in groups:
+        head = g.nodes[0]
+        if not (g.kind == OPS[head.op_type].kind == Kind.OPAQUE and _row_operator(graph, head)):
+            continue
+        src = producer.get(head.inputs[0])
+        if (src is None or src.kind > Kind.BROADCAST or id(src) in merged or src.output in graph.outputs
+                or len(users.get(src.output, [])) != 1):
+            continue
+        shape = graph.values[head.inputs[0]].shape
+        cut = len(src.nodes)
+        while cut > 0 and OPS[src.nodes[cut - 1].op_type].kind <= Kind.BROADCAST \
+                and graph.values[src.nodes[cut - 1].outputs[0]].shape == shape:
+            cut -= 1
+        if cut == len(src.nodes):
+            continue
+        prefix, tail = src.nodes[:cut], src.nodes[cut:]
+        if prefix:
+            made = {o for n in prefix for o in n.outputs if o}
+            if {i for n in tail for i in n.inputs if i in made} != {prefix[-1].outputs[0]}:
+                continue
+        merged.add(id(src))
+        g.nodes[:0] = tail
+        g.inputs = _external_inputs(graph, g.nodes)
+        if prefix:   # kept, shortened: its output is now the value the tail reads
+            src.nodes = prefix
+            src.inputs = _external_inputs(graph, prefix)
+            merged.discard(id(src))
+    return [g for g in groups if id(g) not in merged]
 
 
 def _external_inputs(graph, nodes) -> list:

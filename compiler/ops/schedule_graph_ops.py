@@ -16,10 +16,13 @@ schedule_anchor would leave as a naive loop nest, recognized by their stages' ta
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from ..schedule import Schedule, create_schedule
 from ..tensor import ComputeOp, topo_order
+from . import schedule_nn
 from .schedule_common import lanes, parallel_loop, vectorize_inner
 from .schedule_elementwise import schedule_reduce_stage
 from .schedule_winograd import WINOGRAD_TAGS, schedule_winograd
@@ -37,9 +40,29 @@ def schedule_tagged(opdef, target) -> Schedule | None:
     if out.op.tag == "group_norm" and STAT_TAGS[0] in tags:
         return schedule_group_norm(opdef, target)
     reductions = [op for op in computes if op.reduce_axis]
+    axis = softmax_axis(out, reductions)
+    if axis is not None:
+        return schedule_nn.schedule_norm(SimpleNamespace(output=out, params={"axis": axis}), target)
     if len(reductions) == 1 and reductions[0].tag == "conv_transpose" and len(computes) <= 2:
         return schedule_reduction_epilogue(opdef, target)
     return None
+
+
+def softmax_axis(out, reductions) -> int | None:
+    """The row axis of a fused softmax (graph/ops/nn.py: a Softmax with elementwise producers
+    read in its row and elementwise consumers stored through its output): exactly the
+    reductions softmax_max and softmax_sum, the output of the statistics' shape but for the row
+    axis; else None."""
+    if sorted(op.tag for op in reductions) != ["softmax_max", "softmax_sum"]:
+        return None
+    mx = next(op for op in reductions if op.tag == "softmax_max")
+    n, shape, stat = mx.reduce_axis[0].extent, tuple(out.shape), tuple(mx.shape)
+    if len(stat) != len(shape) or len(mx.reduce_axis) != 1:
+        return None
+    axes = [d for d in range(len(shape)) if stat[d] == 1 and shape[d] == n]
+    if not axes or any(stat[d] != shape[d] for d in range(len(shape)) if d not in axes):
+        return None
+    return axes[-1]
 
 
 def schedule_group_norm(opdef, target) -> Schedule:

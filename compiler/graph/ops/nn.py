@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 
+from ... import expr as E
 from ...ops import functions as fn
 from ...tensor import compute, reduce_axis
+from ...tensor import max as te_max
 from ...tensor import sum as te_sum
 from ..errors import ShapeError
 from .base import FLOATS, Kind, Lazy, axis_of, broadcast, const_input, ints, materialize, register
@@ -342,7 +344,35 @@ def _softmax_inventory(node, ins, opset):
     return "softmax", dict(shape=shape, axis=axis, dtype=ins[0].dtype), [0]
 
 
-register("Softmax", Kind.OPAQUE, _softmax_infer, inventory=_softmax_inventory)
+def softmax_fusable(node, shape, opset) -> bool:
+    """A Softmax that can run fused (a prologue on its row read, an epilogue on its store): one
+    whose inventory view is its own shape (opset >= 13, or the axis already last)."""
+    return _softmax_view(node, tuple(shape), opset)[0] == tuple(shape)
+
+
+def _softmax_lower(node, xs, ins, opset):
+    """The softmax of a fused group (fuse.py: elementwise producers of its input, consumers of its
+    output): the inventory softmax's stages over the Lazy input, so the row max and the exp read
+    the prologue expression; the division is left as a Lazy read, so the group's output stage
+    (the epilogue) stores through it. Stages tagged as the inventory's: schedule_graph_ops
+    schedules the group with schedule_nn.schedule_norm."""
+    x = xs[0]
+    shape, axis = _softmax_view(node, x.shape, opset)
+    if tuple(shape) != tuple(x.shape):
+        raise ShapeError(f"Softmax node {node.name!r}: opset {opset} flattens axis {axis}; it runs alone")
+
+    def along(idx, value):
+        return tuple(value if d == axis else i for d, i in enumerate(idx))
+
+    stat = tuple(1 if d == axis else s for d, s in enumerate(shape))
+    k1, k2 = reduce_axis(shape[axis], "k"), reduce_axis(shape[axis], "k")
+    mx = compute(stat, lambda *i: te_max(x.read(along(i, k1)), axis=k1), name="softmax_max", tag="softmax_max")
+    ex = compute(shape, lambda *i: E.exp(x.read(i) - mx[along(i, 0)]), name="softmax_exp", tag="elemwise")
+    sm = compute(stat, lambda *i: te_sum(ex[along(i, k2)], axis=k2), name="softmax_sum", tag="softmax_sum")
+    return Lazy(tuple(shape), x.dtype, lambda idx: ex[tuple(idx)] / sm[along(idx, 0)])
+
+
+register("Softmax", Kind.OPAQUE, _softmax_infer, _softmax_lower, inventory=_softmax_inventory)
 
 
 def _ln_check(node, opset):
