@@ -53,6 +53,7 @@ from .schedule_graph_ops import schedule_tagged
 from .schedule_rules import rule_choices, rule_of, schedule_by_rule
 from .schedule_tile import broadcast_read, tile_axes, tile_choices
 from .schedule_winograd import is_winograd_gemm, schedule_winograd_gemm, winograd_gemm_choices
+from .scan_carry import scan_axis
 from .stride_phases import is_data_movement
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
@@ -254,13 +255,14 @@ def schedule_stages_at_root(s, out, target) -> Schedule:
     """_stages_at_root on a schedule whose stages may differ from the definition's (a rewrite
     made them: schedule_rules' stride phases): each stage as its operation is now."""
     out_op = s[out].op
-    inline_producers(s, out_op, target, keep=lambda op: bool(op.reduce_axis))
+    # a running carry (scan_carry) reads its own output: never inlined, scheduled by the scan rule
+    inline_producers(s, out_op, target, keep=lambda op: bool(op.reduce_axis) or scan_axis(op) is not None)
     for st in list(s.stages):
         op = st.op
         if isinstance(op, ComputeOp) and op.reduce_axis and any(a.extent > 1 for a in op.axis) and not st.is_inline:
             schedule_reduce_stage(st, _reduced_input_shape(op), _chains_not_vectors(op), target,
                                   pack=vector_packing(op) or ())
-    if not out_op.reduce_axis:
+    if not out_op.reduce_axis and scan_axis(out_op) is None:
         schedule_injective_stage(s[out], target)
     return s
 

@@ -31,9 +31,11 @@ from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
 from .schedule_common import lanes, parallel_loop, unit_step
+from .scan_carry import scan_axis, scan_plan
 from .stride_phases import stride_phase_plan
 
 ROW_LANE_VECTORS = (2, 1, 4)   # vectors of lane partials per reduction step, the default first (row fusion)
+SCAN_BLOCKS = (8, 4, 16)       # independent carries per serial step along a contiguous scan axis (scan rule)
 
 
 # ---------------------------------------------------------------------------- which rule
@@ -42,6 +44,8 @@ def rule_of(opdef) -> str | None:
     None (schedule_anchor's structural schedules)."""
     out = opdef.output
     computes = [op for op in topo_order([out]) if isinstance(op, ComputeOp)]
+    if any(scan_plan(op) is not None for op in computes):
+        return "scan"
     if any(stride_phase_plan(op) is not None for op in computes):
         return "stride_phases"
     if row_fusion_rows(out, computes) is not None:
@@ -53,6 +57,8 @@ def rule_choices(opdef, target=None) -> dict | None:
     """{knob: values, the default first} of the rule scheduling `opdef`, None when none does."""
     target = resolve_target(target)
     rule = rule_of(opdef)
+    if rule == "scan":
+        return {"carry": [True, False], "block": list(SCAN_BLOCKS)}
     if rule == "stride_phases":
         return {"phases": [True, False]}
     if rule == "row_fusion":
@@ -75,9 +81,63 @@ def schedule_by_rule(opdef, target=None, choices: dict | None = None) -> Schedul
     if unknown:
         raise ScheduleError(f"{opdef.name}: the {rule} rule has no knobs {sorted(unknown)}")
     knobs = {**defaults, **(choices or {})}
+    if rule == "scan":
+        return _schedule_scan(opdef, target, **knobs)
     if rule == "stride_phases":
         return _schedule_stride_phases(opdef, target, **knobs)
     return _schedule_row_fusion(opdef, target, **knobs)
+
+
+# ---------------------------------------------------------------------------- scans
+def _schedule_scan(opdef, target, carry: bool, block: int) -> Schedule:
+    """Scans written as masked reductions rewritten into running carries (scan_carry), each
+    scheduled by _scan_stage; the other stages as schedule_stages_at_root does."""
+    from .schedule_anchor import schedule_stages_at_root
+    out = opdef.output
+    s = create_schedule(out)
+    if carry:
+        for st in list(s.stages):
+            if isinstance(st.op, ComputeOp) and scan_plan(st.op) is not None:
+                s.rewrite(st.tensor, "scan_carry")
+    s = schedule_stages_at_root(s, out, target)
+    for st in s.stages:
+        if scan_axis(st.op) is not None:
+            _scan_stage(st, target, block)
+    return s
+
+
+def _scan_stage(st, target, block: int) -> None:
+    """A running carry's loops: the scanned axis serial and in order, inside the loops of the
+    other axes' blocks. The last other axis is tiled inside the scan loop: vectors of it where
+    it follows the scanned axis (contiguous in memory: a scan along rows of a row-major array),
+    else `block` rows unrolled (independent carries whose adds overlap, scalar loads); the blocks
+    and the axes before them fused and parallel."""
+    op = st.op
+    d = scan_axis(op)
+    axes = list(op.axis)
+    others = [ax for p, ax in enumerate(axes) if p != d]
+    if not others:
+        return
+    v = others[-1]
+    vl = lanes(target, op.dtype)
+    if axes.index(v) > d:
+        f = vl * max(1, min(4, v.extent // vl)) if v.extent >= vl else v.extent
+        mode = "vectorize"
+    else:
+        f = min(block, v.extent)
+        mode = "unroll"
+    if f < v.extent:
+        vo, vi = st.split(v, factor=f)
+        outer = others[:-1] + [vo]
+    else:
+        vi, outer = v, others[:-1]
+    st.reorder(*outer, axes[d], vi)
+    if mode == "vectorize" and f >= vl:
+        st.vectorize(vi)
+    elif mode == "unroll":
+        st.unroll(vi)
+    if outer:
+        parallel_loop(st, outer, None, target, math.prod(op.shape) * 4)
 
 
 # ---------------------------------------------------------------------------- stride phases
