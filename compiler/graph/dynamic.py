@@ -30,7 +30,7 @@ import numpy as np
 from .errors import DynamicShapeError, GraphError, InputError, ShapeError
 from .onnx_import import from_onnx, load_model
 from .ops.elementwise import ONNX_DTYPES
-from .runtime import GraphModule, build_model
+from .runtime import GraphModule, build_model, check_input_arrays
 
 DEFAULT_MAX_SHAPES = 8
 
@@ -73,18 +73,11 @@ class ShapeSpecializedModel:
     def shapes_of(self, inputs: dict) -> dict:
         """{input name: shape} of a call's arrays, checked against the model's signature:
         names, dtypes, ranks, fixed dimensions, and one size per symbol."""
-        missing = [n for n in self.input_names if n not in inputs]
-        extra = sorted(set(inputs) - set(self.input_names))
-        if missing or extra:
-            raise InputError(f"the model takes inputs {self.input_names}; "
-                             + (f"missing {missing}" if missing else "") + ("; " if missing and extra else "")
-                             + (f"unknown {extra}" if extra else ""))
+        check_input_arrays(self.input_names, inputs)
         sizes: dict = {}
         shapes = {}
         for name, (dtype, dims) in self.signature.items():
             arr = inputs[name]
-            if not isinstance(arr, np.ndarray):
-                raise InputError(f"input {name!r} must be a numpy array, got {type(arr).__name__}")
             if arr.dtype != np.dtype(dtype):
                 raise InputError(f"input {name!r}: expected dtype {dtype}, got {arr.dtype}")
             if arr.ndim != len(dims):

@@ -142,6 +142,18 @@ def build_model(graph: Graph, target=None, records=None) -> "GraphModule":
     return module
 
 
+def check_input_arrays(names: list, inputs: dict) -> None:
+    """InputError unless `inputs` names exactly the model's inputs `names`, each a numpy array."""
+    missing = [n for n in names if n not in inputs]
+    extra = sorted(set(inputs) - set(names))
+    if missing or extra:
+        raise InputError(f"the model takes inputs {names}; " + (f"missing {missing}" if missing else "")
+                         + ("; " if missing and extra else "") + (f"unknown {extra}" if extra else ""))
+    for name in names:
+        if not isinstance(inputs[name], np.ndarray):
+            raise InputError(f"input {name!r} must be a numpy array, got {type(inputs[name]).__name__}")
+
+
 class GraphModule:
     """A compiled model: `run(**inputs)` returns the outputs as numpy arrays, in graph order."""
 
@@ -220,16 +232,9 @@ class GraphModule:
         return view.copy() if view is not None else self.graph.values[name].const.copy()
 
     def _check_inputs(self, inputs):
-        missing = [n for n in self.input_names if n not in inputs]
-        extra = sorted(set(inputs) - set(self.input_names))
-        if missing or extra:
-            raise InputError(f"the model takes inputs {self.input_names}; "
-                             + (f"missing {missing}" if missing else "") + ("; " if missing and extra else "")
-                             + (f"unknown {extra}" if extra else ""))
+        check_input_arrays(self.input_names, inputs)
         for name in self.input_names:
             arr, (dtype, shape) = inputs[name], self._expected[name]
-            if not isinstance(arr, np.ndarray):
-                raise InputError(f"input {name!r} must be a numpy array, got {type(arr).__name__}")
             if arr.dtype != dtype:
                 raise InputError(f"input {name!r}: expected dtype {dtype}, got {arr.dtype}")
             if arr.shape != shape:
@@ -242,4 +247,4 @@ class GraphModule:
         return "\n".join(lines)
 
 
-__all__ = ["build_model", "GraphModule", "extract_tasks", "ModelTask", "kernel_name"]
+__all__ = ["build_model", "GraphModule", "extract_tasks", "ModelTask", "kernel_name", "check_input_arrays"]
