@@ -6,7 +6,11 @@ The rules are TVM's FuseOps pattern rules, on chains:
   residual Add, Relu, Clip, Gelu, ...): the epilogue its register tiles are stored through;
 - an elementwise, broadcast or injective node starts a group that takes the injective nodes
   that follow it (a Transpose → Add → Cast chain is one pass over memory);
-- reductions and opaque operators (pools, Softmax, LayerNormalization, Reduce*) are a group of
+- a row operator (Softmax over its own shape's rows) takes the elementwise/broadcast consumers
+  of its output as an anchor takes its epilogue, and the elementwise/broadcast tail of the group
+  computing its input, of its shape, as a prologue its row read computes (_row_prologues): the
+  attention scale, mask Add or causal Where before it, dynamo's Where(IsNaN(p), 0, p) after it;
+- other reductions and opaque operators (pools, LayerNormalization, Reduce*) are a group of
   their own;
 - ALIAS nodes (the reshape family) are not kernels: the runtime gives their output the input's
   buffer, except where one sits between two nodes of an injective group, which then reads
