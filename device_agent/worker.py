@@ -343,7 +343,27 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
         req = _read_frame(in_fd)
         if req is None:
             return
-        _write_frame(proto_out, measure_one(req, on_start=lambda: _write_frame(proto_out, _STARTED)))
+        serve_one = calibration_answer if isinstance(req, dict) and req.get("calibrate") else measure_one
+        _write_frame(proto_out, serve_one(req, on_start=lambda: _write_frame(proto_out, _STARTED)))
+
+
+def calibration_answer(request: dict, on_start=None) -> dict:
+    """The answer to a calibration request ({"calibrate": True, "threads": n or None}): this
+    process's calibration (device_agent.calibration) under the host's exclusive lock, as
+    {"calibration": {...}, "error_code": 0, ...}; RUNNER_ERROR with the reason when it fails."""
+    from compiler import host_lock
+
+    from .calibration import calibrate, calibration_kernels
+    t0 = time.perf_counter()
+    try:
+        calibration_kernels()       # built before the host is taken: a build holds no timing lock
+        with host_lock.exclusive():
+            if on_start is not None:
+                on_start()
+            cal = calibrate(request.get("threads"), lock=False)
+    except Exception as e:  # noqa: BLE001 - the calibration failed; say how, keep serving
+        return _result(RUNNER_ERROR, f"calibration failed: {type(e).__name__}: {e}", run_seconds=time.perf_counter() - t0)
+    return dict(_result(NO_ERROR, run_seconds=time.perf_counter() - t0), calibration=cal)
 
 
 def signal_name(returncode: int) -> str:
@@ -439,6 +459,22 @@ class WorkerProcess:
     def start(self) -> "WorkerProcess":
         """Start the child now (otherwise the first run does)."""
         with self._lock:
+            self._ensure_ready()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        """The current child's process id (None before it starts)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def replace(self) -> "WorkerProcess":
+        """Kill the child and start a new one (a calibration found it slow): a new process, which
+        the OS places anew and whose OpenMP team is bound afresh."""
+        with self._lock:
+            self._kill()
+            self.restarts += 1
+            self._start()
             self._ensure_ready()
         return self
 

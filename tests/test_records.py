@@ -28,7 +28,7 @@ from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
 
-TABLES = {"workloads", "tasks", "jobs", "job_tasks", "job_events", "api_tokens", "records", "agents", VERSION_TABLE}
+TABLES = {"workloads", "tasks", "jobs", "job_tasks", "job_events", "api_tokens", "records", "agents", "calibrations", VERSION_TABLE}
 TARGET = "llvm -mtriple=x86_64-linux-gnu -mcpu=znver3 -num-cores=2"
 MATMUL = Workload("matmul", {"M": 16, "N": 16, "K": 16})
 TASK = Task(MATMUL, TARGET, "local")
@@ -74,7 +74,7 @@ def test_migration_creates_schema_and_is_idempotent(empty_db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0007"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0008"]
     engine.dispose()
 
 
@@ -89,7 +89,7 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine = sa.create_engine(url)
     with engine.begin() as conn:                  # as if written by the previous tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
-    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0007; run `tunefarm db upgrade"):
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0008; run `tunefarm db upgrade"):
         open_store(url)
     with engine.begin() as conn:                  # written by a newer tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))

@@ -89,6 +89,8 @@ class MeasureResult:
     lost_fraction: float = 0.0       # share of the kernel threads' time spent waiting for a CPU
     host_busy: float = 0.0           # CPUs' worth of other processes' work during the timing
     emulated: bool = False           # timed under an instruction-set emulator (qemu-user board): never mixed with native
+    slow_window: bool = False        # timed in a window whose closing calibration found the worker slow (not re-taken)
+    remeasured: bool = False         # re-taken in a fresh worker after a slow window (device_agent/calibration.py)
 
     @property
     def ok(self) -> bool:

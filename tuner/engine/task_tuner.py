@@ -394,7 +394,9 @@ class TaskTuner:
             results = self._count(self.runner.run(self.task, seq))
             last_base = math.nan
             for c, res in zip(who, results):
-                cost = res.cost if res.ok else math.nan
+                # a round timed by a worker its calibration found slow (and no healthy one could
+                # take again) is another speed regime: none of its timings is compared or kept
+                cost = res.cost if res.ok and not res.slow_window else math.nan
                 if c is None:
                     last_base = cost
                     if math.isfinite(cost):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from device_agent.calibration import CalibratedWorker, SpeedHistory
 from device_agent.host import is_emulated
 from device_agent.options import MeasureOptions
 from device_agent.worker import MeasureRequest, WorkerProcess
@@ -73,7 +74,8 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str, emulated:
         code = ErrorCode.RUNNER_ERROR
     res = MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
                         build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
-                        measured_by=measured_by, emulated=bool(emulated))
+                        measured_by=measured_by, emulated=bool(emulated),
+                        slow_window=bool(answer.get("slow_window", False)), remeasured=bool(answer.get("remeasured", False)))
     timing = answer.get("timing") if code == ErrorCode.NO_ERROR else None
     if timing:   # the measurement protocol's summary (an older agent sends none)
         res.take_timing(timing)
@@ -82,12 +84,21 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str, emulated:
 
 class LocalRunner(Runner):
     """Measures on this machine, one candidate at a time (so timings do not disturb each other),
-    in one worker process that is replaced when a kernel crashes or hangs."""
+    in one worker process that is replaced when a kernel crashes or hangs.
 
-    def __init__(self, options: MeasureOptions | None = None):
+    The worker is calibrated (device_agent/calibration.py) when it starts and after every `run`
+    (a window): a window its closing calibration finds slow is measured again in a fresh worker,
+    and marked (`MeasureResult.slow_window`) when no healthy worker could be had. `history`: the
+    device's calibrations to judge against (tuner.measure.calibration.StoreSpeedHistory keeps them
+    in the records store; default: this runner's own, in memory). `calibrate=False` turns it off."""
+
+    def __init__(self, options: MeasureOptions | None = None, history: SpeedHistory | None = None,
+                 calibrate: bool = True):
         self.options = options if options is not None else MeasureOptions()
         self.worker = WorkerProcess()
         self.emulated = is_emulated()
+        self.calibrated = CalibratedWorker(self.worker, history, threads=self.options.num_threads or None) \
+            if calibrate else None
 
     def timings_emulated(self) -> bool | None:
         return self.emulated
@@ -99,13 +110,15 @@ class LocalRunner(Runner):
 
     def run(self, task: Task, build_results: list, options: MeasureOptions | None = None) -> list:
         options = options or self.options
-        out = []
-        for br in build_results:
-            res = passthrough(br, "local")
-            if res is None:
-                res = to_measure_result(self.worker.run(self.request(br, options), options.timeout), br, "local",
-                                        self.emulated)
-            out.append(res)
+        out: list = [passthrough(br, "local") for br in build_results]
+        todo = [i for i, res in enumerate(out) if res is None]
+        items = [(self.request(build_results[i], options), options.timeout) for i in todo]
+        if self.calibrated is not None:
+            answers = self.calibrated.measure_window(items) if items else []
+        else:
+            answers = [self.worker.run(req, timeout) for req, timeout in items]
+        for i, answer in zip(todo, answers):
+            out[i] = to_measure_result(answer, build_results[i], "local", self.emulated)
         return out
 
     def close(self) -> None:

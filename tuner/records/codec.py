@@ -56,6 +56,7 @@ def record_values(task_id: int, job_id: int | None, candidate: Candidate, result
         "run_seconds": float(result.run_seconds),
         "measured_by": result.measured_by,
         "emulated": bool(result.emulated),
+        "slow_window": bool(result.slow_window),
         "created_at": created_at,
         **timing_values(result),
     }
@@ -83,7 +84,7 @@ RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.c
                   RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint,
                   RecordRow.mean_cost, RecordRow.min_cost, RecordRow.cost_spread, RecordRow.samples,
                   RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default,
-                  RecordRow.emulated)
+                  RecordRow.emulated, RecordRow.slow_window)
 
 
 # what a records page selects (the store's page reads with page_rows=True): RECORD_COLUMNS with the
@@ -118,11 +119,11 @@ def to_record(row, task: TaskInfo) -> Record:
     not joined into every row). The row is unpacked by position: a named attribute of a
     SQLAlchemy row costs a microsecond, a page of records reads hundreds of them."""
     (rid, _task_id, job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, retimed,
-     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default, emulated) = row
+     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default, emulated, slow_window) = row
     result = MeasureResult(costs=list(costs), error_code=_error_code(code), error_msg=msg, build_seconds=build_s,
                            run_seconds=run_s, measured_by=measured_by, median=figure, minimum=min_cost, spread=spread,
                            samples=samples or 0, disturbed=bool(disturbed), lost_fraction=lost or 0.0, host_busy=busy or 0.0,
-                           emulated=bool(emulated))
+                           emulated=bool(emulated), slow_window=bool(slow_window))
     return Record(workload_key=task.workload_key, workload=task.workload, target=task.target, device_key=task.device_key,
                   candidate=Candidate(candidate["kind"], candidate["payload"]), result=result,
                   job_id=job_id, created_at=created_at, id=rid, retimed_cost=retimed, beats_default=beats_default)

@@ -229,6 +229,31 @@ class RecordRow(Base):
     # noise (NULL: the default itself, or not re-measured); False ranks after the default
     retimed_spread: Mapped[float | None] = mapped_column(Float, nullable=True)
     beats_default: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # timed in a window whose closing calibration found the measuring worker slow, and no healthy
+    # worker could measure it again (device_agent/calibration.py): ranked after every unmarked record
+    slow_window: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
+
+
+class CalibrationRow(Base):
+    """One calibration of a measuring worker (device_agent/calibration.py): the speeds of the fixed
+    calibration kernels, per device key and host; a device's history is what a new calibration is
+    judged against."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (Index("ix_calibrations_device_key_host_id", "device_key", "host", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    version: Mapped[int] = mapped_column(Integer)
+    threads: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    fma_1: Mapped[float] = mapped_column(Float)          # GFLOPS of the FMA tile, one thread
+    fma_n: Mapped[float] = mapped_column(Float)          # ... on `threads`
+    stream_1: Mapped[float] = mapped_column(Float)       # GB/s of the stream, one thread
+    stream_n: Mapped[float] = mapped_column(Float)
+    disturbed: Mapped[list] = mapped_column(JSON)        # the metrics other processes disturbed
+    speed_index: Mapped[float | None] = mapped_column(Float, nullable=True)   # against the history before it
+    state: Mapped[str] = mapped_column(String(16))       # healthy, slow or unknown
 
 
 class AgentRow(Base):

@@ -28,7 +28,7 @@ from .bulk_import import import_lines
 from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
-from .models import AgentRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
+from .models import AgentRow, CalibrationRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
 from .task_cache import TaskCache
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
@@ -464,6 +464,40 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                     for a in s.execute(select(AgentRow).order_by(AgentRow.name)).scalars()]
 
 
+    # ----------------------------------------------------------- calibrations
+    def add_calibration(self, device_key: str, host: str, calibration: dict, state: str,
+                        speed_index: float | None = None) -> int:
+        """Store one calibration of a measuring worker of `device_key` on `host`
+        (device_agent.calibration.calibrate's dict) with its verdict; returns its id."""
+        values = {"device_key": device_key, "host": host, "version": int(calibration["version"]),
+                  "threads": int(calibration["threads"]), "created_at": utcnow(),
+                  **{m: float(calibration[m]) for m in ("fma_1", "fma_n", "stream_1", "stream_n")},
+                  "disturbed": list(calibration.get("disturbed") or []),
+                  "speed_index": None if speed_index is None else float(speed_index), "state": str(state)}
+        with self._session(write=True) as s:
+            row = CalibrationRow(**values)
+            s.add(row)
+            s.flush()
+            return int(row.id)
+
+    def calibrations(self, device_key: str, host: str | None = None, limit: int = 25,
+                     version: int | None = None, threads: int | None = None) -> list[dict]:
+        """The newest `limit` calibrations of `device_key` (on `host` if given; of one calibration
+        `version` and thread count if given), oldest first, as dicts of the table's columns: a
+        device's history (one range of the (device_key, host, id) index)."""
+        stmt = select(CalibrationRow).where(CalibrationRow.device_key == device_key)
+        if host is not None:
+            stmt = stmt.where(CalibrationRow.host == host)
+        if version is not None:
+            stmt = stmt.where(CalibrationRow.version == int(version))
+        if threads is not None:
+            stmt = stmt.where(CalibrationRow.threads == int(threads))
+        stmt = stmt.order_by(CalibrationRow.id.desc()).limit(max(0, int(limit)))
+        with self._session() as s:
+            rows = s.execute(stmt).scalars().all()
+            out = [{c.name: getattr(r, c.name) for c in CalibrationRow.__table__.columns} for r in rows]
+        return out[::-1]
+
     # --- reads for the API
     # What the REST layer (tuner.service.api) reads beyond the tuner's own methods. Each is
     # keyset-paged or capped and runs on indexed columns: several API servers share the database
@@ -755,9 +789,10 @@ def _tasks_of(by_device_key: bool):
 
 
 def _best_order(r):
-    """best()'s order: verified re-measured records by re-measured cost, then the rest by figure."""
+    """best()'s order: verified re-measured records by re-measured cost, then the unmarked rest by
+    figure, then records timed in a slow window (RecordRow.slow_window) by figure."""
     verified = r.retimed_cost is not None and r.beats_default is not False
-    return (not verified, r.retimed_cost if verified else r.mean_cost, r.id)
+    return (not verified, bool(r.slow_window) and not verified, r.retimed_cost if verified else r.mean_cost, r.id)
 
 
 def _verified(yes: bool = True):
@@ -773,20 +808,23 @@ def _verified(yes: bool = True):
 def _best_of_task(by_fingerprint: bool):
     """A task's `limit` best valid records as best() ranks them, as rows of RECORD_COLUMNS plus
     mean_cost: the re-measured ones by re-measured cost (the (task_id, retimed_cost) index),
-    then the others by mean (the (task_id, mean_cost) index), each an index range read in order
-    and cut at `limit`. With `fingerprint`: only that candidate (baseline_record). mean_cost is
+    then the others by mean (the (task_id, mean_cost) index), those timed in a slow window last
+    (their figures came from a worker a calibration found slow), each an index range read in
+    order and cut at `limit`. With `fingerprint`: only that candidate (baseline_record). mean_cost is
     NULL for every failed measurement (codec.mean_cost_column), so no error_code test: an
     equality on it tempts a planner into the (error_code, id) index."""
-    def ranked(retimed: bool):
+    def ranked(retimed: bool, marked: bool = False):
         cost = RecordRow.retimed_cost if retimed else RecordRow.mean_cost
         stmt = (select(*codec.RECORD_COLUMNS)
                 .where(RecordRow.task_id == bindparam("task_id"), RecordRow.mean_cost.is_not(None),
                        _verified(retimed)))
+        if not retimed:   # a slow window's figures rank after every other record's
+            stmt = stmt.where(RecordRow.slow_window.is_(True) if marked else RecordRow.slow_window.is_not(True))
         if by_fingerprint:
             stmt = stmt.where(RecordRow.fingerprint == bindparam("fingerprint"))
         # each part a subquery: SQLite allows no ORDER BY / LIMIT on a bare member of a UNION
         return select(stmt.order_by(cost, RecordRow.id).limit(bindparam("limit")).subquery())
-    return union_all(ranked(True), ranked(False))
+    return union_all(ranked(True), ranked(False), ranked(False, marked=True))
 
 
 def _given_filters(workload_key, target, device_key, job_id, error_code) -> dict:

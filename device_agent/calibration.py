@@ -1,0 +1,377 @@
+"""Calibrated measuring workers: a measuring process that notices it runs slow.
+
+A timing protocol that rejects samples a foreign process disturbed (compiler/timing.py) cannot
+see a process that is slow *all the time*: a measuring process whose OpenMP team landed on one
+core's two hyperthreads, a board that throttles when hot, a host whose frequency dropped, a
+process stopped and continued by someone else's scheduler. Every sample is then equally slow and
+equally "clean". What notices it is a fixed yardstick timed in the same process:
+
+- **The calibration kernels** (`CALIBRATION_VERSION`; built here with the project's compiler, the
+  same compute and schedule everywhere): an FMA-bound matmul tile (256 x 256 x 128 float32, blocks
+  of 8 rows spread over the threads, 16-lane vectors) and a memory-bound stream
+  (z = 1.5 x + y over 1 Mi floats, 12 MiB moved a call). Each is timed on one thread and on all of
+  the worker's threads: four speeds (GFLOPS, GB/s), the worker's *calibration*. Samples are made
+  at least `CAL_SAMPLE_S` long, so a slowdown that comes and goes faster than that (a duty cycle,
+  a frequency governor) is averaged into every sample instead of hiding between them, and each
+  sample's run-queue wait (time other processes took) is taken out of it (`on_cpu_seconds`): the
+  calibration says how fast the process runs when it runs, so a loaded host is not a slow worker.
+- **The device's own history** (`SpeedHistory`): the calibrations of this device key on this host
+  (the records store's `calibrations` table for the local runner, the agent's own for an agent).
+  A calibration's *speed index* is the lowest of its four speeds' ratios to the median of the
+  history's (`speed_index`), over the speeds whose timing no other process disturbed (foreign
+  load is the measurements' own checks' business, and on a loaded host it takes the all-threads
+  figures); below `SLOW_RATIO` (0.8) the worker is **slow**. With fewer than
+  `MIN_HISTORY` comparable calibrations (same version and thread count) nothing is judged.
+- **Windows** (`CalibratedWorker.measure_window`): a worker is calibrated when it starts and
+  after every window of measurements (a runner's batch; a run of an agent's requests). A window
+  closed by a slow calibration is **marked** (`slow_window` in each answer); the worker process is
+  replaced (a new process, placed anew by the OS, its OpenMP team bound afresh) and calibrated,
+  and the window is measured again (`remeasured`). A slow verdict is confirmed by a second
+  calibration first, so one unlucky timing replaces nothing.
+- **Degraded**: a device whose replacement workers stay slow for `DEGRADE_AFTER` windows in a
+  row is reported degraded (`state`); its windows are no longer measured again (it would not
+  help), and their answers stay marked, so nothing downstream takes a best from them.
+
+Kept light for the agent: numpy and the compiler (the tensor language, lowering and llvmlite
+codegen the agent's runtime already needs); nothing of the tuner.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger("tunefarm.calibration")
+
+CALIBRATION_VERSION = 1      # bumped whenever the kernels, their schedules or the way they are timed change
+SLOW_RATIO = 0.8             # a calibration below this share of the device's median is slow
+MIN_HISTORY = 3              # comparable calibrations needed before anything is judged
+HISTORY_SIZE = 25            # the newest calibrations the median is taken over
+DEGRADE_AFTER = 3            # windows in a row slow after replacement: the device is degraded
+MAX_REPLACEMENTS = 2         # fresh processes tried per slow window before giving up on it
+CAL_SAMPLE_S = 2e-3          # a calibration sample lasts at least this (see the module docstring)
+CAL_MIN_SAMPLES = 5          # clean samples a calibration figure needs, or it counts as disturbed
+METRICS = ("fma_1", "fma_n", "stream_1", "stream_n")
+
+FMA_SHAPE = (256, 256, 128)  # M, N, K of the FMA tile
+STREAM_N = 1 << 20           # floats of the stream's arrays
+
+HEALTHY, SLOW, UNKNOWN, DEGRADED = "healthy", "slow", "unknown", "degraded"
+
+
+def on_cpu_seconds(kernel, arrays, seconds: float = 0.03) -> tuple[float, bool]:
+    """(seconds per call the kernel spent on the CPU, whether too few samples could say) by the
+    measurement protocol's own sampling (compiler.timing: samples of at least CAL_SAMPLE_S, each
+    bracketed by the threads' run-queue wait), with that wait taken out of each sample instead of
+    the sample thrown away: a calibration asks how fast this process runs when it runs. Time
+    another process took from it is load, which the measurements' own checks see and retry; a
+    process stopped, throttled or slowed all the time loses no run-queue time, and reads slow."""
+    from compiler.timing import ThreadWaitClock, _calls_per_sample
+
+    timed, ptrs = kernel._aligned_args(arrays)
+    ptrs = [*ptrs, kernel.error_record()]
+    fn = kernel._load()
+
+    def run_batch(n):
+        for _ in range(n):
+            fn(*ptrs)
+    run_batch(1)                              # warm-up; starts the OpenMP team
+    n = _calls_per_sample(run_batch, CAL_SAMPLE_S)
+    clock = ThreadWaitClock()
+    try:
+        per_call: list = []
+        perf = time.perf_counter
+        end, tries = perf() + seconds, 0
+        while tries < 200 and (perf() < end or len(per_call) < CAL_MIN_SAMPLES):
+            tries += 1
+            w0 = clock.wait_ns()
+            t0 = perf()
+            run_batch(n)
+            dt = perf() - t0
+            # the team meets at a barrier after each call, so a thread's wait holds them all: the
+            # whole wait comes off (an over-correction when two threads wait at once only errs fast)
+            on_cpu = dt - (clock.wait_ns() - w0) / 1e9
+            if on_cpu > 0.5 * dt:             # mostly its own time: a usable sample
+                per_call.append(on_cpu / n)
+        del timed
+        if not per_call:
+            return math.inf, True
+        return statistics.median(per_call), len(per_call) < CAL_MIN_SAMPLES
+    finally:
+        clock.close()
+
+
+_KERNELS: dict = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def calibration_kernels() -> dict:
+    """{"fma": (kernel, arrays), "stream": (kernel, arrays)}, built once per process for the host."""
+    with _KERNELS_LOCK:
+        if not _KERNELS:
+            _KERNELS.update(_build_kernels())
+        return _KERNELS
+
+
+def _build_kernels() -> dict:
+    import numpy as np
+
+    from compiler import tensor as T
+    from compiler.runtime import build
+    from compiler.schedule import create_schedule
+
+    m, n, k = FMA_SHAPE
+    a = T.placeholder((m, k), "float32", "A")
+    b = T.placeholder((k, n), "float32", "B")
+    r = T.reduce_axis(k, "k")
+    c = T.compute((m, n), lambda i, j: T.sum(a[i, r] * b[r, j], axis=r), name="C")
+    s = create_schedule([c])
+    st = s[c]
+    i, j = st.op.axis
+    io, ii = st.split(i, 8)
+    iio, ii = st.split(ii, 4)
+    jo, ji = st.split(j, 16)
+    st.reorder(io, iio, jo, r, ii, ji)
+    st.unroll(ii)
+    st.vectorize(ji)
+    st.parallel(io)
+    fma = build(s, [a, b, c], name="calibration_fma")
+
+    x = T.placeholder((STREAM_N,), "float32", "X")
+    y = T.placeholder((STREAM_N,), "float32", "Y")
+    z = T.compute((STREAM_N,), lambda i: x[i] * 1.5 + y[i], name="Z")
+    s2 = create_schedule([z])
+    st2 = s2[z]
+    outer, inner = st2.split(st2.op.axis[0], 1 << 14)
+    _, lanes = st2.split(inner, 16)
+    st2.vectorize(lanes)
+    st2.parallel(outer)
+    stream = build(s2, [x, y, z], name="calibration_stream")
+
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return (rng.random(shape, dtype=np.float32) * 0.9 + 0.1).astype(np.float32)
+    return {"fma": (fma, [arr(m, k), arr(k, n), np.zeros((m, n), np.float32)]),
+            "stream": (stream, [arr(STREAM_N), arr(STREAM_N), np.zeros(STREAM_N, np.float32)])}
+
+
+def calibrate(threads: int | None = None, lock: bool = True) -> dict:
+    """Time the calibration kernels in this process on one thread and on `threads` (default: every
+    core), holding the host's timing lock unless `lock` is False (the caller holds it). Returns
+    {"version", "threads", "fma_1", "fma_n" (GFLOPS), "stream_1", "stream_n" (GB/s),
+    "disturbed" (the metrics whose timing other processes disturbed), "seconds", "pid"}."""
+    import contextlib
+
+    from compiler import host_lock
+    from compiler.runtime import set_num_threads
+
+    kernels = calibration_kernels()
+    n = max(1, min(int(threads or os.cpu_count() or 1), os.cpu_count() or 1))
+    m, nn, k = FMA_SHAPE
+    work = {"fma": 2.0 * m * nn * k / 1e9, "stream": 12.0 * STREAM_N / 1e9}
+    out: dict = {"version": CALIBRATION_VERSION, "threads": n, "pid": os.getpid()}
+    disturbed: list = []
+    t0 = time.perf_counter()
+    with host_lock.exclusive() if lock else contextlib.nullcontext():
+        for count, suffix in ((1, "1"), (n, "n")):
+            set_num_threads(count)
+            for name, (kernel, arrays) in kernels.items():
+                per_call, unsure = on_cpu_seconds(kernel, arrays)
+                out[f"{name}_{suffix}"] = work[name] / per_call
+                if unsure:
+                    disturbed.append(f"{name}_{suffix}")
+    out["disturbed"] = disturbed
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+# ----------------------------------------------------------------------------- judging
+
+def comparable(cal: dict, past: dict) -> bool:
+    return past.get("version") == cal.get("version") and past.get("threads") == cal.get("threads")
+
+
+def _clean(cal: dict, metric: str) -> bool:
+    """Whether the calibration's figure for `metric` is its own: other processes did not disturb
+    its timing (a foreign busy loop slows the all-threads figures of a loaded host; that is load,
+    which the measurements' own checks see, not the worker's speed)."""
+    return metric in cal and metric not in (cal.get("disturbed") or ())
+
+
+def reference(history: list, cal: dict) -> dict:
+    """Per metric, the median of the undisturbed figures of the comparable calibrations of
+    `history` (newest HISTORY_SIZE); a metric with fewer than MIN_HISTORY of them is left out."""
+    same = [h for h in history if comparable(cal, h)]
+    ref = {}
+    for m in METRICS:
+        values = [float(h[m]) for h in same if _clean(h, m)][-HISTORY_SIZE:]
+        if len(values) >= MIN_HISTORY:
+            ref[m] = statistics.median(values)
+    return ref
+
+
+def speed_index(cal: dict, ref: dict) -> float | None:
+    """The lowest ratio of the calibration's undisturbed speeds to the reference's (1.0: as fast
+    as usual); None when no metric can be compared."""
+    ratios = [float(cal[m]) / ref[m] for m in METRICS if m in ref and ref[m] > 0 and _clean(cal, m)]
+    return min(ratios) if ratios else None
+
+
+def judge(cal: dict, history: list) -> tuple[str, float | None]:
+    """(HEALTHY, SLOW or UNKNOWN, speed index) of a calibration against the device's history."""
+    index = speed_index(cal, reference(history, cal))
+    if index is None:
+        return UNKNOWN, None
+    return (SLOW if index < SLOW_RATIO else HEALTHY), index
+
+
+class SpeedHistory:
+    """A device's calibrations (per device key and host): what judging compares with. This one
+    keeps them in memory (an agent's, or a runner without a records store); the tuner's
+    `tuner.measure.calibration.StoreSpeedHistory` keeps them in the records store."""
+
+    def __init__(self, initial=()):
+        self._items: deque = deque(initial, maxlen=4 * HISTORY_SIZE)
+        self._lock = threading.Lock()
+
+    def recent(self, cal: dict) -> list:
+        """Past calibrations comparable with `cal`, oldest first."""
+        with self._lock:
+            return [h for h in self._items if comparable(cal, h)]
+
+    def add(self, cal: dict, state: str, index: float | None) -> None:
+        with self._lock:
+            self._items.append(dict(cal, state=state, speed_index=index))
+
+
+@dataclass
+class WindowReport:
+    """What the calibrations around one window found."""
+
+    slow_windows: int = 0          # closing calibrations that found the worker slow
+    remeasured: int = 0            # measurements taken again in a fresh worker
+    replacements: int = 0          # worker processes replaced for being slow
+    state: str = UNKNOWN           # the device's state after the window
+    speed_index: float | None = None
+    calibrations: list = field(default_factory=list)
+
+
+class CalibratedWorker:
+    """A measuring `WorkerProcess` that is calibrated when it starts and after every window.
+
+    `measure_window(items)` measures [(request, timeout), ...] in order and returns their answers
+    (measure_one's dicts) after the window's closing calibration: re-measured in a replacement
+    process when that found the worker slow, and marked `slow_window` when no healthy worker
+    could be had (see the module docstring). `report` sums what happened over the worker's life.
+    """
+
+    def __init__(self, worker, history: SpeedHistory | None = None, threads: int | None = None,
+                 calibration_timeout: float = 60.0, on_calibration=None):
+        self.worker = worker
+        self.history = history if history is not None else SpeedHistory()
+        self.threads = threads
+        self.calibration_timeout = calibration_timeout
+        self.on_calibration = on_calibration      # called with (calibration dict, state, index)
+        self.report = WindowReport()
+        self._slow_in_a_row = 0
+        self._calibrated_pid: int | None = None
+
+    @property
+    def state(self) -> str:
+        return self.report.state
+
+    def calibrate(self) -> tuple[str, float | None, dict | None]:
+        """Calibrate the worker process now: (state, speed index, calibration); the calibration
+        joins the history. A worker that cannot calibrate is UNKNOWN (its measurements tell)."""
+        answer = self.worker.run({"calibrate": True, "threads": self.threads}, self.calibration_timeout)
+        cal = answer.get("calibration")
+        if not cal:
+            log.warning("calibration failed: %s", answer.get("error_msg", "no answer"))
+            return UNKNOWN, None, None
+        state, index = judge(cal, self.history.recent(cal))
+        self._calibrated_pid = cal.get("pid")
+        self.history.add(cal, state, index)
+        self.report.calibrations.append(dict(cal, state=state, speed_index=index))
+        if self.on_calibration is not None:
+            self.on_calibration(cal, state, index)
+        return state, index, cal
+
+    def _verdict(self) -> tuple[str, float | None]:
+        """A calibration, and a second one to confirm a slow verdict (one unlucky timing replaces nothing)."""
+        state, index, _ = self.calibrate()
+        if state == SLOW:
+            state, index, _ = self.calibrate()
+        return state, index
+
+    def _replace(self) -> tuple[str, float | None]:
+        """A new process until one calibrates healthy (MAX_REPLACEMENTS tries): its verdict."""
+        state, index = SLOW, None
+        for _ in range(MAX_REPLACEMENTS):
+            self.worker.replace()
+            self.report.replacements += 1
+            state, index = self._verdict()
+            if state != SLOW:
+                break
+        return state, index
+
+    def start(self) -> str:
+        """The starting calibration: a worker that starts slow is replaced before it measures."""
+        state, index = self._verdict()
+        if state == SLOW:
+            log.warning("measuring worker started slow (speed index %.2f); replacing it", index or 0.0)
+            state, index = self._replace()
+        self._settle(state, index)
+        return state
+
+    def _settle(self, state: str, index: float | None) -> None:
+        """The device's state after a verdict: slow ones in a row make it degraded, a healthy one
+        clears that (recovered), an unknown one changes nothing."""
+        if index is not None:
+            self.report.speed_index = index
+        if state == HEALTHY:
+            self._slow_in_a_row = 0
+            self.report.state = HEALTHY
+        elif state == SLOW:
+            self._slow_in_a_row += 1
+            if self._slow_in_a_row >= DEGRADE_AFTER:
+                if self.report.state != DEGRADED:
+                    log.error("device degraded: measuring workers slow over %d windows in a row (speed index %.2f)",
+                              self._slow_in_a_row, index or 0.0)
+                self.report.state = DEGRADED
+            else:
+                self.report.state = SLOW
+
+    def measure_window(self, items: list) -> list:
+        """Answers of [(request, timeout), ...], calibrated around (see the class docstring)."""
+        if self._calibrated_pid is None or self._calibrated_pid != self.worker.pid:
+            self.start()    # a new worker (first window, or one replaced after a crash) is calibrated first
+        answers = [self.worker.run(req, timeout) for req, timeout in items]
+        while True:
+            if self.worker.pid != self._calibrated_pid:
+                break        # a kernel crashed or hung the worker: its replacement is calibrated next window
+            state, index = self._verdict()
+            if state != SLOW:
+                self._settle(state, index)
+                break
+            self.report.slow_windows += 1
+            for a in answers:
+                a["slow_window"] = True
+            if self.report.state == DEGRADED:
+                self._settle(state, index)
+                break        # measuring again on a degraded device would not help: the answers stay marked
+            log.warning("measuring worker slow after a window of %d (speed index %.2f): replacing it and measuring "
+                        "the window again", len(items), index or 0.0)
+            state, index = self._replace()
+            if state == SLOW:
+                self._settle(state, index)
+                break        # no healthy worker to be had: the window stays marked
+            answers = [dict(self.worker.run(req, timeout), remeasured=True) for req, timeout in items]
+            self.report.remeasured += len(items)
+        return answers
