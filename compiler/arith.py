@@ -217,10 +217,37 @@ def _divmod(op: str, la: Lin, c: int, ranges: dict) -> Lin:
         return rest.add(Lin({}, -m * c))
     if rest.is_const():
         return Lin(q_terms, qc + rest.const // c) if op == "floordiv" else Lin({}, rest.const % c)
+    nested = _divmod_by_part(op, rest, c, ranges)
+    if nested is not None:
+        return Lin(q_terms, qc).add(nested) if op == "floordiv" else nested
     atom = _atom(Binary(op, from_lin(rest), Const(c, INDEX_DTYPE), INDEX_DTYPE))
     if op == "floordiv":
         return Lin(q_terms, qc).add(atom)
     return atom
+
+
+def _divmod_by_part(op: str, rest: Lin, c: int, ranges: dict) -> Lin | None:
+    """floor(rest / c) or rest mod c when rest = m·A + S with m a divisor of c, every term of A a
+    multiple of m and S within one block of m (m·q0 <= S < m·q0 + m): floor(rest / c) is then
+    floor((A + q0) / (c/m)), the part S drops out. A vector of 8 lanes of a group of 16,
+    `(8·fo + fi) // 16` with fi in [0, 8), is `fo // 2`: one value across the vector's lanes
+    (a grouped convolution's input channel, schedule_tile.tile_group). None otherwise."""
+    for m in range(c // 2, 1, -1):
+        if c % m:
+            continue
+        a_terms = {k: (a, coef // m) for k, (a, coef) in rest.terms.items() if coef % m == 0}
+        if not a_terms or len(a_terms) == len(rest.terms):
+            continue
+        part = Lin({k: t for k, t in rest.terms.items() if k not in a_terms}, rest.const)
+        r = lin_range(part, ranges)
+        if r is None or r[0] // m != r[1] // m:
+            continue
+        q0 = r[0] // m
+        inner = _divmod(op, Lin(a_terms, q0), c // m, ranges)
+        if op == "floordiv":
+            return inner
+        return inner.scale(m).add(part).add(Lin({}, -m * q0))
+    return None
 
 
 def from_lin(lin: Lin) -> Expr:

@@ -44,16 +44,16 @@ from ..target import resolve_target
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
-from .schedule_common import lanes, unit_step
+from .scan_carry import scan_axis
+from .schedule_common import lanes, unit_step, var_groups
 from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
 from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_default, schedule_conv_nchw_recipe
 from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
 from .schedule_rules import rule_choices, rule_of, schedule_by_rule
-from .schedule_tile import broadcast_read, tile_axes, tile_choices
+from .schedule_tile import broadcast_read, tile_axes, tile_choices, tile_group
 from .schedule_winograd import is_winograd_gemm, schedule_winograd_gemm, winograd_gemm_choices
-from .scan_carry import scan_axis
 from .stride_phases import is_data_movement
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
@@ -139,7 +139,7 @@ def product_tile_choices(opdef, target=None) -> dict | None:
     pos = tile_axes(red)
     caps = target.capabilities
     tiles = tile_choices(red.axis[pos].extent, red.axis[-1].extent, lanes(target, red.dtype),
-                         caps.vector_registers, caps.fmas_per_cycle)
+                         caps.vector_registers, caps.fmas_per_cycle, tile_group(red))
     return {"tile": [list(t) for t in tiles[:6]]}
 
 
@@ -348,7 +348,8 @@ def vector_packing(op) -> list | None:
     for n in walk(op.body):
         if not isinstance(n, TensorRead):
             continue
-        where = [p for p, i in enumerate(n.indices) if var in walk(i)]
+        # a read of the last axis only as `var // g` is one value per vector (schedule_tile.tile_group)
+        where = [p for p, i in enumerate(n.indices) if var in walk(i) and var_groups(i, var) is None]
         if not where:
             continue
         if len(where) > 1 or not unit_step(n.indices[where[0]], var):

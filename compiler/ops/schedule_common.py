@@ -119,6 +119,28 @@ def _extent(iv) -> int:
     return iv.extent
 
 
+MIN_GROUP_LANES = 4
+
+
+def var_groups(index, var) -> set | None:
+    """{g} when `index` reads `var` only as `var // g` (constants g >= MIN_GROUP_LANES): its value
+    is the same on every lane of a vector of `var` whose lanes stay in one group of g (a grouped
+    convolution's input channel `(f // cg) * cg + c` along output channels f); set() when it does
+    not read `var`; None when it reads it otherwise."""
+    from ..expr import Binary, Const
+    groups: set = set()
+
+    def visit(e) -> bool:
+        if isinstance(e, Binary) and e.op == "floordiv" and e.a is var and isinstance(e.b, Const) \
+                and int(e.b.value) >= MIN_GROUP_LANES:
+            groups.add(int(e.b.value))
+            return True
+        if e is var:
+            return False
+        return all(visit(k) for k in e.children())
+    return groups if visit(index) else None
+
+
 def unit_step(index, var) -> bool:
     """Whether the index expression `index` is `var` + terms without it: consecutive values of
     `var` read consecutive elements along that index."""

@@ -30,8 +30,8 @@ from ..expr import Call, walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
-from .schedule_common import lanes, parallel_loop, unit_step
 from .scan_carry import scan_axis, scan_plan
+from .schedule_common import lanes, parallel_loop, unit_step
 from .stride_phases import stride_phase_plan
 
 ROW_LANE_VECTORS = (2, 1, 4)   # vectors of lane partials per reduction step, the default first (row fusion)

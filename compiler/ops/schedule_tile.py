@@ -26,8 +26,11 @@ needs its own load, and accumulator_tile's smaller tile stays.
 
 from __future__ import annotations
 
+import math
+
 from ..expr import walk
 from ..tensor import TensorRead
+from .schedule_common import MIN_GROUP_LANES, var_groups
 from .schedule_gemm import LOADS_PER_CYCLE, MAX_MR, ROW_VECTORS
 
 MAX_TILE_LANES = 64
@@ -45,19 +48,43 @@ def _uses(read, var) -> bool:
     return any(var in walk(i) for i in read.indices)
 
 
+def _lane_varying(read, v) -> bool:
+    """Whether `read` differs across the lanes of a vector of `v` that stays in one group of
+    tile_group's size: it reads `v` other than as `v // g` (schedule_common.var_groups)."""
+    return any(var_groups(i, v) is None for i in read.indices)
+
+
+def tile_group(op) -> int | None:
+    """The group size g the vector of `op`'s last axis must stay within (the gcd of the g of its
+    reads `v // g`: a grouped convolution's channels per group), None when no read groups it.
+    The tile's vectors then start at multiples of nr and nr divides g, so such a read is one
+    value per vector, broadcast like any read without v."""
+    v = op.axis[-1].var
+    g = 0
+    for r in _reads(op):
+        for i in r.indices:
+            for x in var_groups(i, v) or ():
+                g = math.gcd(g, x)
+    return g or None
+
+
 def tile_axes(op) -> int | None:
     """The position in op.axis of the tile axis of a two-operand reduction vectorized along its
-    last axis, or None when its body has no broadcast operand sharing a vector operand."""
+    last axis, or None when its body has no broadcast operand sharing a vector operand. A read of
+    the vector axis only through `v // g` counts as not reading it (tile_group)."""
     if not op.reduce_axis or len(op.axis) < 2 or op.axis[-1].extent <= 1:
         return None
     v = op.axis[-1].var
     reads = _reads(op)
+    group = tile_group(op)
+    if group is not None and (op.axis[-1].extent % group or group < MIN_GROUP_LANES):
+        return None
     for pos in range(len(op.axis) - 2, -1, -1):
         u = op.axis[pos]
         if u.extent <= 1:
             continue
-        shared = any(_uses(r, v) and not _uses(r, u.var) for r in reads)
-        broadcast = any(_uses(r, u.var) and not _uses(r, v) for r in reads)
+        shared = any(_lane_varying(r, v) and not _uses(r, u.var) for r in reads)
+        broadcast = any(_uses(r, u.var) and not _lane_varying(r, v) for r in reads)
         if shared and broadcast:
             return pos
     return None
@@ -72,12 +99,16 @@ def rate_tile(mr: int, nv: int, M: int, N: int, lanes: int, fmas_per_cycle: floa
     return fmas * used / cycles
 
 
-def tile_choices(M: int, N: int, lanes: int, registers: int, fmas_per_cycle: float) -> list:
-    """[(mr, nr)] register tiles for M units x N lanes, the best first (see the module)."""
+def tile_choices(M: int, N: int, lanes: int, registers: int, fmas_per_cycle: float, group: int | None = None) -> list:
+    """[(mr, nr)] register tiles for M units x N lanes, the best first (see the module); with
+    `group`, only nr that divide it (tile_group), a vector of `group` lanes where no whole
+    register does."""
+    if group is not None and group < lanes:
+        lanes = group
     rated = []
     for nv in ROW_VECTORS:
         nr = nv * lanes
-        if nr > MAX_TILE_LANES or (nv > 1 and nr > N):
+        if nr > MAX_TILE_LANES or (nv > 1 and nr > N) or (group is not None and group % nr):
             continue
         most = min(MAX_MR, M, (registers - nv - 1) // nv)
         for mr in range(1, most + 1):
@@ -106,7 +137,7 @@ def product_tile(op, target) -> tuple | None:
     vl = lanes_of(target, op.dtype)
     caps = target.capabilities
     mr, nr = tile_choices(op.axis[pos].extent, op.axis[-1].extent, vl, caps.vector_registers,
-                          caps.fmas_per_cycle)[0]
+                          caps.fmas_per_cycle, tile_group(op))[0]
     return pos, mr, nr
 
 
@@ -117,7 +148,7 @@ def broadcast_read(op, read) -> bool:
     pos = tile_axes(op)
     if pos is None:
         return False
-    return _uses(read, op.axis[pos].var) and not _uses(read, op.axis[-1].var)
+    return _uses(read, op.axis[pos].var) and not _lane_varying(read, op.axis[-1].var)
 
 
-__all__ = ["product_tile", "tile_axes", "tile_choices", "rate_tile", "broadcast_read", "TILE_LATENCY"]
+__all__ = ["product_tile", "tile_axes", "tile_group", "tile_choices", "rate_tile", "broadcast_read", "TILE_LATENCY"]
