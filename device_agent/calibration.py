@@ -65,7 +65,7 @@ STREAM_N = 1 << 20           # floats of the stream's arrays
 HEALTHY, SLOW, UNKNOWN, DEGRADED = "healthy", "slow", "unknown", "degraded"
 
 
-def on_cpu_seconds(kernel, arrays, seconds: float = 0.03) -> tuple[float, bool]:
+def on_cpu_seconds(kernel, arrays, seconds: float = 0.012) -> tuple[float, bool]:
     """(seconds per call the kernel spent on the CPU, whether too few samples could say) by the
     measurement protocol's own sampling (compiler.timing: samples of at least CAL_SAMPLE_S, each
     bracketed by the threads' run-queue wait), with that wait taken out of each sample instead of
