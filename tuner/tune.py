@@ -39,7 +39,7 @@ def tune(task: Task, store, options: TuningOptions | None = None, *, builder=Non
     opts = tuning_options(options, overrides)
     callbacks = _with_on_batch(callbacks, on_batch)
     with ExitStack() as owned:
-        builder, runner = _measuring(owned, builder, runner)
+        builder, runner = _measuring(owned, builder, runner, store)
         tuner = TaskTuner(task, store, opts, builder=builder, runner=runner, callbacks=callbacks)
         while tuner.step() is not None:
             pass
@@ -63,7 +63,7 @@ def tune_tasks(tasks: list, store, options: TuningOptions | None = None, *, weig
     weights = check_arguments(len(tasks), weights, scheduler, trials)
     callbacks = _with_on_batch(callbacks, on_batch)
     with ExitStack() as owned:
-        builder, runner = _measuring(owned, builder, runner)
+        builder, runner = _measuring(owned, builder, runner, store)
         strategy_name = opts.strategy or DEFAULT_STRATEGY[opts.space]
         shared = XGBCostModel() if strategy_name in MODEL_GUIDED else None
         share = -(-trials // len(tasks))   # each task's share of the budget: its search effort (search_effort)
@@ -80,12 +80,17 @@ def tune_tasks(tasks: list, store, options: TuningOptions | None = None, *, weig
         return sched.run()
 
 
-def _measuring(owned: ExitStack, builder, runner):
+def _measuring(owned: ExitStack, builder, runner, store):
+    """The builder and runner given, else a builder pool and a local runner whose calibrations are
+    judged against this host's history in `store` (an SQL records store keeps it)."""
     from .measure import BuilderPool, LocalRunner
+    from .measure.calibration import StoreSpeedHistory
+    from .records import SQLRecordsStore
     if builder is None:
         builder = owned.enter_context(BuilderPool())
     if runner is None:
-        runner = owned.enter_context(LocalRunner())
+        history = StoreSpeedHistory(store) if isinstance(store, SQLRecordsStore) else None
+        runner = owned.enter_context(LocalRunner(history=history))
     return builder, runner
 
 

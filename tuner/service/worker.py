@@ -199,6 +199,7 @@ class _JobRun:
 
     def _measuring(self, owned: ExitStack, m):
         from ..measure import BuilderPool, LocalRunner, RPCRunner
+        from ..measure.calibration import StoreSpeedHistory
         w = self.worker
         builder = w.machinery("builder", (m.build_timeout,),
                               lambda: BuilderPool(n_workers=w.build_workers, timeout=m.build_timeout))
@@ -207,7 +208,9 @@ class _JobRun:
             from compiler.target import resolve_target
             check_runnable(resolve_target(self.job.target))   # KernelLoadError: this host cannot run it
             options = m.measure_options()
-            runner = w.machinery("runner", options, lambda: LocalRunner(options))
+            # calibrations judged against this host's history in the service's store
+            runner = w.machinery("runner", options,
+                                 lambda: LocalRunner(options, history=StoreSpeedHistory(w.store)))
         else:
             if w.tracker is None:
                 raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
