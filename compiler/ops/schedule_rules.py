@@ -114,6 +114,7 @@ def _scan_stage(st, target, block: int) -> None:
     and the axes before them fused and parallel."""
     op = st.op
     d = scan_axis(op)
+    assert d is not None    # the caller found the stage by it; narrows the type
     axes = list(op.axis)
     others = [ax for p, ax in enumerate(axes) if p != d]
     if not others:
