@@ -78,7 +78,7 @@ def test_scan_exclusive_max_along_a_leading_axis():
     k = C.reduce_axis(L, "k")
     out = C.compute((L, A, B), lambda j, a, b: C.max(X[k, a, b] * 2.0, axis=k, where=j > k), name="xmax")
     opdef = custom_op("user_exclusive_max", [X], out)
-    assert scan_plan(out.op) == (0, -1)
+    assert scan_plan(out.op) == (0, -1, False)
     s = default_schedule(opdef, TARGET)
     assert any(st["op"] == "vectorize" for st in s.steps)
     (x,) = _inputs(opdef)
@@ -103,6 +103,24 @@ def test_scan_int_min_with_fewer_taps_than_points():
     run = np.minimum.accumulate(x.astype(np.int64) - 3, axis=1)
     ref = np.concatenate([run, np.repeat(run[:, -1:], N - K, axis=1)], axis=1) * 2
     assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_scan_reverse_sum_along_rows(strict):
+    """k >= j (a suffix sum) and k > j (exclusive): a forward carry over the reversed axis, read
+    reversed; odd sizes, the scan along the contiguous axis."""
+    R, L = 11, 17
+    X = C.placeholder((R, L), "float32", "X")
+    k = C.reduce_axis(L, "k")
+    out = C.compute((R, L), lambda i, j: C.sum(X[i, k] + 1.0, axis=k, where=(k > j) if strict else (j <= k)), name="suffix")
+    opdef = custom_op("user_suffix_sum", [X], out)
+    assert scan_plan(out.op) == (1, int(strict), True)
+    s = default_schedule(opdef, TARGET)
+    assert s.steps[0]["name"] == "scan_carry"
+    (x,) = _inputs(opdef)
+    suffix = np.cumsum((x.astype(np.float64) + 1)[:, ::-1], 1)[:, ::-1]
+    ref = np.concatenate([suffix[:, 1:], np.zeros((R, 1))], 1) if strict else suffix
+    _close(_run(opdef, s, [x]), ref)
 
 
 def test_scan_cumprod_as_exp_of_log_sums():
