@@ -96,7 +96,10 @@ def _tile_problem(opdef, target) -> tuple:
         dims = [(OW, 16, True), (OH, 4, True)]
         cost = lambda r, c: (c[0] * c[1] + r, c[0] * c[1])   # noqa: E731
         return vl, dims, cost, DENSE_CHAIN_LATENCY
-    dims = [(FO, blocks, False), (OW, 8, True)]
+    # a tile's blocks share its broadcasts only within one group: blocks of a grouped convolution
+    # divide a group's output blocks (ShuffleNet's 17 blocks of 8 lanes per group: 1 block)
+    groups = int(opdef.params.get("groups", 1) or 1)
+    dims = [(FO // groups if groups > 1 and FO % groups == 0 else FO, blocks, False), (OW, 8, True)]
     cost = lambda r, c: (c[1] + c[0] * r, c[1])   # noqa: E731
     return vl, dims, cost, DENSE_CHAIN_LATENCY
 
