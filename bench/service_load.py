@@ -20,8 +20,11 @@ job workers run the submitted jobs (builds, measurements, records) on the same t
 API and PostgreSQL, at `--worker-nice` 19, the priority `tunefarm serve` gives its own local
 workers (0: as high as the API). Half-way through, one worker is SIGKILLed as soon as it holds a
 job. Afterwards every submitted job must finish (the killed worker's job is claimed again when its
-lease expires): jobs lost (acknowledged but missing or unfinished) and duplicated (a job with more
-search records than its trials, or ended twice) must be 0.
+lease expires). The drain waits as long as jobs keep finishing (it ends `--drain-timeout` seconds
+after the last one finished). Jobs lost (acknowledged, then missing, failed or cancelled), late
+(still queued or running when the drain ended: unfinished, not lost) and duplicated (a job with
+more search records than its trials, or ended twice) must be 0; the JSON also gives the jobs
+finished per second per surviving worker.
 Phase 3, saturation: the same clients for `--saturation-seconds` (15) with no pause at all
 (closed loop): the most requests/s the API serves here. Its latency is clients / throughput by
 construction (32 requests always queued), so it says how much headroom phase 2 had, not how fast
@@ -406,7 +409,8 @@ def main():
                     help="the job workers' priority (tunefarm worker --nice; default: what tunefarm serve's local "
                          f"workers use, {LOCAL_WORKER_NICENESS})")
     ap.add_argument("--saturation-seconds", type=float, default=15.0)
-    ap.add_argument("--drain-timeout", type=float, default=300.0, help="seconds to wait for submitted jobs")
+    ap.add_argument("--drain-timeout", type=float, default=300.0,
+                    help="the drain ends once this many seconds pass with no submitted job finishing")
     args = ap.parse_args()
 
     import httpx
@@ -472,26 +476,42 @@ def main():
         sat_share = {k: round((v - sat_cpu0[k]) / sat_elapsed, 2) for k, v in cpu_now(api_pid, worker_pids[1]).items()}
         submitted = load.submitted + saturated.submitted
 
-        # every submitted job must finish: the killed worker's job after its lease expired
-        deadline = time.monotonic() + args.drain_timeout
-        while time.monotonic() < deadline:
+        # every submitted job must finish (the killed worker's job after its lease expired): the drain
+        # waits as long as jobs keep finishing, and ends once --drain-timeout passes without one
+        terminal = ("done", "failed", "cancelled")
+        drain_start = time.monotonic()
+        deadline, finished_before = drain_start + args.drain_timeout, -1
+        while True:
             states = [store.get_job(j).state for j in submitted]
-            if all(s in ("done", "failed", "cancelled") for s in states):
+            finished = sum(s in terminal for s in states)
+            if finished == len(submitted) or time.monotonic() >= deadline:
                 break
+            if finished > finished_before:
+                finished_before, deadline = finished, time.monotonic() + args.drain_timeout
             time.sleep(1)
-        lost = duplicated = 0
+        drain_s = time.monotonic() - drain_start
+        # lost: acknowledged, then missing, failed or cancelled; late: still queued or running when
+        # the drain ended (unfinished is not lost); duplicated: ended twice, or more search records
+        # than its trials
+        lost = late = duplicated = done = 0
         for jid in submitted:
             try:
                 job = store.get_job(jid)
             except Exception:  # noqa: BLE001 - an acknowledged job that is not stored is lost
                 lost += 1
                 continue
-            if job.state != "done":
+            if job.state == "done":
+                done += 1
+            elif job.state in terminal:
                 lost += 1
+            else:
+                late += 1
             events = [e.kind for e in store.job_events(jid)]
             search = [r for r in store.records_page(job_id=jid, limit=100) if r.candidate.kind != "default"]
             if events.count("done") > 1 or len(search) > job.trials:
                 duplicated += 1
+        surviving_workers = len(workers) - 1   # one was killed half-way
+        jobs_per_worker_second = done / (elapsed + sat_elapsed + drain_s) / max(1, surviving_workers)
         reclaimed = sum("reclaimed" in [e.kind for e in store.job_events(j)] for j in submitted)
 
         print(f"load: {args.clients} clients offering {args.rate:g} requests/s for {elapsed:.0f} s "
@@ -500,7 +520,8 @@ def main():
         total = sum(len(v) for v in load.lat.values())
         read_p99 = max(rows[r]["p99_ms"] for r in READ_ROUTES)
         print(f"{total / elapsed:.0f} requests/s served; {len(submitted)} jobs submitted (both phases), "
-              f"{reclaimed} reclaimed after the killed worker, lost {lost}, duplicated {duplicated}; "
+              f"{reclaimed} reclaimed after the killed worker, lost {lost}, late {late} (drain {drain_s:.0f} s), "
+              f"duplicated {duplicated}; {jobs_per_worker_second:.3f} jobs finished a second per worker; "
               f"read p99 {read_p99} ms at {n_records} records")
         print(f"cores used during the load (of {os.cpu_count()}): API server {cpu_share['api']}, PostgreSQL "
               f"{cpu_share['postgres']}, the surviving job worker {cpu_share['worker']} (with its build and "
@@ -519,7 +540,9 @@ def main():
             "read_p99_over_unloaded_p50": {r: round(rows[r]["p99_ms"] / rows[r]["unloaded_p50_ms"], 2)
                                            for r in READ_ROUTES if rows[r]["unloaded_p50_ms"]},
             "errors": sum(load.errors.values()) + sum(saturated.errors.values()), "jobs_submitted": len(submitted),
-            "jobs_reclaimed": reclaimed, "jobs_lost": lost, "jobs_duplicated": duplicated,
+            "jobs_reclaimed": reclaimed, "jobs_lost": lost, "jobs_late": late, "jobs_duplicated": duplicated,
+            "jobs_done": done, "drain_seconds": round(drain_s, 1),
+            "jobs_per_second_per_worker": round(jobs_per_worker_second, 4),
             "cores_used": cpu_share,
             "saturation": {"seconds": round(sat_elapsed, 1), "requests_per_second": round(sat_total / sat_elapsed, 1),
                            "read_p99_ms": max(sat_rows[r]["p99_ms"] for r in READ_ROUTES), "routes": sat_rows,
