@@ -257,7 +257,7 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
     started = time.perf_counter()
     cpu0 = _cpu_times()
     try:
-        n = _calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
+        n = calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
         clean_all: list = []
         for attempt in range(opts.attempts):
             clock.refresh()
@@ -291,7 +291,7 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
             clock.close()
 
 
-def _calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int:
+def calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int:
     """Calls per sample so a sample lasts at least `min_sample_s` (timer resolution and the
     call's own overhead stay far below the kernel's time)."""
     n = max(1, int(min_calls))

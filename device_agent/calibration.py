@@ -72,7 +72,7 @@ def on_cpu_seconds(kernel, arrays, seconds: float = 0.012) -> tuple[float, bool]
     the sample thrown away: a calibration asks how fast this process runs when it runs. Time
     another process took from it is load, which the measurements' own checks see and retry; a
     process stopped, throttled or slowed all the time loses no run-queue time, and reads slow."""
-    from compiler.timing import ThreadWaitClock, _calls_per_sample
+    from compiler.timing import ThreadWaitClock, calls_per_sample
 
     timed, ptrs = kernel._aligned_args(arrays)
     ptrs = [*ptrs, kernel.error_record()]
@@ -82,7 +82,7 @@ def on_cpu_seconds(kernel, arrays, seconds: float = 0.012) -> tuple[float, bool]
         for _ in range(n):
             fn(*ptrs)
     run_batch(1)                              # warm-up; starts the OpenMP team
-    n = _calls_per_sample(run_batch, CAL_SAMPLE_S)
+    n = calls_per_sample(run_batch, CAL_SAMPLE_S)
     clock = ThreadWaitClock()
     try:
         per_call: list = []
