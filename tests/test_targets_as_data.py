@@ -341,3 +341,35 @@ def test_features_are_measured_against_the_targets_lanes(mm):
     assert lanes[NEON] == 4 and lanes[AVX512] == 16
     host = extract_features(func)      # no target: the host's, like everywhere in the compiler
     assert host[names.index("g_target_lanes")] == C.Target.host().vector_lanes("float32")
+
+
+# ------------------------------------------------- byte-wide values: 64 lanes a register on AVX-512
+
+@pytest.mark.parametrize("width", [128, 192, 200, 257])
+@pytest.mark.parametrize("dtype", ["bool", "int8"])
+def test_byte_values_get_whole_vectors_of_at_most_64_lanes(width, dtype):
+    """One AVX-512 register holds 64 bytes: a default that vectorizes two registers of a byte
+    value must split them (a bool attention mask of 128 columns refused to build at all)."""
+    from compiler.ops.custom import custom_op
+    a = C.placeholder((3, width), "int64", "a")
+    b = C.placeholder((width,), "int64", "b")
+    if dtype == "bool":
+        out = C.compute((3, width), lambda i, j: a[i, j] > b[j], name="mask")
+        def reference(x, y):
+            return x > y
+    else:
+        out = C.compute((3, width), lambda i, j: (a[i, j] - b[j]).astype(dtype), name="narrow")
+        def reference(x, y):
+            return (x - y).astype(dtype)
+    opdef = custom_op("byte_values", [a, b], out)
+    for text in (AVX512, "llvm -mtriple=x86_64-linux-gnu -mcpu=znver4 -num-cores=2", AVX2):
+        target = C.Target.from_string(text)
+        kernel = C.build(default_schedule(opdef, target), opdef.tensors, target)
+        if host_runs(target):
+            rng = np.random.default_rng(width)
+            x = rng.integers(-50, 50, (3, width)).astype(np.int64)
+            y = rng.integers(-50, 50, width).astype(np.int64)
+            res = np.empty((3, width), dtype)
+            res.fill(1)
+            kernel(x, y, res)
+            np.testing.assert_array_equal(res, reference(x, y))

@@ -50,9 +50,9 @@ def vector_factor(extent: int, vl: int, max_vectors: int = 4) -> int:
     if extent <= min(vl * max_vectors, MAX_LANES):
         return extent
     for k in range(max_vectors, 0, -1):
-        if extent % (k * vl) == 0:
+        if k * vl <= MAX_LANES and extent % (k * vl) == 0:
             return k * vl
-    return vl
+    return min(vl, MAX_LANES)
 
 
 def accumulator_factor(extent: int, vl: int, max_vectors: int = 4) -> int:
@@ -60,14 +60,14 @@ def accumulator_factor(extent: int, vl: int, max_vectors: int = 4) -> int:
     or a power-of-two number of whole registers. LLVM keeps `<8 x float>` and `<32 x float>`
     phis in registers but splits and reassembles a `<24 x float>` or `<28 x float>` one every
     iteration (measured 5x slower)."""
-    if extent <= vl:
+    if extent <= min(vl, MAX_LANES):
         return extent
     k = max_vectors
     while k >= 1:
-        if extent % (k * vl) == 0:
+        if k * vl <= MAX_LANES and extent % (k * vl) == 0:
             return k * vl
         k //= 2
-    return vl
+    return min(vl, MAX_LANES)
 
 
 def vectorize_inner(stage, axis, vl: int, max_vectors: int = 4, carried: bool = False):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..schedule import Schedule, create_schedule
-from .schedule_common import fuse_all, lanes, largest_divisor, vectorize_inner, want_parallel
+from .schedule_common import MAX_LANES, fuse_all, lanes, largest_divisor, vectorize_inner, want_parallel
 
 LANE_VECTORS = 2  # vectors of partial statistics on rows of 4 vectors or more: two chains
 ROW_BLOCK = 8  # rows per block: independent reduction chains (and 8 rows of exp = 32 KB at 1024)
@@ -66,7 +66,7 @@ def _vectorize_row(stage, axis, vl: int):
     """`axis` vectorized two registers at a time where it is at least 4 registers long (two
     independent exp polynomials in flight: one alone waits on its own latency), its tail
     masked in the last iteration only (lowering peels it); else as vectorize_inner chooses."""
-    if axis.extent >= 4 * vl and axis.extent % (2 * vl):
+    if axis.extent >= 4 * vl and axis.extent % (2 * vl) and 2 * vl <= MAX_LANES:
         outer, inner = stage.split(axis, factor=2 * vl)
         stage.vectorize(inner)
         return outer

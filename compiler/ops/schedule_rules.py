@@ -31,7 +31,7 @@ from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
 from .scan_carry import scan_axis, scan_plan
-from .schedule_common import lanes, parallel_loop, unit_step
+from .schedule_common import MAX_LANES, lanes, parallel_loop, unit_step
 from .stride_phases import stride_phase_plan
 
 ROW_LANE_VECTORS = (2, 1, 4)   # vectors of lane partials per reduction step, the default first (row fusion)
@@ -122,7 +122,7 @@ def _scan_stage(st, target, block: int) -> None:
     v = others[-1]
     vl = lanes(target, op.dtype)
     if axes.index(v) > d:
-        f = vl * max(1, min(4, v.extent // vl)) if v.extent >= vl else v.extent
+        f = vl * max(1, min(4, v.extent // vl, MAX_LANES // vl)) if v.extent >= vl else v.extent
         mode = "vectorize"
     else:
         f = min(block, v.extent)
@@ -219,7 +219,7 @@ def _schedule_row_fusion(opdef, target, fuse_rows: bool, lane_vectors: int, buff
                 st.compute_inline()
     for op in computes:
         if op.reduce_axis and op is not out.op:
-            _row_reduction(s, s[op.output], ost, row_leaf, vl * lane_vectors)
+            _row_reduction(s, s[op.output], ost, row_leaf, min(vl * lane_vectors, MAX_LANES))
     return s
 
 
@@ -227,7 +227,7 @@ def _vector_columns(st, cols: list, vl: int) -> None:
     """The last column axis vectorized by whole registers (up to 4), the rest serial."""
     last = cols[-1]
     if last.extent >= vl:
-        f = vl * max(1, min(4, last.extent // vl))
+        f = vl * max(1, min(4, last.extent // vl, MAX_LANES // vl))
         if f < last.extent:
             _, inner = st.split(last, factor=f)
         else:
