@@ -221,7 +221,8 @@ def main() -> int:
         report["rel_error"][case.name] = float(f"{err:.2e}")
         report["ort_rel_error"][case.name] = float(f"{rel_error(theirs, ref):.2e}")
         report["schedule"][case.name] = product_schedule(module)
-        sequence = module.call_sequence()   # the kernels alone, on the inputs run() just copied in
+        module.load_inputs(feeds)
+        sequence = module.call_sequence()   # the kernels alone, on the inputs just loaded
         runs = {"ours": lambda m=module, f=feeds: m.run(**f),
                 "onnxruntime": lambda s=session, f=feeds: s.run(None, f),
                 "kernels": sequence.run}

@@ -56,8 +56,8 @@ exporter or onnxruntime fails on) is listed under `refused` with the reason; the
 Prints a table, then one JSON line, every per-model dict keyed by those keys:
 `ratio_vs_onnxruntime` (onnxruntime's time / ours), `geomean` and `min` over all keys,
 `max_rel_error`, `tunefarm_ms`, `onnxruntime_ms`, `build_seconds`, `workloads`, `disturbed`,
-`outside_kernels_fraction` (1 - the profile's kernel time / its run time, at least 0: the share
-of a run spent outside kernels), `decode_gbps` (llama_decode: bytes of weights and KV cache one
+`outside_kernels_fraction` (the profile's time outside the one native call of the kernels / its
+run time, at least 0: the share of a run spent outside kernels), `decode_gbps` (llama_decode: bytes of weights and KV cache one
 step reads / tunefarm's time), `memory_gbps` (this host's read bandwidth, measured in the run: the
 best of several max-reductions of a buffer far larger than the L3, on 1 and --threads threads,
 read before, between and after the models: the fastest reading), `refused` and `refused_reasons`, `static_exports` (model/exporter),
@@ -791,12 +791,12 @@ def geomean(values) -> float:
 
 
 def outside_fraction(module, feeds: dict) -> float:
-    """1 - sum of the kernels' times / the whole run's time, from GraphModule.profile (short
-    timings: at least 3 clean samples each), at least 0."""
+    """The share of a run outside the native call of its kernels (ModelProfile.overhead_seconds /
+    run_seconds, short timings: at least 3 clean samples each), at least 0."""
     from compiler.timing import TimingOptions
     opts = TimingOptions(min_samples=3, max_samples=50, min_seconds=0.01, max_seconds=0.3, attempts=2)
     prof = module.profile(feeds, options=opts)
-    return max(0.0, 1.0 - prof.kernel_seconds / prof.run_seconds) if prof.run_seconds > 0 else 0.0
+    return max(0.0, prof.overhead_seconds / prof.run_seconds) if prof.run_seconds > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------- the run

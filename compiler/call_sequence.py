@@ -11,7 +11,11 @@ finds out of range comes back with its check and value, and a model's runtime ca
 
 The pointers are baked into the code: the owner must keep every argument buffer and every kernel
 alive, at the same address, for as long as it uses the sequence (GraphModule's buffers are
-allocated once, with the module).
+allocated once, with the module). Except in the *movable ranges* the owner names: a pointer into
+one of them is the range's base, read from a table at each call, plus its offset. A model's
+inputs and outputs are such ranges, so a run reads the caller's arrays where they lie and writes
+its outputs into arrays it hands back, with no copy in or out (a decode step's KV cache: 4 MB
+copied at batch 1, 34 MB at batch 8, 4-10 % of the step).
 
 A second function of the same calls reads the monotonic clock before each call and after the
 last (`run_timed`): each kernel's time where it stands in a real run, its inputs just written by
@@ -22,6 +26,8 @@ again and again. A model's profile is made of these, so its kernels add up to it
 from __future__ import annotations
 
 import ctypes
+
+import numpy as np
 
 from .codegen_llvm import KERNEL_OK
 from .errors import KernelLoadError
@@ -42,23 +48,43 @@ def _stamp(i: int) -> list:
             f"  %slot{i} = getelementptr i64, i64* %stamps, i64 {i}", f"  store i64 %now{i}, i64* %slot{i}"]
 
 
-def _sequence_ir(calls: list, timed: bool = False) -> str:
-    """LLVM IR of `i32 tunefarm_call_sequence(i32* failed, i8* record)`: each call's address and
-    arguments as constants, the error record passed on to every kernel; returns KERNEL_OK, or the
-    failing call's status with its index in *failed. With `timed`,
-    `i32 tunefarm_call_sequence_timed(i32* failed, i8* record, i64* stamps)`, which also stores
-    the monotonic clock (ns) before call i in stamps[i] and after the last in stamps[len(calls)]."""
+def _range_of(p: int, movable: list):
+    """(index, offset) of the movable range (start, nbytes) holding address p, else None."""
+    for j, (start, nbytes) in enumerate(movable):
+        if start <= p < start + max(nbytes, 1):
+            return j, p - start
+    return None
+
+
+def _sequence_ir(calls: list, movable: list, timed: bool = False) -> str:
+    """LLVM IR of `i32 tunefarm_call_sequence(i32* failed, i8* record, i8** bases)`: each call's
+    address and arguments as constants, except pointers into movable range j, which are
+    bases[j] + their offset; the error record passed on to every kernel; returns KERNEL_OK, or
+    the failing call's status with its index in *failed. With `timed`,
+    `i32 tunefarm_call_sequence_timed(i32* failed, i8* record, i8** bases, i64* stamps)`, which
+    also stores the monotonic clock (ns) before call i in stamps[i] and after the last in
+    stamps[len(calls)]."""
     if timed:
         lines = ["declare i32 @clock_gettime(i32, {i64, i64}*)",
-                 f"define i32 @{TIMED_SEQUENCE_SYMBOL}(i32* %failed, i8* %record, i64* %stamps) {{", "entry:",
-                 "  %ts = alloca {i64, i64}",
+                 f"define i32 @{TIMED_SEQUENCE_SYMBOL}(i32* %failed, i8* %record, i8** %bases, i64* %stamps) {{",
+                 "entry:", "  %ts = alloca {i64, i64}",
                  "  %ts_sec = getelementptr {i64, i64}, {i64, i64}* %ts, i32 0, i32 0",
                  "  %ts_nsec = getelementptr {i64, i64}, {i64, i64}* %ts, i32 0, i32 1"]
     else:
-        lines = [f"define i32 @{SEQUENCE_SYMBOL}(i32* %failed, i8* %record) {{", "entry:"]
+        lines = [f"define i32 @{SEQUENCE_SYMBOL}(i32* %failed, i8* %record, i8** %bases) {{", "entry:"]
+    for j in range(len(movable)):
+        lines += [f"  %basep{j} = getelementptr i8*, i8** %bases, i64 {j}", f"  %base{j} = load i8*, i8** %basep{j}"]
     for i, (address, ptrs) in enumerate(calls):
         fn_type = f"i32 ({', '.join(['i8*'] * (len(ptrs) + 1))})*"
-        args = ", ".join([f"i8* inttoptr (i64 {int(p)} to i8*)" for p in ptrs] + ["i8* %record"])
+        operands = []
+        for k, p in enumerate(ptrs):
+            where = _range_of(int(p), movable)
+            if where is None:
+                operands.append(f"i8* inttoptr (i64 {int(p)} to i8*)")
+            else:
+                lines.append(f"  %arg{i}_{k} = getelementptr i8, i8* %base{where[0]}, i64 {where[1]}")
+                operands.append(f"i8* %arg{i}_{k}")
+        args = ", ".join(operands + ["i8* %record"])
         if timed:
             lines += _stamp(i)
         lines += [f"  %f{i} = inttoptr i64 {int(address)} to {fn_type}",
@@ -79,7 +105,9 @@ class CallSequence:
     """`run()` calls `kernels[i](*pointers[i])` for every i, in order, in one native call;
     KernelRuntimeError names the kernel that failed (the later ones do not run)."""
 
-    def __init__(self, kernels: list, pointers: list):
+    def __init__(self, kernels: list, pointers: list, movable: list = ()):
+        """`movable`: address ranges (start, nbytes), disjoint, whose base a call may move
+        (`run(bases)`); without bases a call uses the starts."""
         if len(kernels) != len(pointers):
             raise ValueError(f"{len(kernels)} kernels but {len(pointers)} argument lists")
         self.kernels = list(kernels)
@@ -91,7 +119,12 @@ class CallSequence:
             address = ctypes.cast(kernel._load(), ctypes.c_void_p).value
             calls.append((address, ptrs))
         self._calls = calls
-        self._engine, self._fn = self._compile(_sequence_ir(calls), SEQUENCE_SYMBOL)
+        self.movable = [(int(a), int(n)) for a, n in movable]
+        ends = sorted(self.movable)
+        if any(a + n > b for (a, n), (b, _) in zip(ends, ends[1:])):
+            raise ValueError("movable ranges overlap")
+        self._default_bases = np.array([a for a, _ in self.movable] or [0], np.uint64)
+        self._engine, self._fn = self._compile(_sequence_ir(calls, self.movable), SEQUENCE_SYMBOL, ctypes.c_void_p)
         self._timed: tuple | None = None   # (engine, function) of the timed sequence, made on first use
         self._failed = ctypes.c_int32(-1)
         self._record = ErrorRecord()
@@ -114,25 +147,41 @@ class CallSequence:
     def __len__(self) -> int:
         return len(self.kernels)
 
-    def run_timed(self, stamps) -> None:
+    def _bases(self, bases) -> int:
+        """The address of the base table: `bases` (a C-contiguous uint64 array, one address per
+        movable range; the caller keeps every array it points into alive through the call) or
+        the ranges' own starts."""
+        if bases is None:
+            return self._default_bases.ctypes.data
+        if bases.dtype != np.uint64 or bases.shape != (len(self.movable),) or not bases.flags.c_contiguous:
+            raise ValueError(f"bases must be a contiguous uint64 array of {len(self.movable)}, got {bases.dtype} "
+                             f"{bases.shape}")
+        return bases.ctypes.data
+
+    def run_timed(self, stamps, bases=None) -> None:
         """run(), reading the monotonic clock (ns) into `stamps` (a C-contiguous int64 numpy array
         of len(self) + 1) before each call and after the last: kernel i took
         stamps[i + 1] - stamps[i]. The timed function is compiled on first use."""
         if stamps.dtype != "int64" or stamps.shape != (len(self) + 1,) or not stamps.flags.c_contiguous:
             raise ValueError(f"stamps must be a contiguous int64 array of {len(self) + 1}, got {stamps.dtype} "
                              f"{stamps.shape}")
+        table = self._bases(bases)
         if self._timed is None:
-            self._timed = self._compile(_sequence_ir(self._calls, timed=True), TIMED_SEQUENCE_SYMBOL, ctypes.c_void_p)
+            self._timed = self._compile(_sequence_ir(self._calls, self.movable, timed=True), TIMED_SEQUENCE_SYMBOL,
+                                        ctypes.c_void_p, ctypes.c_void_p)
         if self._parallel:
             before_parallel_call()
-        self._check(self._timed[1](ctypes.byref(self._failed), ctypes.addressof(self._record), stamps.ctypes.data))
+        self._check(self._timed[1](ctypes.byref(self._failed), ctypes.addressof(self._record), table,
+                                   stamps.ctypes.data))
 
-    def run(self) -> None:
-        """KernelRuntimeError for the first call that fails: its `call` is the call's index, and
+    def run(self, bases=None) -> None:
+        """Every call, in order; with `bases`, movable range j starts at bases[j] for this call.
+        KernelRuntimeError for the first call that fails: its `call` is the call's index, and
         an index error carries the kernel's `check` and the `value` (Kernel.failure)."""
+        table = self._bases(bases)
         if self._parallel:
             before_parallel_call()
-        self._check(self._fn(ctypes.byref(self._failed), ctypes.addressof(self._record)))
+        self._check(self._fn(ctypes.byref(self._failed), ctypes.addressof(self._record), table))
 
     def _check(self, status: int) -> None:
         if status != KERNEL_OK:

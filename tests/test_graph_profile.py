@@ -68,7 +68,9 @@ def test_profile_covers_every_step_with_consistent_figures(built):
     assert {"conv1", "relu1", "pool1", "fc"} <= covered   # Flatten is a view, no kernel
     assert sum(k.share for k in p.kernels) == pytest.approx(1.0)
     assert p.kernel_seconds == pytest.approx(sum(k.seconds for k in p.kernels))
-    assert p.run_seconds > 0 and p.overhead_seconds == pytest.approx(p.run_seconds - p.kernel_seconds)
+    # outside the kernels is the run less the native call's span, not less the kernels' medians
+    assert p.sequence_seconds > 0 and p.sequence_seconds >= 0.5 * p.kernel_seconds
+    assert p.run_seconds > 0 and p.overhead_seconds == pytest.approx(p.run_seconds - p.sequence_seconds)
     assert p.threads >= 1
     # the anchors' FLOPs are their multiply-adds (the blocked layout computes the same count here:
     # F fills whole channel blocks), the rest is memory-bound

@@ -320,7 +320,7 @@ def runtime_source(module: GraphModule, name: str, layout: _Layout, weights_file
         if out_view is not None:
             buf, nbytes = layout.of_array(out_view), out_view.nbytes
         else:   # a constant output: copied out of the weights
-            const = module._output(v)
+            const = module.graph.values[v].const
             buf, nbytes = layout.constant(const), const.nbytes
         lines.append(f"    memcpy({c}, {buf.base} + {buf.offset}, {nbytes});")
     lines += ["    return 0;", "}", ""]

@@ -53,6 +53,8 @@ class ProfiledModule(Protocol):
 
     def run(self, **inputs) -> list: ...
 
+    def load_inputs(self, inputs: dict) -> None: ...   # into the buffers the sequence reads by default
+
     def call_sequence(self) -> Any: ...   # the compiled CallSequence run() calls
 
 # reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around,
@@ -108,17 +110,21 @@ class ModelProfile:
     threads: int
     run_timing: Timing | None = field(default=None, repr=False)
     in_place: list = field(default_factory=list)   # nodes computed where their output lives: no kernel
+    sequence_seconds: float = 0.0   # median of the native call's span, first kernel to last
 
     @property
     def kernel_seconds(self) -> float:
+        """The kernels' medians, summed: the table's total. Below the sequence's median span on a
+        host that disturbs some calls (each kernel's median leaves out its slow calls, the
+        span's median takes the typical run's share of them)."""
         return sum(k.seconds for k in self.kernels)
 
     @property
     def overhead_seconds(self) -> float:
-        """Time of a run outside the kernels: copies of inputs and outputs, the Python around the
-        native call. Can come out slightly negative: the kernels and the run are medians of
-        different runs."""
-        return self.run_seconds - self.kernel_seconds
+        """Time of a run outside the kernels: the Python around the native call, inputs that must
+        be copied, outputs allocated: the run's median less the native call's median span, both
+        timed the same way. Can come out slightly negative (medians of different runs)."""
+        return self.run_seconds - (self.sequence_seconds or self.kernel_seconds)
 
     @property
     def disturbed(self) -> bool:
@@ -131,7 +137,8 @@ class ModelProfile:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "threads": self.threads, "run_ms": self.run_seconds * 1e3,
-                "kernels_ms": self.kernel_seconds * 1e3, "overhead_ms": self.overhead_seconds * 1e3,
+                "kernels_ms": self.kernel_seconds * 1e3, "sequence_ms": self.sequence_seconds * 1e3,
+                "overhead_ms": self.overhead_seconds * 1e3,
                 "disturbed": self.disturbed, "kernels": [k.to_dict() for k in self.kernels], "in_place": self.in_place}
 
 
@@ -165,6 +172,7 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
     given); `lock`: hold the host's exclusive timing lock while timing."""
     opts = options or default_options(repeat)
     module.run(**inputs)   # checks the inputs; every kernel loaded, the thread team started
+    module.load_inputs(inputs)   # where the sequence run without bases reads them
     held = host_lock.exclusive if lock else contextlib.nullcontext
     sequence = module.call_sequence()
     stamps = np.zeros(len(sequence) + 1, np.int64)
@@ -180,6 +188,7 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
         spans.clear()
         in_run = time_samples(run_timed, opts)
     seconds = np.median(np.array(spans), axis=0) / 1e9
+    sequence_seconds = float(np.median(np.array(spans).sum(axis=1))) / 1e9
     kernels = []
     for i, step in enumerate(module.steps):
         gk = step.group
@@ -201,7 +210,8 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
         module.run(**inputs)
         run_timing = time_samples(run_batch, opts)
     return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=run_timing.median,
-                        threads=get_max_threads(), run_timing=run_timing, in_place=list(module.in_place_nodes))
+                        threads=get_max_threads(), run_timing=run_timing, in_place=list(module.in_place_nodes),
+                        sequence_seconds=sequence_seconds)
 
 
 __all__ = ["profile_model", "ModelProfile", "KernelProfile", "anchor_flops", "argument_bytes", "default_options",

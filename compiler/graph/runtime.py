@@ -5,9 +5,15 @@ each unique workload once (the schedule from `records`, a schedule provider such
 ApplyHistoryBest, when it holds one for the workload on this target, else the default schedule;
 default-schedule kernels are also cached per process, so a repeated model or layer compiles
 once), plans the buffers, and checks every kernel call's arguments once, at build time. A run
-is then a copy of the inputs into their buffers and one native call that runs every step with its
-pointers fixed at build time (compiler/call_sequence.py); every operator runs as generated code,
-numpy only allocates and copies.
+is then one native call that runs every step with its pointers fixed at build time
+(compiler/call_sequence.py); every operator runs as generated code, numpy only allocates.
+
+The inputs and outputs are the sequence's movable ranges: a run reads each contiguous input array
+where the caller holds it and writes each output into a fresh array that it returns, so no
+input is copied in and no output copied out (a decode step's KV cache is megabytes each way).
+An input the kernels cannot read in place (not contiguous, or stored inside another value, as a
+Concat computed in place) is copied into the module's own buffer, as `load_inputs` does for the
+profile, which runs the sequence on those buffers.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from .fuse import fuse
 from .index_errors import node_error
 from .ir import Graph
 from .layout import propagate_blocked_layout
+from .output_arenas import OutputArenas
 from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
 from .profile import ModelProfile, profile_model
@@ -182,6 +189,31 @@ class GraphModule:
         self._expected = {v: (np.dtype(graph.values[v].dtype), tuple(graph.values[v].shape)) for v in graph.inputs}
         self._output_views = {v: self._view(v, graph.values[v].shape, graph.values[v].dtype)
                               for v in graph.outputs if graph.values[v].const is None}
+        self._movable_blocks, self._input_slot = self._movable()
+        self._output_blocks = [(j, b) for j, b in enumerate(self._movable_blocks)
+                               if b not in self._input_slot.values()]
+        self._default_bases = np.array([self._blocks[b].ctypes.data for b in self._movable_blocks], np.uint64)
+        self._input_slot = {v: self._movable_blocks.index(b) for v, b in self._input_slot.items()}
+        offsets, total = OutputArenas.layout([plan.block_bytes[b] for _, b in self._output_blocks])
+        self._arena_offset = {b: offsets[i] for i, (_, b) in enumerate(self._output_blocks)}
+        self._arenas = OutputArenas(total)
+
+    def _movable(self) -> tuple:
+        """The blocks a run may place anew: ([block index], {input name: its block}). An input's
+        block moves to the caller's array when it holds that input alone, at offset 0, and no
+        kernel writes it; an output's block moves to a fresh array when it holds no input."""
+        plan, graph = self.plan, self.graph
+        written = {plan.block_of[s.group.output] for s in self.steps}
+        out_blocks = {plan.block_of[v] for v in self._output_views}
+        in_blocks = {plan.block_of[v] for v in self.input_names}
+        inputs = {}
+        for v in self.input_names:
+            b = plan.block_of[v]
+            if (plan.offset_of.get(v, 0) == 0 and b not in written and b not in out_blocks
+                    and sum(plan.block_of[u] == b for u in self.input_names) == 1 and graph.values[v].nbytes > 0):
+                inputs[v] = b
+        outputs = sorted(b for b in out_blocks if b not in in_blocks)
+        return [*inputs.values(), *outputs], inputs
 
     def _view(self, value, shape, dtype) -> np.ndarray:
         block = self._blocks[self.plan.block_of[value]]
@@ -206,30 +238,67 @@ class GraphModule:
         return [s.group for s in self.steps]
 
     def run(self, **inputs) -> list:
-        """The model's outputs for `inputs` (one array per graph input, by name)."""
+        """The model's outputs for `inputs` (one array per graph input, by name), each a new
+        array that the caller owns."""
+        self._check_inputs(inputs)
+        bases = self._default_bases.copy()
+        for name, arr in inputs.items():
+            slot = self._input_slot.get(name)
+            if slot is not None and arr.flags.c_contiguous and arr.flags.aligned:
+                bases[slot] = arr.ctypes.data   # read where the caller holds it
+            else:
+                np.copyto(self._inputs[name], arr)
+        arena = self._arenas.take() if self._output_blocks else None
+        fresh = {}
+        for slot, b in self._output_blocks:
+            at = self._arena_offset[b]
+            fresh[b] = arena[at:at + self.plan.block_bytes[b]]
+            bases[slot] = arena.ctypes.data + at
+        try:
+            self.call_sequence().run(bases)
+        except KernelRuntimeError as e:   # an index check: name the ONNX node
+            raise node_error(e, self.steps) from None
+        return self._outputs(fresh)
+
+    def load_inputs(self, inputs: dict) -> None:
+        """Copy `inputs` into the module's own input buffers, where `call_sequence().run()`
+        without bases reads them (the profile times the sequence on these)."""
         self._check_inputs(inputs)
         for name, arr in inputs.items():
             np.copyto(self._inputs[name], arr)
-        try:
-            self.call_sequence().run()
-        except KernelRuntimeError as e:   # an index check: name the ONNX node
-            raise node_error(e, self.steps) from None
-        return [self._output(v) for v in self.output_names]
 
     def call_sequence(self) -> CallSequence:
-        """The steps compiled into one native call (on first use: every kernel loaded)."""
+        """The steps compiled into one native call (on first use: every kernel loaded); the
+        module's input and output blocks are its movable ranges."""
         if self._sequence is None:
-            self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps])
+            movable = [(self._blocks[b].ctypes.data, self.plan.block_bytes[b]) for b in self._movable_blocks]
+            self._sequence = CallSequence([s.kernel for s in self.steps], [s.ptrs for s in self.steps], movable)
         return self._sequence
+
+    def _outputs(self, fresh: dict) -> list:
+        """Views of the fresh blocks, as the outputs; an output that overlaps one already
+        returned (two outputs of one storage) and one in a block that did not move are copies."""
+        outs, taken = [], []
+        for v in self.output_names:
+            view = self._output_views.get(v)
+            if view is None:
+                outs.append(self.graph.values[v].const.copy())
+                continue
+            b = self.plan.block_of[v]
+            start = self.plan.offset_of.get(v, 0)
+            end = start + view.nbytes
+            if b not in fresh or any(tb == b and start < te and ts < end for tb, ts, te in taken):
+                outs.append(view.copy() if b not in fresh else
+                            fresh[b][start:end].view(view.dtype).reshape(view.shape).copy())
+                continue
+            taken.append((b, start, end))
+            outs.append(fresh[b][start:end].view(view.dtype).reshape(view.shape))
+        return outs
 
     def profile(self, inputs: dict, repeat: int = 10, options=None, lock: bool = True) -> ModelProfile:
         """Time each kernel of a run on `inputs` ({input name: array}) and the whole run: where the
         time goes, layer by layer (compiler.graph.profile)."""
         return profile_model(self, inputs, repeat=repeat, options=options, lock=lock)
-
-    def _output(self, name) -> np.ndarray:
-        view = self._output_views.get(name)
-        return view.copy() if view is not None else self.graph.values[name].const.copy()
 
     def _check_inputs(self, inputs):
         check_input_arrays(self.input_names, inputs)

@@ -107,7 +107,8 @@ def _print_table(module, profile, theirs, matched, top) -> None:
         hidden = sum(k.seconds for k in profile.kernels) - sum(k.seconds for k in shown)
         print(f"     ... {rest} more kernels, {_ms(hidden)} ({hidden / profile.kernel_seconds:.1%})")
     overhead = profile.overhead_seconds
-    print(f"tunefarm:    kernels {_ms(profile.kernel_seconds)} (sum), whole run {_ms(profile.run_seconds)} (median), "
+    print(f"tunefarm:    kernels {_ms(profile.kernel_seconds)} (sum of medians), in one native call "
+          f"{_ms(profile.sequence_seconds)} (median), whole run {_ms(profile.run_seconds)} (median), "
           f"outside kernels {_ms(overhead)}"
           + (f" ({overhead / profile.run_seconds:.1%} of the run)" if profile.run_seconds > 0 else ""))
     if profile.in_place:
