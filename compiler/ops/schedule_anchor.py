@@ -21,9 +21,9 @@ anchor operator:
   inlined, every reduction computed whole at the root by schedule_reduce_stage, the output as an
   elementwise or reduction stage.
 Elementwise producers are inlined into their readers, except padding of the last axis that a
-reduction reads, which is materialized once (inline_producers). A reduction is vectors of its
+reduction reads, which is materialized once (schedule_stages.inline_producers). A reduction is vectors of its
 output's last axis (the accumulator tile) when every read is unit-stride along it or
-independent of it, or can be made so by packing (`vector_packing`: an
+independent of it, or can be made so by packing (`schedule_stages.vector_packing`: an
 input the last axis walks along another of its axes, reused across another output axis, copied
 into blocks of the vector as GEMM packs B), else interleaved scalar chains where its innermost
 read is reduced, else vectors with gathers. This is the zero-trial schedule of a compute nobody
@@ -37,24 +37,22 @@ import math
 
 from ..errors import ScheduleError
 from ..expr import walk
-from ..lift import LIFTED_TAG
 from ..lower import lower
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead, topo_order
 from .base import OpDef
 from .functions import nchwc_weight_geometry
-from .scan_carry import scan_axis
-from .schedule_common import lanes, unit_step, var_groups
+from .schedule_common import lanes
 from .schedule_conv_nchwc import conv2d_nchwc_choices, schedule_conv_nchwc
 from .schedule_conv_plane import conv2d_nchw_recipe_choices, schedule_conv_nchw_default, schedule_conv_nchw_recipe
-from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
+from .schedule_elementwise import accumulator_tile, schedule_injective_stage, schedule_reduce_stage
 from .schedule_gemm import gemm_tile, gemv_lanes, gemv_panel_columns, schedule_gemm, schedule_gemv
 from .schedule_graph_ops import schedule_tagged
 from .schedule_rules import rule_choices, rule_of, schedule_by_rule
-from .schedule_tile import broadcast_read, tile_axes, tile_choices, tile_group
+from .schedule_stages import chains_not_vectors, inline_producers, reduced_input_shape, schedule_stages_at_root, vector_packing
+from .schedule_tile import tile_axes, tile_choices, tile_group
 from .schedule_winograd import is_winograd_gemm, schedule_winograd_gemm, winograd_gemm_choices
-from .stride_phases import is_data_movement
 
 CONV_TAGS = ("conv2d_nchw", "conv2d_nchw_packed", "conv2d_nchwc")
 GEMM_TAGS = ("dense", "matmul", "batch_matmul")
@@ -99,7 +97,7 @@ def _by_structure(opdef, target, tile=None) -> Schedule:
         s = create_schedule(out)
         inline_producers(s, out.op, target)
         if any(a.extent > 1 for a in out.op.axis):
-            schedule_reduce_stage(s[out], _reduced_input_shape(out.op), _chains_not_vectors(out.op), target,
+            schedule_reduce_stage(s[out], reduced_input_shape(out.op), chains_not_vectors(out.op), target,
                                   pack=vector_packing(out.op) or (), tile=_forced(out.op, tile))
         return s
     if len(reductions) == 1 and _is_epilogue_of(out.op, reductions[0], computes):
@@ -134,7 +132,7 @@ def product_tile_choices(opdef, target=None) -> dict | None:
     single = len(reductions) == 1 and (red is out.op or _is_epilogue_of(out.op, red, computes))
     if not single and joined_reductions(computes, reductions) is None:
         return None
-    if single and _chains_not_vectors(red) or tile_axes(red) is None:
+    if single and chains_not_vectors(red) or tile_axes(red) is None:
         return None
     pos = tile_axes(red)
     caps = target.capabilities
@@ -233,9 +231,9 @@ def _reduction_with_epilogue(out, red, target, tile=None) -> Schedule:
     inline_producers(s, out.op, target, keep=red)
     if not any(a.extent > 1 for a in out.op.axis):
         return s
-    work = math.prod(_reduced_input_shape(red))
-    if _chains_not_vectors(red):
-        schedule_reduce_stage(s[red.output], _reduced_input_shape(red), True, target)
+    work = math.prod(reduced_input_shape(red))
+    if chains_not_vectors(red):
+        schedule_reduce_stage(s[red.output], reduced_input_shape(red), True, target)
         schedule_injective_stage(s[out], target)
         return s
     spatial = [a for a in out.op.axis if a.extent > 1]
@@ -249,65 +247,6 @@ def _stages_at_root(out, computes, target) -> Schedule:
     output scheduled as what it is (RMSNorm: the sum of squares per row, then the scaled rows).
     Not the best schedule, but vectors, chains and threads everywhere instead of the naive nest."""
     return schedule_stages_at_root(create_schedule(out), out, target)
-
-
-def schedule_stages_at_root(s, out, target) -> Schedule:
-    """_stages_at_root on a schedule whose stages may differ from the definition's (a rewrite
-    made them: schedule_rules' stride phases): each stage as its operation is now."""
-    out_op = s[out].op
-    # a running carry (scan_carry) reads its own output: never inlined, scheduled by the scan rule
-    inline_producers(s, out_op, target, keep=lambda op: bool(op.reduce_axis) or scan_axis(op) is not None)
-    for st in list(s.stages):
-        op = st.op
-        if isinstance(op, ComputeOp) and op.reduce_axis and any(a.extent > 1 for a in op.axis) and not st.is_inline:
-            schedule_reduce_stage(st, _reduced_input_shape(op), _chains_not_vectors(op), target,
-                                  pack=vector_packing(op) or ())
-    if not out_op.reduce_axis and scan_axis(out_op) is None:
-        schedule_injective_stage(s[out], target)
-    return s
-
-
-def inline_producers(s, out_op, target, keep=None) -> None:
-    """Inline every compute stage into its readers but the output and `keep` (an op, or a
-    predicate on ops), except padding of the last axis that a reduction reads: that is
-    materialized at the root, a row copy (schedule_pad_stage), because inlined its border test
-    and clamped index vary across the vector's lanes in every tap and make each load a gather
-    (an Inception block's 3x3 average pool with count_include_pad over 192 x 35 x 35: 0.8 ms,
-    2.3 GB/s, against onnxruntime's 0.05). Padding of other axes stays inlined: its test is one
-    per vector (a channel-blocked max pool: materialized, the copy took half its time).
-    A stage compiler.lift made of an expensive value a reduction would recompute is computed
-    once, at the root: inlined, it would be recomputed again."""
-    kept = keep if callable(keep) else (lambda op: op is keep)
-    for st in s.stages:
-        op = st.op
-        if not isinstance(op, ComputeOp) or op is out_op or kept(op):
-            continue
-        if op.tag == LIFTED_TAG:
-            schedule_injective_stage(st, target)
-        elif (_pads_last_axis(op) or is_data_movement(op)) and _read_by_reduction(s, op, broadcast=not _pads_last_axis(op)):
-            schedule_pad_stage(st, target)
-        else:
-            st.compute_inline()
-
-
-def _read_by_reduction(s, op, broadcast: bool) -> bool:
-    """Whether a reduction stage of `s` reads `op`; with `broadcast`, as the operand its product
-    tile broadcasts (schedule_tile.broadcast_read): a padding there, inlined, tests its border
-    (a branch around the load) once per unit and reduction step. Materialized once instead, the
-    56 x 56 x 64 NHWC 3x3 conv ran 1.30-1.65 ms against 1.93 inlined (6 x 2-vector tile; znver2)."""
-    for x in s.stages:
-        r = x.op
-        if not isinstance(r, ComputeOp) or not r.reduce_axis:
-            continue
-        for n in walk(r.body):
-            if isinstance(n, TensorRead) and n.tensor.op is op and (not broadcast or broadcast_read(r, n)):
-                return True
-    return False
-
-
-def _pads_last_axis(op) -> bool:
-    sources = op.input_tensors()
-    return op.tag == "pad" and len(sources) == 1 and tuple(sources[0].shape[-1:]) != tuple(op.shape[-1:])
 
 
 def _is_epilogue_of(out_op, red, computes) -> bool:
@@ -325,51 +264,6 @@ def _is_epilogue_of(out_op, red, computes) -> bool:
             if isinstance(n, TensorRead) and n.tensor.op is red and list(n.indices) != own:
                 return False
     return True
-
-
-def _chains_not_vectors(op) -> bool:
-    """Whether a reduction is computed as interleaved scalar chains (its innermost read reduced
-    and its output's last axis not read with unit stride, even after packing), not as vectors
-    of its last axis."""
-    return vector_packing(op) is None and _inner_reduced(op)
-
-
-def vector_packing(op) -> list | None:
-    """The reads to pack so that vectors of `op`'s last axis load whole vectors: [(placeholder,
-    its axis that the last axis walks)], [] when every read already is unit-stride or
-    independent of it (conv1d's X[c, t + r] along t), None when some read cannot be made so.
-    A placeholder that the last axis walks along another of its axes (Bᵀ in exp(A)·Bᵀ, K in
-    Q·Kᵀ) is copied into blocks of that axis (cache_read with a block) at the root, as the GEMM
-    schedule packs its panels."""
-    if not op.axis or op.axis[-1].extent <= 1:
-        return None
-    var = op.axis[-1].var
-    pack: list = []
-    for n in walk(op.body):
-        if not isinstance(n, TensorRead):
-            continue
-        # a read of the last axis only as `var // g` is one value per vector (schedule_tile.tile_group)
-        where = [p for p, i in enumerate(n.indices) if var in walk(i) and var_groups(i, var) is None]
-        if not where:
-            continue
-        if len(where) > 1 or not unit_step(n.indices[where[0]], var):
-            return None
-        if where[0] != len(n.indices) - 1:
-            if not isinstance(n.tensor.op, PlaceholderOp) or not _reused(op, n):
-                return None
-            if (n.tensor, where[0]) not in pack:
-                pack.append((n.tensor, where[0]))
-    if len({id(t) for t, _ in pack}) != len(pack):
-        return None   # one tensor walked along two of its axes
-    return pack
-
-
-def _reused(op, read) -> bool:
-    """Whether each element `read` loads serves several outputs (an output axis it does not
-    depend on): only then does a packed copy pay for itself (B of a matmul serves every row;
-    RMSNorm's rows serve one output each, and are summed along their unit-stride axis)."""
-    used = {v for i in read.indices for v in walk(i)}
-    return any(a.extent > 1 and a.var not in used for a in op.axis)
 
 
 def _one_row(view, target) -> int | None:
@@ -525,20 +419,6 @@ def _reads_transposed(op, b) -> bool:
     for n in walk(op.body):
         if isinstance(n, TensorRead) and n.tensor is b:
             return any(v in rvars for v in walk(n.indices[-1]))
-    return False
-
-
-def _reduced_input_shape(op) -> tuple:
-    reads = op.input_tensors()
-    return tuple(reads[0].shape) if reads else tuple(op.shape)
-
-
-def _inner_reduced(op) -> bool:
-    """Whether a reduction variable indexes the last axis of what the reduction reads."""
-    rvars = {r.var for r in op.reduce_axis}
-    for n in walk(op.body):
-        if isinstance(n, TensorRead) and n.indices and any(v in rvars for v in walk(n.indices[-1])):
-            return True
     return False
 
 

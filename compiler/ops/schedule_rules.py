@@ -32,6 +32,7 @@ from ..target import resolve_target
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
 from .scan_carry import scan_axis, scan_plan
 from .schedule_common import MAX_LANES, lanes, parallel_loop, unit_step
+from .schedule_stages import schedule_stages_at_root
 from .stride_phases import stride_phase_plan
 
 ROW_LANE_VECTORS = (2, 1, 4)   # vectors of lane partials per reduction step, the default first (row fusion)
@@ -92,7 +93,6 @@ def schedule_by_rule(opdef, target=None, choices: dict | None = None) -> Schedul
 def _schedule_scan(opdef, target, carry: bool, block: int) -> Schedule:
     """Scans written as masked reductions rewritten into running carries (scan_carry), each
     scheduled by _scan_stage; the other stages as schedule_stages_at_root does."""
-    from .schedule_anchor import schedule_stages_at_root
     out = opdef.output
     s = create_schedule(out)
     if carry:
@@ -143,7 +143,6 @@ def _scan_stage(st, target, block: int) -> None:
 
 # ---------------------------------------------------------------------------- stride phases
 def _schedule_stride_phases(opdef, target, phases: bool) -> Schedule:
-    from .schedule_anchor import schedule_stages_at_root
     out = opdef.output
     s = create_schedule(out)
     if phases:
@@ -186,7 +185,6 @@ def _expensive(op) -> bool:
 
 
 def _schedule_row_fusion(opdef, target, fuse_rows: bool, lane_vectors: int, buffer_expensive: bool) -> Schedule:
-    from .schedule_anchor import schedule_stages_at_root
     out = opdef.output
     computes = [op for op in topo_order([out]) if isinstance(op, ComputeOp)]
     k = row_fusion_rows(out, computes)

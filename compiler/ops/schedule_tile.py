@@ -9,7 +9,7 @@ the filter's unit-stride rows, one input value broadcast per output column) have
 reads, so they get the same tile. `product_tile(op, target)` finds it:
 
 - the vector axis: the output's last axis (the one with stride 1 in the output), when every read
-  of it is unit-stride in its last index or can be packed (schedule_anchor.vector_packing);
+  of it is unit-stride in its last index or can be packed (schedule_stages.vector_packing);
 - the tile axis: another output axis `u` such that some read that walks the vector axis does not
   depend on `u` (that vector is loaded once per step and used by every unit of the tile) and
   some read depends on `u` but not on the vector axis (the broadcast); among such axes the
