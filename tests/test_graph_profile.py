@@ -68,7 +68,7 @@ def test_profile_covers_every_step_with_consistent_figures(built):
     assert {"conv1", "relu1", "pool1", "fc"} <= covered   # Flatten is a view, no kernel
     assert sum(k.share for k in p.kernels) == pytest.approx(1.0)
     assert p.kernel_seconds == pytest.approx(sum(k.seconds for k in p.kernels))
-    # outside the kernels is the run less the native call's span, not less the kernels' medians
+    # outside the kernels: the run less the native call's span, not less the kernels' medians
     assert p.sequence_seconds > 0 and p.sequence_seconds >= 0.5 * p.kernel_seconds
     assert p.run_seconds > 0 and p.overhead_seconds == pytest.approx(p.run_seconds - p.sequence_seconds)
     assert p.threads >= 1

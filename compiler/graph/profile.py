@@ -4,19 +4,20 @@ A model that runs slower than expected is slow in a few layers; finding them mea
 fused kernel on its own, with the data it really gets. `profile_model(module, inputs)`:
 
 - runs the model once (checks the inputs, loads every kernel, starts the thread team);
-- times each kernel where it stands in a real run: the model's call sequence, compiled a second
-  time with a read of the monotonic clock before each call and after the last
-  (compiler/call_sequence.py, `run_timed`), is run repeatedly on the inputs the first run left in
-  place (the graph inputs have buffers of their own, plan.py), and each kernel's time is the median
-  over those runs of the time between its two clock reads. A kernel is fed by the kernels before
+- times each kernel where it stands in a real run: the model is run repeatedly with its call
+  sequence compiled a second time with a read of the monotonic clock before each call and after
+  the last (GraphModule.run_timed, compiler/call_sequence.py), and each kernel's time is the
+  median over those runs of the time between its two clock reads. A kernel is fed by the kernels before
   it and finds the caches as the run leaves them, exactly as in `run()`; timed alone, over and
   over, it would find its weights warm in the cache, and the kernels' sum would fall short of the
   run by whatever a real run pays for reading them (a 4-layer ViT-B's: 8 %);
-- times the whole `run()` (input and output copies and the Python around the native call
-  included) by the project's measurement protocol (compiler/timing.py: samples, the median of the
-  clean ones, each sample checked for time lost to other processes), holding the host's exclusive
-  timing lock (compiler/host_lock.py) so no other tunefarm build or timing shares the cores, as
-  the kernels' runs do; the time outside kernels is the difference.
+- times the whole `run()` (the Python around the native call, any input copy, the outputs'
+  storage included) in the same samples, under the project's measurement protocol
+  (compiler/timing.py: each sample checked for time lost to other processes, the profile marked
+  disturbed when too many were), each figure the median over the runs, holding the
+  host's exclusive timing lock (compiler/host_lock.py) so no other tunefarm build or timing
+  shares the cores. Plain and stamped runs alternate, so the time outside kernels (the plain
+  runs' median less the stamped calls' median span) compares runs of the same moments.
 
 Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
 anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,9 +55,7 @@ class ProfiledModule(Protocol):
 
     def run(self, **inputs) -> list: ...
 
-    def load_inputs(self, inputs: dict) -> None: ...   # into the buffers the sequence reads by default
-
-    def call_sequence(self) -> Any: ...   # the compiled CallSequence run() calls
+    def run_timed(self, inputs: dict, stamps) -> list: ...   # run(), the clock read around each kernel
 
 # reductions whose multiply-adds are counted as FLOPs: the anchors fusion builds kernels around,
 # and a Winograd convolution's matrix products (the multiply-adds it really does, not the
@@ -122,8 +122,9 @@ class ModelProfile:
     @property
     def overhead_seconds(self) -> float:
         """Time of a run outside the kernels: the Python around the native call, inputs that must
-        be copied, outputs allocated: the run's median less the native call's median span, both
-        timed the same way. Can come out slightly negative (medians of different runs)."""
+        be copied, the outputs' storage: the plain runs' median less the native call's median
+        span, runs of the two kinds alternated (two loops one after the other, on a shared host,
+        differed by more than the overhead itself). Can come out slightly negative."""
         return self.run_seconds - (self.sequence_seconds or self.kernel_seconds)
 
     @property
@@ -172,21 +173,22 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
     given); `lock`: hold the host's exclusive timing lock while timing."""
     opts = options or default_options(repeat)
     module.run(**inputs)   # checks the inputs; every kernel loaded, the thread team started
-    module.load_inputs(inputs)   # where the sequence run without bases reads them
     held = host_lock.exclusive if lock else contextlib.nullcontext
-    sequence = module.call_sequence()
-    stamps = np.zeros(len(sequence) + 1, np.int64)
+    stamps = np.zeros(len(module.steps) + 1, np.int64)
     spans: list = []
+    walls: list = []   # ns of each plain run
 
-    def run_timed(n):
+    def run_pairs(n):   # a plain run, then a stamped one: both medians of the same moments
         for _ in range(n):
-            sequence.run_timed(stamps)
+            t0 = time.perf_counter_ns()
+            module.run(**inputs)
+            walls.append(time.perf_counter_ns() - t0)
+            module.run_timed(inputs, stamps)
             spans.append(np.diff(stamps))
 
     with held():
-        sequence.run_timed(stamps)   # compiles the timed sequence; warm-up
-        spans.clear()
-        in_run = time_samples(run_timed, opts)
+        module.run_timed(inputs, stamps)   # compiles the timed sequence; warm-up
+        in_run = time_samples(run_pairs, opts)
     seconds = np.median(np.array(spans), axis=0) / 1e9
     sequence_seconds = float(np.median(np.array(spans).sum(axis=1))) / 1e9
     kernels = []
@@ -202,15 +204,8 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
     for k in kernels:
         k.share = k.seconds / total if total > 0 else 0.0
 
-    def run_batch(n):
-        for _ in range(n):
-            module.run(**inputs)
-
-    with held():
-        module.run(**inputs)
-        run_timing = time_samples(run_batch, opts)
-    return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=run_timing.median,
-                        threads=get_max_threads(), run_timing=run_timing, in_place=list(module.in_place_nodes),
+    return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=float(np.median(walls)) / 1e9,
+                        threads=get_max_threads(), run_timing=in_run, in_place=list(module.in_place_nodes),
                         sequence_seconds=sequence_seconds)
 
 
