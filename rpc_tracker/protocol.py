@@ -31,7 +31,13 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 #    MeasureRequest.reference_index) and the target (MeasureBatch.target). Agents are not
 #    concerned: the tracker hands them whole requests. A tuner sends a batch this way only to a
 #    tracker of protocol 5 or newer, which the Summary's protocol_version tells.
-PROTOCOL_VERSION = 5
+# 6: agent health. Agents calibrate their measuring workers (device_agent/calibration.py) and
+#    report their state, speed index and calibrations (Hello.health, HeartbeatRequest.health); the
+#    tracker keeps each device key's history per host and hands it back in Welcome.history, sends
+#    a degraded agent no work, and passes a result's slow-window marks on to the tuner
+#    (MeasureResult.slow_window, remeasured, slow_index). Compatible both ways: an agent of protocol
+#    5 reports no health and is served as before ("unknown"); a tracker of protocol 5 ignores it.
+PROTOCOL_VERSION = 6
 # The first protocol whose tracker takes MeasureBatch.references and MeasureBatch.target.
 SHARED_BATCH_FIELDS_PROTOCOL = 5
 MIN_AGENT_PROTOCOL = 3
