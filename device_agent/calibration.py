@@ -30,7 +30,10 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   calibration first, so one unlucky timing replaces nothing.
 - **Degraded**: a device whose replacement workers stay slow for `DEGRADE_AFTER` windows in a
   row is reported degraded (`state`); its windows are no longer measured again (it would not
-  help), and their answers stay marked, so nothing downstream takes a best from them.
+  help), and their answers stay marked, so nothing downstream takes a best from them. A marked or
+  re-measured answer says why: `slow_index`, the speed index of the calibration that found its
+  window slow. An idle device is calibrated again from time to time (`recheck`: how a degraded
+  one, which the farm sends no work, is seen to recover).
 
 Kept light for the agent: numpy and the compiler (the tensor language, lowering and llvmlite
 codegen the agent's runtime already needs); nothing of the tuner.
@@ -273,8 +276,11 @@ class CalibratedWorker:
     """
 
     def __init__(self, worker, history: SpeedHistory | None = None, threads: int | None = None,
-                 calibration_timeout: float = 60.0, on_calibration=None):
+                 calibration_timeout: float = 60.0, on_calibration=None, degrade_after: int | None = None,
+                 max_replacements: int | None = None):
         self.worker = worker
+        # None: the module's DEGRADE_AFTER / MAX_REPLACEMENTS, read when used
+        self.degrade_after, self.max_replacements = degrade_after, max_replacements
         self.history = history if history is not None else SpeedHistory()
         self.threads = threads
         self.calibration_timeout = calibration_timeout
@@ -313,7 +319,8 @@ class CalibratedWorker:
     def _replace(self) -> tuple[str, float | None]:
         """A new process until one calibrates healthy (MAX_REPLACEMENTS tries): its verdict."""
         state, index = SLOW, None
-        for _ in range(MAX_REPLACEMENTS):
+        tries = MAX_REPLACEMENTS if self.max_replacements is None else self.max_replacements
+        for _ in range(max(1, tries)):
             self.worker.replace()
             self.report.replacements += 1
             state, index = self._verdict()
@@ -330,6 +337,31 @@ class CalibratedWorker:
         self._settle(state, index)
         return state
 
+    def recheck(self) -> str:
+        """A calibration of an idle worker (replaced when slow, as at its start): the device's state
+        kept fresh between windows, and how a degraded device, which gets no work, is seen to
+        recover (a healthy verdict clears degraded)."""
+        state, index = self._verdict()
+        if state == SLOW:
+            log.warning("idle measuring worker calibrated slow (speed index %.2f); replacing it", index or 0.0)
+            state, index = self._replace()
+        self._settle(state, index)
+        return self.report.state
+
+    def fill_history(self) -> int:
+        """Calibrate until the history holds MIN_HISTORY calibrations comparable with this worker's
+        (MIN_HISTORY more at most), so a device new to its history is judged from its first window
+        instead of its fourth; returns how many were taken. Call after `start`."""
+        taken = 0
+        while taken < MIN_HISTORY:
+            last = self.report.calibrations[-1] if self.report.calibrations else None
+            if last is None or len(self.history.recent(last)) >= MIN_HISTORY:
+                break
+            if self.calibrate()[2] is None:
+                break
+            taken += 1
+        return taken
+
     def _settle(self, state: str, index: float | None) -> None:
         """The device's state after a verdict: slow ones in a row make it degraded, a healthy one
         clears that (recovered), an unknown one changes nothing."""
@@ -340,7 +372,7 @@ class CalibratedWorker:
             self.report.state = HEALTHY
         elif state == SLOW:
             self._slow_in_a_row += 1
-            if self._slow_in_a_row >= DEGRADE_AFTER:
+            if self._slow_in_a_row >= (DEGRADE_AFTER if self.degrade_after is None else self.degrade_after):
                 if self.report.state != DEGRADED:
                     log.error("device degraded: measuring workers slow over %d windows in a row (speed index %.2f)",
                               self._slow_in_a_row, index or 0.0)
@@ -363,15 +395,18 @@ class CalibratedWorker:
             self.report.slow_windows += 1
             for a in answers:
                 a["slow_window"] = True
+                a["slow_index"] = index
             if self.report.state == DEGRADED:
                 self._settle(state, index)
                 break        # measuring again on a degraded device would not help: the answers stay marked
             log.warning("measuring worker slow after a window of %d (speed index %.2f): replacing it and measuring "
                         "the window again", len(items), index or 0.0)
+            slow_index = index
             state, index = self._replace()
             if state == SLOW:
                 self._settle(state, index)
                 break        # no healthy worker to be had: the window stays marked
-            answers = [dict(self.worker.run(req, timeout), remeasured=True) for req, timeout in items]
+            answers = [dict(self.worker.run(req, timeout), remeasured=True, slow_index=slow_index)
+                       for req, timeout in items]
             self.report.remeasured += len(items)
         return answers
