@@ -39,6 +39,15 @@ Lifecycle:
   from Connect, or a TLS handshake that fails (a tracker certificate not signed by --tls-ca, TLS
   against a plaintext tracker): retrying cannot help, so the agent exits with EXIT_REFUSED and
   says why;
+- health (device_agent/health.py): each slot's worker is a `CalibratedWorker`, calibrated when it
+  starts (and, on a host whose key has too little history, until it can be judged), after every
+  window and after `recheck_seconds` idle. A slot's window is the request it waited for and those
+  already queued behind it (`window_requests` at most): measured, closed by a calibration, and
+  only then reported, so a window the calibration found slow is measured again in a fresh worker
+  or reported marked (MeasureResult.slow_window, remeasured, slow_index). The agent's state,
+  speed index and new calibrations go to the tracker on every heartbeat, and at once when the
+  state changes; the tracker's history of this key and host comes back in Welcome. A degraded
+  agent gets no work; its idle rechecks are how it is seen to recover;
 - SIGTERM / SIGINT (`request_stop`): Drain (the tracker sends no more work), finish and report
   what is held (a request received ahead too: it is leased to this agent), wait for the tracker to
   confirm the reports, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
@@ -61,6 +70,8 @@ import grpc
 from rpc_tracker.client import make_channel, tls_problem
 from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
 
+from .calibration import CalibratedWorker
+from .health import AgentHealth, calibration_dict
 from .host import describe_host, target_problem
 from .options import MeasureOptions
 from .worker import RUNNER_ERROR, UNSUPPORTED_TARGET, MeasureRequest, WorkerProcess
@@ -95,6 +106,11 @@ class AgentConfig:
     backoff_max_seconds: float = 5.0
     worker_startup_seconds: float = 60.0
     call_timeout_seconds: float = 10.0  # unary calls (heartbeat, report, drain)
+    calibrate: bool = True            # calibrated measuring workers and health reports (device_agent/health.py)
+    recheck_seconds: float = 30.0     # an idle slot calibrates again after this long
+    window_requests: int = 8          # requests of one window at most (measured, then calibrated, then reported)
+    degrade_after: int | None = None  # slow windows in a row before degraded (None: calibration.DEGRADE_AFTER)
+    max_replacements: int | None = None  # fresh workers tried per slow window (None: calibration.MAX_REPLACEMENTS)
 
     def __post_init__(self):
         if not self.device_key or not self.device_key.strip():
@@ -107,6 +123,14 @@ class AgentConfig:
             raise ValueError(f"prefetch must not be negative, got {self.prefetch}")
         if self.drain_grace_seconds < 0:
             raise ValueError("drain grace period must not be negative")
+        if not self.recheck_seconds > 0:
+            raise ValueError(f"recheck period must be positive, got {self.recheck_seconds}")
+        if self.window_requests < 1:
+            raise ValueError(f"a window holds at least 1 request, got {self.window_requests}")
+        if self.degrade_after is not None and self.degrade_after < 1:
+            raise ValueError(f"degrade_after must be at least 1, got {self.degrade_after}")
+        if self.max_replacements is not None and self.max_replacements < 1:
+            raise ValueError(f"max_replacements must be at least 1, got {self.max_replacements}")
 
 
 # gRPC's own reconnect backoff grows to 120 s by default; a channel still backing off answers every
@@ -209,6 +233,7 @@ class _Session:
         self.heartbeat_seconds = welcome.heartbeat_seconds if welcome.heartbeat_seconds > 0 else 2.0
         self.tracker_protocol = welcome.protocol_version
         self.closed = threading.Event()
+        self.wake = threading.Event()     # heartbeat now: the agent's health changed, or the session closed
         self._holding: set = set()
         self._lock = threading.Lock()
 
@@ -227,6 +252,7 @@ class _Session:
     def close(self):
         """Abandon the stream (the connection loop then registers again unless stopping)."""
         self.closed.set()
+        self.wake.set()
         self.call.cancel()
         if self.reports is not None:
             self.reports.close()
@@ -257,6 +283,8 @@ class Agent:
         self._workers: list = []
         self._channel = None
         self._stub = None
+        self.health = AgentHealth(self.name)
+        self.health.on_change = self._health_changed
 
     # ------------------------------------------------------------------ public
     def request_stop(self, *_signal_args) -> None:
@@ -289,9 +317,21 @@ class Agent:
 
     # ------------------------------------------------------------------ registration
     def _hello(self):
-        return pb.Hello(protocol_version=PROTOCOL_VERSION, device_key=self.config.device_key,
-                        device=pb.DeviceInfo(**self.device), slots=self.config.slots, name=self.name,
-                        prefetch=self.config.prefetch)
+        hello = pb.Hello(protocol_version=PROTOCOL_VERSION, device_key=self.config.device_key,
+                         device=pb.DeviceInfo(**self.device), slots=self.config.slots, name=self.name,
+                         prefetch=self.config.prefetch)
+        if self.config.calibrate:   # its state so far, and its recent calibrations for the host's history
+            self.health.history.take_unsent()   # the newest of them are in the Hello
+            hello.health.CopyFrom(self.health.message(pb, self.health.history.newest()))
+        return hello
+
+    def _health_changed(self) -> None:
+        session = self._session
+        log.log(logging.WARNING if self.health.state != "healthy" else logging.INFO,
+                "agent health: %s (speed index %s)", self.health.state,
+                f"{self.health.speed_index:.2f}" if self.health.speed_index is not None else "not judged yet")
+        if session is not None:
+            session.wake.set()
 
     def _connect_loop(self):
         """Register, serve the stream, and register again whenever it breaks, until stopped."""
@@ -348,6 +388,8 @@ class Agent:
                                      f"not a welcome")
         session = _Session(call, first.welcome, _ReportStream(self._stub, self._metadata, self._resend,
                                                               self._log_ack))
+        if first.welcome.history:   # this key's history on this host, as the tracker holds it
+            self.health.history.merge([calibration_dict(c) for c in first.welcome.history])
         self._session = session
         log.info("registered with the tracker as %s (key %r, heartbeat every %.1f s, tracker protocol %d)",
                  session.agent_id, self.config.device_key, session.heartbeat_seconds,
@@ -372,15 +414,26 @@ class Agent:
             session.reports.close()
 
     def _heartbeat_loop(self, session: _Session):
-        """Heartbeat this session until it closes; abandon it if the tracker stops answering."""
+        """Heartbeat this session until it closes (at once when the agent's health changes, which
+        it carries with the calibrations not yet reported); abandon it if the tracker stops answering."""
         period = session.heartbeat_seconds
         failing_since = None
-        while not session.closed.wait(period):
+        while True:
+            session.wake.wait(period)
+            session.wake.clear()
+            if session.closed.is_set():
+                return
+            request = pb.HeartbeatRequest(agent_id=session.agent_id, holding=session.holding())
+            sent = []
+            if self.config.calibrate:
+                sent = self.health.history.take_unsent()
+                request.health.CopyFrom(self.health.message(pb, sent))
             try:
-                self._stub.Heartbeat(pb.HeartbeatRequest(agent_id=session.agent_id, holding=session.holding()),
-                                     metadata=self._metadata, timeout=max(period, 1.0))
+                self._stub.Heartbeat(request, metadata=self._metadata, timeout=max(period, 1.0))
                 failing_since = None
+                sent = []
             except grpc.RpcError as e:
+                self.health.history.give_back(sent)
                 if session.closed.is_set():
                     return
                 if e.code() == grpc.StatusCode.NOT_FOUND:
@@ -407,50 +460,120 @@ class Agent:
     def _slot_loop(self, index: int, ready: threading.Event):
         worker = WorkerProcess(startup_timeout=self.config.worker_startup_seconds)
         self._workers.append(worker)
+        cfg = self.config
+        calibrated = CalibratedWorker(worker, self.health.history, degrade_after=cfg.degrade_after,
+                                      max_replacements=cfg.max_replacements) if cfg.calibrate else None
         try:
             worker.start()
+            if calibrated is not None:
+                self._calibrate(index, calibrated, start=True)
         except RuntimeError as e:  # each request will try again and report RUNNER_ERROR if it fails
             log.error("slot %d: %s", index, e)
         ready.set()
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=cfg.recheck_seconds if calibrated is not None else None)
+            except queue.Empty:   # idle for a recheck period: calibrate again
+                self._calibrate(index, calibrated)
+                continue
             if item is None:
                 return
+            window, last = self._window(item)
             try:
-                self._handle(item, worker)
+                self._handle_window(index, window, worker, calibrated)
             except Exception:  # noqa: BLE001 - a bug here must not take the slot down
-                log.exception("slot %d: failed handling request %s", index, item.work.request.request_id)
+                log.exception("slot %d: failed handling requests %s", index,
+                              [i.work.request.request_id for i in window])
             finally:
                 with self._pending_cv:
-                    self._pending -= 1
+                    self._pending -= len(window)
                     self._pending_cv.notify_all()
+            if last:
+                return
 
-    def _handle(self, item: _Item, worker: WorkerProcess):
-        req = item.work.request
-        session = item.session
-        if session.closed.is_set():
-            log.info("dropping request %s: its connection is gone (the tracker hands it out again)",
-                     req.request_id)
-            session.release(req.request_id)
-            return
+    def _window(self, first: _Item) -> tuple[list, bool]:
+        """`first` and the requests already queued behind it (window_requests at most), and whether
+        the slot was told to stop meanwhile (it took its None: the slot ends after this window)."""
+        window = [first]
+        while len(window) < self.config.window_requests:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return window, True
+            window.append(item)
+        return window, False
+
+    def _calibrate(self, index: int, calibrated: CalibratedWorker, start: bool = False) -> None:
+        """A starting (with a history filled to judge by) or idle calibration of a slot's worker."""
         try:
-            answer = self._measure(req, worker)
-            result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
-                                      error_code=int(answer["error_code"]), error_msg=answer["error_msg"],
-                                      run_seconds=float(answer["run_seconds"]), agent=self.name,
-                                      emulated=bool(self.device["emulated"]))
-            timing = answer.get("timing")
-            if timing:
-                # the worker's summary has every field of the message (and a few more for logs)
-                result.timing.CopyFrom(pb.Timing(**{f.name: timing[f.name] for f in pb.Timing.DESCRIPTOR.fields}))
-            log.debug("request %s: error code %d, %d costs, %.3f s", req.request_id, result.error_code,
-                      len(result.costs), result.run_seconds)
-            self._report(session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))
-        finally:
-            session.release(req.request_id)
+            if start:
+                calibrated.start()
+                if calibrated.fill_history():   # the history can judge now: a verdict before any work
+                    calibrated.recheck()
+            else:
+                calibrated.recheck()
+        except RuntimeError as e:   # the worker would not start: its requests report that
+            log.error("slot %d: calibration failed: %s", index, e)
+        self.health.update(index, calibrated.report)
 
-    def _measure(self, req, worker: WorkerProcess) -> dict:
-        """The worker's answer dict for one protocol MeasureRequest."""
+    def _handle_window(self, index: int, window: list, worker: WorkerProcess, calibrated):
+        """Measure a window of requests (calibrated around: device_agent.calibration), then report
+        each. A request whose connection is gone is dropped (its lease brings it back elsewhere);
+        one this host cannot run, or with bad options, is answered without being measured."""
+        answers: dict = {}
+        todo = []
+        for item in window:
+            req = item.work.request
+            if item.session.closed.is_set():
+                log.info("dropping request %s: its connection is gone (the tracker hands it out again)",
+                         req.request_id)
+                item.session.release(req.request_id)
+                continue
+            problem = self._refusal(req)
+            if problem is not None:
+                answers[id(item)] = problem
+            else:
+                todo.append(item)
+        try:
+            if todo:
+                requests = [self._request(i.work.request) for i in todo]
+                if calibrated is not None:
+                    measured = calibrated.measure_window(requests)
+                    self.health.update(index, calibrated.report)
+                else:
+                    measured = [worker.run(req, timeout) for req, timeout in requests]
+                answers.update({id(i): a for i, a in zip(todo, measured)})
+            for item in window:
+                if id(item) in answers:
+                    self._answer(item, answers[id(item)])
+        finally:
+            for item in window:
+                item.session.release(item.work.request.request_id)
+
+    def _answer(self, item: _Item, answer: dict) -> None:
+        """Report one measured (or refused) request on its session."""
+        req = item.work.request
+        result = pb.MeasureResult(request_id=req.request_id, costs=answer["costs"],
+                                  error_code=int(answer["error_code"]), error_msg=answer["error_msg"],
+                                  run_seconds=float(answer["run_seconds"]), agent=self.name,
+                                  emulated=bool(self.device["emulated"]),
+                                  slow_window=bool(answer.get("slow_window", False)),
+                                  remeasured=bool(answer.get("remeasured", False)),
+                                  slow_index=float(answer.get("slow_index") or 0.0))
+        timing = answer.get("timing")
+        if timing:
+            # the worker's summary has every field of the message (and a few more for logs)
+            result.timing.CopyFrom(pb.Timing(**{f.name: timing[f.name] for f in pb.Timing.DESCRIPTOR.fields}))
+        log.debug("request %s: error code %d, %d costs, %.3f s%s", req.request_id, result.error_code,
+                  len(result.costs), result.run_seconds,
+                  " (slow window)" if result.slow_window else " (re-measured)" if result.remeasured else "")
+        self._report(item.session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))
+
+    def _refusal(self, req) -> dict | None:
+        """The answer to a request that is not measured (a target this host cannot run, bad
+        options), or None when it is to be measured."""
         problem = target_problem(req.target)
         if problem:
             dev = self.device
@@ -458,11 +581,16 @@ class Agent:
                     "error_msg": f"agent {self.name} ({dev['cpu']}, {dev['triple']}) cannot run target "
                                  f"{req.target!r}: {problem}"}
         try:
-            options = MeasureOptions.from_proto(req.options)
+            MeasureOptions.from_proto(req.options)
         except ValueError as e:
             return {"costs": [], "error_code": RUNNER_ERROR, "run_seconds": 0.0, "error_msg": f"bad measure options: {e}"}
-        mreq = MeasureRequest(req.kernel, req.reference_kernel or None, req.num_inputs, options)
-        return worker.run(mreq, options.timeout)
+        return None
+
+    @staticmethod
+    def _request(req) -> tuple[MeasureRequest, float]:
+        """(the worker's MeasureRequest, its run timeout) of a protocol MeasureRequest."""
+        options = MeasureOptions.from_proto(req.options)
+        return MeasureRequest(req.kernel, req.reference_kernel or None, req.num_inputs, options), options.timeout
 
     def _report(self, session: _Session, result, deadline: float):
         """On the session's Report stream (confirmed later, or reported again if it breaks); else

@@ -1,6 +1,7 @@
 """The agent's command line, shared by `python -m device_agent` and `tunefarm agent`.
 
     python -m device_agent --tracker HOST:PORT --key KEY [--token T] [--slots N] [--prefetch N] [--name NAME] [--tls-ca FILE]
+                           [--no-calibration] [--recheck SECONDS] [--degrade-after N] [--replacements N]
 
 The token may come from $TUNEFARM_AGENT_TOKEN instead of the command line (where other users of
 the machine could read it). Exit status: 0 after a drain (SIGTERM/SIGINT), 2 on a usage error,
@@ -33,6 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PEM certificate of the CA that signed the tracker's certificate (enables TLS)")
     p.add_argument("--drain-grace", type=float, default=60.0, metavar="SECONDS",
                    help="on SIGTERM, how long to wait for held requests to finish (default 60)")
+    p.add_argument("--no-calibration", action="store_true",
+                   help="do not calibrate the measuring workers (no drift checks, no health reports; a window's "
+                        "calibration costs about a tenth of a second)")
+    p.add_argument("--recheck", type=float, default=30.0, metavar="SECONDS",
+                   help="an idle measuring worker calibrates again after this long (default 30): how a degraded "
+                        "agent, which gets no work, is seen to recover")
+    p.add_argument("--degrade-after", type=int, default=None, metavar="N",
+                   help="slow windows in a row (fresh workers slow too) before the agent reports itself degraded "
+                        "(default 3)")
+    p.add_argument("--replacements", type=int, default=None, metavar="N",
+                   help="fresh measuring workers tried for a slow window before it is marked (default 2)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
 
 
@@ -49,7 +61,9 @@ def run_from_args(args) -> int:
         config = AgentConfig(tracker=args.tracker, device_key=args.key,
                              token=args.token or os.environ.get(TOKEN_ENV) or None, slots=args.slots,
                              prefetch=args.prefetch,
-                             name=args.name, tls_ca=args.tls_ca, drain_grace_seconds=args.drain_grace)
+                             name=args.name, tls_ca=args.tls_ca, drain_grace_seconds=args.drain_grace,
+                             calibrate=not args.no_calibration, recheck_seconds=args.recheck,
+                             degrade_after=args.degrade_after, max_replacements=args.replacements)
     except ValueError as e:
         print(f"tunefarm agent: error: {e}", file=sys.stderr)
         return EXIT_USAGE
