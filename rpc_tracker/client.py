@@ -72,8 +72,15 @@ def _table(headers: list, rows: list, right: set) -> list:
     return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
+def _health(a) -> tuple[str, str]:
+    """(health, speed index) columns of an agent: "unknown" / "—" before anything was judged (or
+    for an agent that does not calibrate)."""
+    return a.health or "unknown", f"{a.speed_index:.2f}" if a.speed_index > 0 else "—"
+
+
 def format_summary(summary: pb.FarmSummary) -> str:
-    """A readable report: one table of agents, one of device keys."""
+    """A readable report: one table of agents (with each one's health and speed index: the
+    lowest ratio of its latest calibration to its host's usual speeds), one of device keys."""
     out = [f"tracker {summary.tracker_version} (protocol {summary.protocol_version}), "
            f"up {_ago(summary.uptime_seconds)}, {len(summary.agents)} agent(s)"]
     out.append("")
@@ -81,16 +88,22 @@ def format_summary(summary: pb.FarmSummary) -> str:
         rows = [[a.name, a.device_key, (a.device.cpu or "?") + (" (emulated)" if a.device.emulated else ""),
                  str(a.device.cores), str(a.slots), str(a.in_flight),
                  str(a.completed), str(a.failed), str(a.leases_lost), _ago(a.last_seen_seconds_ago) + " ago",
-                 "draining" if a.draining else "ready"]
+                 "draining" if a.draining else "ready", *_health(a), str(a.slow_windows), str(a.remeasured)]
                 for a in summary.agents]
         out += _table(["agent", "key", "cpu", "cores", "slots", "in-flight", "completed", "failed", "lost",
-                       "last seen", "state"], rows, {3, 4, 5, 6, 7, 8, 9})
+                       "last seen", "state", "health", "speed", "slow windows", "re-measured"], rows,
+                      {3, 4, 5, 6, 7, 8, 9, 12, 13, 14})
+        degraded = [a.name for a in summary.agents if a.health == "degraded"]
+        if degraded:
+            out.append("")
+            out.append(f"degraded (no work until a calibration shows it recovered): {', '.join(degraded)}")
     else:
         out.append("no agents connected")
     out.append("")
     if summary.keys:
-        rows = [[k.device_key, str(k.agents), str(k.queued), str(k.in_flight), str(k.completed)] for k in summary.keys]
-        out += _table(["key", "agents", "queued", "in-flight", "completed"], rows, {1, 2, 3, 4})
+        rows = [[k.device_key, str(k.agents), str(k.degraded), str(k.queued), str(k.in_flight), str(k.completed)]
+                for k in summary.keys]
+        out += _table(["key", "agents", "degraded", "queued", "in-flight", "completed"], rows, {1, 2, 3, 4, 5})
     else:
         out.append("no device keys yet")
     return "\n".join(out)

@@ -34,6 +34,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import state as st
+from .health import report_of
 from .protocol import (
     ACK_INTERVAL_SECONDS,
     AUTH_METADATA_KEY,
@@ -109,7 +110,18 @@ def _result_message(res: st.Result) -> pb.MeasureResult:
     extra = {"timing": res.timing} if res.timing is not None else {}
     return pb.MeasureResult(request_id=res.request_id, costs=res.costs, error_code=res.error_code,
                             error_msg=res.error_msg, run_seconds=res.run_seconds, agent=res.agent,
-                            attempts=res.attempts, emulated=res.emulated, **extra)
+                            attempts=res.attempts, emulated=res.emulated, slow_window=res.slow_window,
+                            remeasured=res.remeasured, slow_index=res.slow_index, **extra)
+
+
+def _health(message, where: str):
+    """(HealthReport or None when the message has no health, the INVALID_ARGUMENT text or None)."""
+    if not message.HasField("health"):
+        return None, None
+    try:
+        return report_of(message.health, where), None
+    except ValueError as e:
+        return None, str(e)
 
 
 class TrackerServicer(pb_grpc.TrackerServicer):
@@ -182,18 +194,24 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         if problem:
             log.warning("refused agent %r (key %s): %s", request.name, request.device_key, problem)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+        health, bad = _health(request, "Hello.health")
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         device = DeviceSpec.make(d.triple, d.cpu, d.features, d.cores, d.memory_bytes, d.agent_version, d.hostname,
                                  d.emulated, d.llvmlite_version)
         ready = asyncio.Event()
         try:
             agent_id = self.state.register_agent(request.name, request.device_key, device,
                                                  min(max(1, request.slots), 1024), wake=self._waker(ready),
-                                                 prefetch=request.prefetch)
+                                                 prefetch=request.prefetch, health=health)
         except st.TrackerError as e:
             await self._fail(context, e)
         try:
+            # the calibrations of this key on this host: what the agent judges its workers against
+            history = self.state.host_history(request.device_key, device.hostname)
             await context.write(pb.TrackerMessage(welcome=pb.Welcome(
-                agent_id=agent_id, heartbeat_seconds=self.heartbeat_seconds, protocol_version=PROTOCOL_VERSION)))
+                agent_id=agent_id, heartbeat_seconds=self.heartbeat_seconds, protocol_version=PROTOCOL_VERSION,
+                history=history)))
             while True:
                 ready.clear()  # before taking: a wake from now on is not lost
                 try:
@@ -209,8 +227,11 @@ class TrackerServicer(pb_grpc.TrackerServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context):
         await self._auth(context, AGENT)
+        health, bad = _health(request, "HeartbeatRequest.health")
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         try:
-            self.state.heartbeat(request.agent_id, request.holding)
+            self.state.heartbeat(request.agent_id, request.holding, health)
         except st.TrackerError as e:
             await self._fail(context, e)
         return pb.HeartbeatReply()
@@ -231,10 +252,13 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             bad = f"result of {r.request_id!r}: costs must be finite non-negative seconds"
         elif not _finite_nonneg(r.run_seconds):
             bad = f"result of {r.request_id!r}: run_seconds must be finite and non-negative"
+        elif not _finite_nonneg(r.slow_index):
+            bad = f"result of {r.request_id!r}: slow_index must be finite and non-negative"
         if bad:
             return grpc.StatusCode.INVALID_ARGUMENT, bad, False
         result = st.Result(r.request_id, list(r.costs), r.error_code, r.error_msg, r.run_seconds, r.agent,
-                           timing=r.timing if r.HasField("timing") else None, emulated=r.emulated)
+                           timing=r.timing if r.HasField("timing") else None, emulated=r.emulated,
+                           slow_window=r.slow_window, remeasured=r.remeasured, slow_index=r.slow_index)
         try:
             return grpc.StatusCode.OK, "", self.state.report_result(request.agent_id, result)
         except st.TrackerError as e:
@@ -411,10 +435,13 @@ class TrackerServicer(pb_grpc.TrackerServicer):
                                                 emulated=d.emulated, llvmlite_version=d.llvmlite_version),
                            slots=a.slots, in_flight=a.in_flight, completed=a.completed, failed=a.failed,
                            leases_lost=a.leases_lost, connected_seconds=a.connected_seconds,
-                           last_seen_seconds_ago=a.last_seen_seconds_ago, draining=a.draining)
+                           last_seen_seconds_ago=a.last_seen_seconds_ago, draining=a.draining,
+                           health=a.health.state, speed_index=a.health.speed_index or 0.0,
+                           slow_windows=a.health.slow_windows, remeasured=a.health.remeasured,
+                           replacements=a.health.replacements)
         for k in snap.keys:
             out.keys.add(device_key=k.device_key, agents=k.agents, queued=k.queued, in_flight=k.in_flight,
-                         completed=k.completed)
+                         completed=k.completed, degraded=k.degraded)
         return out
 
 

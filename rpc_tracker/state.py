@@ -42,6 +42,11 @@ Rules, in one place:
   got an agent are answered with a RUNNER_ERROR result.
 - Targets: if agents of the key are registered and none of them can run a request's target, the
   whole batch is refused (TargetNotRunnable) before anything is queued.
+- Health (health.py): an agent reports its state (healthy, slow, degraded, unknown) from its
+  measuring workers' calibrations when it registers and on heartbeats. A degraded agent is out of
+  its key's dispatch (what was leased to it and not yet pushed goes back to the queue) until a
+  report says it recovered; a slow one is handed work after the healthy ones. The calibrations it
+  reports are kept per device key and host (`host_history`), for the next agent there.
 - Emulation: a device key is served by emulated agents (qemu-user boards) or by native ones, never
   both at once: an agent of the other kind is refused at registration (EmulationMismatch), so the
   timings of one key's requests are all of one kind, and each result says which (`emulated`).
@@ -61,6 +66,7 @@ from typing import Any, Callable, Iterable
 
 from compiler.errors import TargetError
 
+from .health import DEGRADED, SLOW, HealthReport, HostHistories
 from .targets import DeviceSpec, TargetSpec, why_cannot_run
 
 log = logging.getLogger("rpc_tracker")
@@ -137,6 +143,9 @@ class Result:
     attempts: int = 0
     timing: Any = None             # the agent's measurement-protocol summary (pb.Timing), passed on as it is
     emulated: bool = False         # measured by an emulated agent
+    slow_window: bool = False      # timed in a window its closing calibration found slow (not re-taken)
+    remeasured: bool = False       # re-taken in a fresh worker after a slow window
+    slow_index: float = 0.0        # the speed index that found the window slow (0: neither)
 
 
 @dataclass
@@ -162,6 +171,7 @@ class AgentInfo:
     connected_seconds: float
     last_seen_seconds_ago: float
     draining: bool
+    health: HealthReport = field(default_factory=HealthReport)
 
 
 @dataclass
@@ -171,6 +181,7 @@ class KeyInfo:
     queued: int
     in_flight: int
     completed: int
+    degraded: int = 0              # agents of the key that get no work until they recover
 
 
 @dataclass
@@ -197,6 +208,7 @@ class _Agent:
         self.cond = cond
         self.wake: Callable[[], None] | None = wake
         self.gone_reason: str | None = None
+        self.health = HealthReport()               # as the agent last reported it (health.py)
         self._why_not: dict[TargetSpec, str | None] = {}  # target -> why_cannot_run, asked once per target
 
     def notify(self) -> None:
@@ -280,13 +292,16 @@ class TrackerState:
         self._completed: dict[str, int] = {}            # key -> requests answered
         self._keys_seen: set[str] = set()               # keys any agent ever registered under
         self._waiters: set[ResultWaiter] = set()
+        self._histories = HostHistories()               # (key, host) -> calibrations its agents reported
         self.closed = False
 
     # ------------------------------------------------------------------ agents
 
     def register_agent(self, name: str, device_key: str, device: DeviceSpec, slots: int = 1,
-                       wake: Callable[[], None] | None = None, prefetch: int = 0) -> str:
-        """A new agent connection; returns its agent id. Queued work of its key is dispatched to it.
+                       wake: Callable[[], None] | None = None, prefetch: int = 0,
+                       health: HealthReport | None = None) -> str:
+        """A new agent connection; returns its agent id. Queued work of its key is dispatched to it
+        (unless its `health` says it is degraded).
 
         `wake`, if given, is called (lock held) whenever the agent's stream has work or must end.
         `prefetch`: requests the agent accepts ahead of its slots (capped at MAX_PREFETCH).
@@ -302,6 +317,10 @@ class TrackerState:
             agent_id = f"a{next(self._agent_numbers)}-{uuid.uuid4().hex[:8]}"
             agent = _Agent(agent_id, name or agent_id, device_key, device, max(1, int(slots)), now,
                            threading.Condition(self._lock), wake, min(max(0, int(prefetch)), MAX_PREFETCH))
+            if health is not None:
+                agent.health = health
+                self._histories.add(device_key, device.hostname, health.calibrations)
+                health.calibrations = []
             self._agents[agent_id] = agent
             self._key_agents.setdefault(device_key, {})[agent_id] = agent
             self._refresh(agent)
@@ -316,11 +335,51 @@ class TrackerState:
         with self._lock:
             return self._remove_agent(agent_id, reason)
 
-    def heartbeat(self, agent_id: str, holding: Iterable[str] = ()) -> None:
+    def heartbeat(self, agent_id: str, holding: Iterable[str] = (), health: HealthReport | None = None) -> None:
         with self._lock:
             agent = self._agent(agent_id)
             agent.last_seen = self._clock()
             agent.reported_holding = tuple(holding)
+            if health is not None:
+                self._take_health(agent, health)
+
+    def host_history(self, device_key: str, host: str) -> list:
+        """The calibrations agents of `device_key` on `host` reported (payloads, oldest first)."""
+        with self._lock:
+            return self._histories.get(device_key, host)
+
+    def _take_health(self, agent: _Agent, health: HealthReport) -> None:
+        """An agent's new health report (lock held): its calibrations join its host's history; a
+        change into or out of degraded takes it out of dispatch or puts it back."""
+        self._histories.add(agent.device_key, agent.device.hostname, health.calibrations)
+        health.calibrations = []
+        before, agent.health = agent.health.state, health
+        if health.state == before:
+            return
+        index = f"{health.speed_index:.2f}" if health.speed_index else "not judged"
+        if health.state == DEGRADED:
+            log.warning("agent degraded: %s (%s) key=%s, speed index %s: it gets no work until it recovers",
+                        agent.name, agent.agent_id, agent.device_key, index)
+            self._take_back_unsent(agent)
+        elif before == DEGRADED:
+            log.info("agent recovered: %s (%s) key=%s is %s, speed index %s", agent.name, agent.agent_id,
+                     agent.device_key, health.state, index)
+        else:
+            log.info("agent %s (%s) key=%s is %s, speed index %s", agent.name, agent.agent_id, agent.device_key,
+                     health.state, index)
+        self._refresh(agent)
+        self._dispatch(agent.device_key)
+
+    def _take_back_unsent(self, agent: _Agent) -> None:
+        """What was leased to `agent` and not yet pushed down its stream goes back to the queue (lock
+        held): it never saw it, so no attempt is spent."""
+        while agent.outbox:
+            item = agent.outbox.pop()
+            req = agent.held.pop(item.request_id)
+            req.attempts -= 1
+            req.handed_to.discard(agent.agent_id)
+            req.holder = None
+            self._enqueue(req)
 
     def drain(self, agent_id: str) -> None:
         """The agent takes no more work; what it was handed but not yet sent goes back to the queue."""
@@ -333,13 +392,7 @@ class TrackerState:
             self._refresh(agent)
             log.info("agent draining: %s (%s) key=%s, %d in flight", agent.name, agent_id, agent.device_key,
                      len(agent.held))
-            while agent.outbox:  # not pushed yet: the agent never saw these, so no attempt is spent
-                item = agent.outbox.pop()
-                req = agent.held.pop(item.request_id)
-                req.attempts -= 1
-                req.handed_to.discard(agent_id)
-                req.holder = None
-                self._enqueue(req)
+            self._take_back_unsent(agent)
             self._dispatch(agent.device_key)
 
     def next_work(self, agent_id: str, timeout: float) -> list[WorkItem]:
@@ -521,14 +574,14 @@ class TrackerState:
         with self._lock:
             now = self._clock()
             agents = [AgentInfo(a.agent_id, a.name, a.device_key, a.device, a.slots, len(a.held), a.completed,
-                                a.failed, a.leases_lost, now - a.connected_at, now - a.last_seen, a.draining)
+                                a.failed, a.leases_lost, now - a.connected_at, now - a.last_seen, a.draining, a.health)
                       for a in sorted(self._agents.values(), key=lambda a: (a.device_key, a.name, a.agent_id))]
             keys = sorted(set(self._keys_seen) | set(self._queues) | set(self._completed))
             infos = []
             for k in keys:
                 mine = [a for a in self._agents.values() if a.device_key == k]
                 infos.append(KeyInfo(k, len(mine), self._queued.get(k, 0), sum(len(a.held) for a in mine),
-                                     self._completed.get(k, 0)))
+                                     self._completed.get(k, 0), sum(a.health.state == DEGRADED for a in mine)))
             return Snapshot(now - self._started, agents, infos)
 
     def agent_name(self, agent_id: str) -> str | None:
@@ -612,7 +665,7 @@ class TrackerState:
         """Keep `agent` in its key's `_room` exactly while it could take a request (after any change
         of its held requests, draining or registration)."""
         if not agent.draining and agent.gone_reason is None and len(agent.held) < agent.slots + agent.ahead \
-                and self._agents.get(agent.agent_id) is agent:
+                and agent.health.state != DEGRADED and self._agents.get(agent.agent_id) is agent:
             self._room.setdefault(agent.device_key, {})[agent.agent_id] = agent
         else:
             room = self._room.get(agent.device_key)
@@ -669,9 +722,10 @@ class TrackerState:
             while heap and self._live(heap[0]) is None:
                 heapq.heappop(heap)
             tried = self._live(heap[0]).handed_to if heap else ()
-            # a request that lost a lease goes to another agent when there is one; then the least
-            # loaded agent, then the one that has waited longest for work
-            free.sort(key=lambda a: (a.agent_id in tried, len(a.held) / a.slots, a.last_assigned))
+            # a request that lost a lease goes to another agent when there is one; then a healthy
+            # agent before a slow one; then the least loaded, then the one that has waited longest
+            free.sort(key=lambda a: (a.agent_id in tried, a.health.state == SLOW, len(a.held) / a.slots,
+                                     a.last_assigned))
             for agent in free:
                 req = self._take_for(key, agent)
                 if req is not None:
