@@ -91,6 +91,7 @@ class MeasureResult:
     emulated: bool = False           # timed under an instruction-set emulator (qemu-user board): never mixed with native
     slow_window: bool = False        # timed in a window whose closing calibration found the worker slow (not re-taken)
     remeasured: bool = False         # re-taken in a fresh worker after a slow window (device_agent/calibration.py)
+    slow_index: float | None = None  # with either: the speed index of the calibration that found the window slow
 
     @property
     def ok(self) -> bool:

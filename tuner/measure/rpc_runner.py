@@ -193,7 +193,9 @@ class RPCRunner(Runner):
                                            f"(tracker {self.tracker}, device key {self.device_key!r})",
                                  build_seconds=br.build_seconds, measured_by=self._unmeasured_by)
         as_dict = {"costs": list(answer.costs), "error_code": answer.error_code,
-                   "error_msg": answer.error_msg, "run_seconds": answer.run_seconds}
+                   "error_msg": answer.error_msg, "run_seconds": answer.run_seconds,
+                   # the agent's calibrations found the window slow: marked, or taken again (protocol 6)
+                   "slow_window": answer.slow_window, "remeasured": answer.remeasured, "slow_index": answer.slow_index}
         if answer.HasField("timing"):
             t = answer.timing
             as_dict["timing"] = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}

@@ -75,7 +75,8 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str, emulated:
     res = MeasureResult(costs=costs, error_code=code, error_msg=str(answer.get("error_msg", "")),
                         build_seconds=br.build_seconds, run_seconds=float(answer.get("run_seconds", 0.0)),
                         measured_by=measured_by, emulated=bool(emulated),
-                        slow_window=bool(answer.get("slow_window", False)), remeasured=bool(answer.get("remeasured", False)))
+                        slow_window=bool(answer.get("slow_window", False)), remeasured=bool(answer.get("remeasured", False)),
+                        slow_index=float(answer["slow_index"]) if answer.get("slow_index") else None)
     timing = answer.get("timing") if code == ErrorCode.NO_ERROR else None
     if timing:   # the measurement protocol's summary (an older agent sends none)
         res.take_timing(timing)
