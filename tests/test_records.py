@@ -24,6 +24,7 @@ from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.records import SQLRecordsStore, StoreError, codec, open_store
 from tuner.records import engine as engine_mod
 from tuner.records.models import VERSION_TABLE, Base, RecordRow
+from tuner.records.retakes import retaken_rows
 from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
@@ -74,7 +75,7 @@ def test_migration_creates_schema_and_is_idempotent(empty_db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0008"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0009"]
     engine.dispose()
 
 
@@ -89,7 +90,7 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine = sa.create_engine(url)
     with engine.begin() as conn:                  # as if written by the previous tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
-    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0008; run `tunefarm db upgrade"):
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0009; run `tunefarm db upgrade"):
         open_store(url)
     with engine.begin() as conn:                  # written by a newer tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))
@@ -263,7 +264,7 @@ def test_jsonl_round_trip_between_sqlite_and_postgresql(tmp_path, pg_database):
 
 RECORD_FIELDS = ("candidate_kind", "candidate", "fingerprint", "costs", "mean_cost", "error_code", "error_msg", "build_seconds",
                  "run_seconds", "measured_by", "emulated", "created_at", "min_cost", "cost_spread", "samples", "disturbed",
-                 "lost_fraction", "host_busy")
+                 "lost_fraction", "host_busy", "slow_window", "remeasured", "slow_index")
 
 
 def _record_columns(store) -> list[tuple]:
@@ -332,6 +333,87 @@ def test_malformed_import_changes_nothing(store, bad, why):
     with pytest.raises(StoreError, match=rf"line 4: .*{why}"):
         store.import_jsonl(io.StringIO(text))
     assert store.count() == before and export(store) == lines
+
+
+def marked(cost: float, slow_window: bool = False, remeasured: bool = False, index: float | None = None) -> MeasureResult:
+    """A result of a window a calibration found slow (device_agent/calibration.py): marked, or taken again."""
+    return MeasureResult(costs=[cost], median=cost, minimum=cost, spread=0.0, samples=1, measured_by="agent-9",
+                         slow_window=slow_window, remeasured=remeasured, slow_index=index)
+
+
+def test_slow_window_marks_travel_with_the_records(tmp_path, store):
+    """A record's slow-window marks are stored, exported only when set (an unmarked line is as
+    before), imported back by the bulk import, and a marked figure ranks after unmarked ones."""
+    store.add_records(TASK, [(cand(1), marked(1e-3, slow_window=True, index=0.41)),
+                             (cand(2), marked(2e-3, remeasured=True, index=0.55)),
+                             (cand(3), marked(3e-3)),
+                             (cand(4), marked(4e-3, index=0.9))])          # an index without a mark is not kept
+    lines = export(store)
+    results = [json.loads(line)["result"] for line in lines]
+    assert (results[0]["slow_window"], results[0]["slow_index"], "remeasured" in results[0]) == (True, 0.41, False)
+    assert (results[1]["remeasured"], results[1]["slow_index"], "slow_window" in results[1]) == (True, 0.55, False)
+    assert not {"slow_window", "remeasured", "slow_index"} & (set(results[2]) | set(results[3]))
+    assert lines == [codec.to_line(r) for r in store.history()]          # the API's export writes the same
+    got = store.history()
+    assert (got[0].result.slow_window, got[0].result.slow_index) == (True, 0.41)
+    assert (got[1].result.remeasured, got[1].result.slow_index, got[3].result.slow_index) == (True, 0.55, None)
+    assert [r.candidate for r in store.best(MATMUL.key, TARGET, k=4)] == [cand(2), cand(3), cand(4), cand(1)]
+    with SQLRecordsStore(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
+        assert copy.import_jsonl(io.StringIO("\n".join(lines))) == 4
+        assert _record_columns(copy) == _record_columns(store) and export(copy) == lines
+        assert [r.result.slow_window for r in codec_lines(lines)] == [True, False, False, False]
+
+
+def codec_lines(lines):
+    return [codec.from_line(line, n) for n, line in enumerate(lines, 1)]
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("slow_window", "yes", "result.slow_window must be bool"),
+    ("remeasured", 1, "result.remeasured must be bool"),
+    ("slow_index", -0.5, "result.slow_index must be finite and non-negative"),
+    ("slow_index", "low", "result.slow_index must be Real"),
+])
+def test_malformed_slow_window_marks_are_refused(store, field, value, why):
+    store.add_records(TASK, [(cand(1), marked(1e-3, slow_window=True, index=0.4))])
+    d = json.loads(export(store)[0])
+    d["workload_key"] = "f" * 32
+    d["result"][field] = value
+    with pytest.raises(StoreError, match=rf"line 1: .*{why}"):
+        store.import_jsonl(io.StringIO(json.dumps(d)))
+
+
+def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
+    """job_retakes groups a job's marked records by window (task, worker, the calibration's speed
+    index), newest first, counts them per task, and reads them through the partial index that
+    holds only marked records."""
+    other = Task(Workload("relu", {"shape": [64]}), TARGET, "local")
+    with SQLRecordsStore(db_url) as s:
+        job = s.submit_job([(TASK, 1.0, None), (other, 1.0, None)], {}, space="sketch", strategy="random",
+                           scheduler="round_robin", trials=8)
+        s.add_records(TASK, [(cand(1), marked(1e-3, remeasured=True, index=0.5)),
+                             (cand(2), marked(1e-3, remeasured=True, index=0.5)),
+                             (cand(3), marked(1e-3))], job_id=job)
+        s.add_records(other, [(cand(4), marked(1e-3, slow_window=True, index=0.3))], job_id=job)
+        s.add_records(TASK, [(cand(5), marked(1e-3, remeasured=True, index=0.6))])        # no job
+        got = s.job_retakes(job)
+        assert not got["capped"]
+        windows = got["windows"]
+        assert [(w["position"], w["kind"], w["count"], w["slow_index"]) for w in windows] == [
+            (1, "slow_window", 1, 0.3), (0, "remeasured", 2, 0.5)]
+        assert windows[0]["measured_by"] == "agent-9" and windows[1]["first_at"] <= windows[1]["last_at"]
+        assert got["tasks"] == {0: {"remeasured": 2, "slow_window": 0}, 1: {"remeasured": 0, "slow_window": 1}}
+        assert s.job_retakes(job, limit=1)["windows"] == windows[:1]
+        empty = s.submit_job([(TASK, 1.0, None)], {}, space="sketch", strategy="random", scheduler="round_robin", trials=1)
+        assert s.job_retakes(empty) == {"windows": [], "tasks": {}, "capped": False}
+        with s._session() as session:             # the plan: only the partial index's entries are read
+            postgres = session.bind.dialect.name == "postgresql"
+            if postgres:
+                session.execute(sa.text("SET LOCAL enable_seqscan = off"))   # a tiny table: make it show its choice
+            stmt = retaken_rows(job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
+            plan = " ".join(str(r) for r in session.execute(sa.text(
+                ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())
+        assert "ix_records_job_id_retaken" in plan, plan
 
 
 # ---------------------------------------------------------------------------------- opening

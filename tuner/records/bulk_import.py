@@ -37,7 +37,7 @@ WORK_MEM = "64MB"              # PostgreSQL's sort memory for an import's transa
 # the stage's columns as the loaders fill them; `id` holds the line number (the file's order)
 STAGED = ("id", "task_id", "candidate_kind", "candidate", "fingerprint", "costs", "mean_cost", "error_code", "error_msg",
           "build_seconds", "run_seconds", "measured_by", "emulated", "created_at", "min_cost", "cost_spread", "samples",
-          "disturbed", "lost_fraction", "host_busy")
+          "disturbed", "lost_fraction", "host_busy", "slow_window", "remeasured", "slow_index")
 # the records columns a stage row fills (job ids stay behind, see codec)
 MOVED = STAGED[1:]
 
@@ -47,7 +47,7 @@ def staged_row(line: str, lineno: int, workloads: dict) -> tuple:
     stage row in STAGED's order after task_id), with the values codec.record_values gives the
     same record: JSON columns as their text, the figure and the protocol's summary columns."""
     (key, _workload, target, device_key, kind, payload, costs, code, msg, build_s, run_s, measured_by, emulated,
-     timing, created_at) = checked_line(line, lineno, workloads)
+     timing, created_at, slow_window, remeasured, slow_index) = checked_line(line, lineno, workloads)
     cand = candidate_text(kind, payload)
     ok = code == ErrorCode.NO_ERROR
     if timing is not None:
@@ -63,7 +63,7 @@ def staged_row(line: str, lineno: int, workloads: dict) -> tuple:
             figure = None
     return (lineno, (key, target, device_key),
             (kind, cand, fingerprint_of(cand), json.dumps(costs), figure, code, msg, build_s, run_s, measured_by, emulated,
-             created_at) + summary)
+             created_at) + summary + (slow_window, remeasured, slow_index))
 
 
 def import_lines(s: Session, fileobj: IO[str], task_id: Callable) -> dict[int, int]:

@@ -8,7 +8,9 @@ alone; on import the definition must give the line's workload key. Job ids are l
 only mean something inside the database that made them.
 
 Format versions: 2 added `workload.definition`. A line without one is still written as version
-1, so an older tunefarm keeps importing the records it can use.
+1, so an older tunefarm keeps importing the records it can use. A result's slow-window marks
+(`slow_window`, `remeasured`, `slow_index`: device_agent/calibration.py) are written only when
+set, so an unmarked line reads as before; an older tunefarm ignores them.
 """
 
 from __future__ import annotations
@@ -57,9 +59,19 @@ def record_values(task_id: int, job_id: int | None, candidate: Candidate, result
         "measured_by": result.measured_by,
         "emulated": bool(result.emulated),
         "slow_window": bool(result.slow_window),
+        "remeasured": bool(result.remeasured),
+        "slow_index": slow_index_column(result),
         "created_at": created_at,
         **timing_values(result),
     }
+
+
+def slow_index_column(result: MeasureResult) -> float | None:
+    """records.slow_index: the speed index that found a marked or re-measured record's window slow."""
+    if not (result.slow_window or result.remeasured) or result.slow_index is None:
+        return None
+    index = float(result.slow_index)
+    return index if math.isfinite(index) else None
 
 
 def timing_values(result: MeasureResult) -> dict:
@@ -84,7 +96,7 @@ RECORD_COLUMNS = (RecordRow.id, RecordRow.task_id, RecordRow.job_id, RecordRow.c
                   RecordRow.measured_by, RecordRow.created_at, RecordRow.retimed_cost, RecordRow.fingerprint,
                   RecordRow.mean_cost, RecordRow.min_cost, RecordRow.cost_spread, RecordRow.samples,
                   RecordRow.disturbed, RecordRow.lost_fraction, RecordRow.host_busy, RecordRow.beats_default,
-                  RecordRow.emulated, RecordRow.slow_window)
+                  RecordRow.emulated, RecordRow.slow_window, RecordRow.remeasured, RecordRow.slow_index)
 
 
 # what a records page selects (the store's page reads with page_rows=True): RECORD_COLUMNS with the
@@ -119,11 +131,13 @@ def to_record(row, task: TaskInfo) -> Record:
     not joined into every row). The row is unpacked by position: a named attribute of a
     SQLAlchemy row costs a microsecond, a page of records reads hundreds of them."""
     (rid, _task_id, job_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, retimed,
-     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default, emulated, slow_window) = row
+     _fingerprint, figure, min_cost, spread, samples, disturbed, lost, busy, beats_default, emulated, slow_window,
+     remeasured, slow_index) = row
     result = MeasureResult(costs=list(costs), error_code=_error_code(code), error_msg=msg, build_seconds=build_s,
                            run_seconds=run_s, measured_by=measured_by, median=figure, minimum=min_cost, spread=spread,
                            samples=samples or 0, disturbed=bool(disturbed), lost_fraction=lost or 0.0, host_busy=busy or 0.0,
-                           emulated=bool(emulated), slow_window=bool(slow_window))
+                           emulated=bool(emulated), slow_window=bool(slow_window), remeasured=bool(remeasured),
+                           slow_index=slow_index)
     return Record(workload_key=task.workload_key, workload=task.workload, target=task.target, device_key=task.device_key,
                   candidate=Candidate(candidate["kind"], candidate["payload"]), result=result,
                   job_id=job_id, created_at=created_at, id=rid, retimed_cost=retimed, beats_default=beats_default)
@@ -133,9 +147,22 @@ def to_line(record: Record) -> str:
     r = record.result
     result = {"costs": r.costs, "error_code": int(r.error_code), "error_msg": r.error_msg,
               "build_seconds": r.build_seconds, "run_seconds": r.run_seconds, "measured_by": r.measured_by,
-              **({"timing": t} if (t := r.timing_summary()) else {}), **({"emulated": True} if r.emulated else {})}
+              **({"timing": t} if (t := r.timing_summary()) else {}), **({"emulated": True} if r.emulated else {}),
+              **slow_marks(r.slow_window, r.remeasured, slow_index_column(r))}
     tail = line_tail(record.workload_key, record.workload, record.target)
     return _line(record.candidate.to_json(), record.created_at, record.device_key, result, tail)
+
+
+def slow_marks(slow_window, remeasured, slow_index) -> dict:
+    """A line's result fields of the slow-window marks: only those that are set."""
+    marks: dict = {}
+    if remeasured:
+        marks["remeasured"] = True
+    if slow_index is not None and (slow_window or remeasured):
+        marks["slow_index"] = float(slow_index)
+    if slow_window:
+        marks["slow_window"] = True
+    return marks
 
 
 def line_tail(workload_key: str, workload: Workload, target: str) -> str:
@@ -153,7 +180,7 @@ EXPORT_COLUMNS = (RecordRow.id, RecordRow.task_id, cast(RecordRow.candidate, Tex
                   RecordRow.error_code, RecordRow.error_msg, RecordRow.build_seconds, RecordRow.run_seconds,
                   RecordRow.measured_by, RecordRow.created_at, RecordRow.mean_cost, RecordRow.min_cost,
                   RecordRow.cost_spread, RecordRow.samples, RecordRow.disturbed, RecordRow.lost_fraction,
-                  RecordRow.host_busy, RecordRow.emulated)
+                  RecordRow.host_busy, RecordRow.emulated, RecordRow.slow_window, RecordRow.remeasured, RecordRow.slow_index)
 
 
 def row_to_line(row, tail: str, device_key: str) -> str:
@@ -162,9 +189,14 @@ def row_to_line(row, tail: str, device_key: str) -> str:
     line_tail of the row's task. The result object is spelled out as json.dumps(sort_keys=True)
     writes MeasureResult's fields (a test holds the two equal)."""
     (_rid, _task_id, candidate, costs, code, msg, build_s, run_s, measured_by, created_at, figure, min_cost, spread,
-     samples, disturbed, lost, busy, emulated) = row
+     samples, disturbed, lost, busy, emulated, slow_window, remeasured, slow_index) = row
+    marked = ""
+    if slow_window or remeasured:    # keys in sorted order, between run_seconds and timing
+        marked = "".join(f', "{k}": {"true" if v is True else _number(v)}'
+                         for k, v in slow_marks(slow_window, remeasured, slow_index).items() if k != "remeasured")
     result = (f'{{"build_seconds": {_number(build_s)}, "costs": {costs}, {_EMULATED if emulated else ""}"error_code": {code}, '
-              f'"error_msg": {json.dumps(msg)}, "measured_by": {json.dumps(measured_by)}, "run_seconds": {_number(run_s)}')
+              f'"error_msg": {json.dumps(msg)}, "measured_by": {json.dumps(measured_by)}, '
+              f'{_REMEASURED if remeasured else ""}"run_seconds": {_number(run_s)}{marked}')
     if code == ErrorCode.NO_ERROR and figure is not None and min_cost is not None:   # MeasureResult.timing_summary
         result += (f', "timing": {{"count": {int(samples or 0)}, "disturbed": {"true" if disturbed else "false"}, '
                    f'"host_busy": {_number(busy or 0.0)}, "lost_fraction": {_number(lost or 0.0)}, '
@@ -174,6 +206,7 @@ def row_to_line(row, tail: str, device_key: str) -> str:
 
 
 _EMULATED = '"emulated": true, '
+_REMEASURED = '"remeasured": true, '
 
 
 def _number(x) -> str:
@@ -200,9 +233,10 @@ TIMING_TYPES = {"median": Real, "min": Real, "spread": Real, "count": int, "dist
 def from_line(line: str, lineno: int) -> Record:
     """Parse and check one JSON line; any problem is a StoreError naming the line."""
     (key, workload, target, device_key, kind, payload, costs, code, msg, build_s, run_s, measured_by, emulated,
-     timing, created_at) = checked_line(line, lineno)
+     timing, created_at, slow_window, remeasured, slow_index) = checked_line(line, lineno)
     result = MeasureResult(costs=costs, error_code=ErrorCode(code), error_msg=msg, build_seconds=build_s,
-                           run_seconds=run_s, measured_by=measured_by, emulated=emulated)
+                           run_seconds=run_s, measured_by=measured_by, emulated=emulated, slow_window=slow_window,
+                           remeasured=remeasured, slow_index=slow_index)
     if timing is not None:
         result.take_timing(timing)
     return Record(workload_key=key, workload=workload, target=target, device_key=device_key,
@@ -212,7 +246,8 @@ def from_line(line: str, lineno: int) -> Record:
 def checked_line(line: str, lineno: int, workloads: dict | None = None) -> tuple:
     """The checked fields of one JSON line, in from_line's order: (workload key, Workload, target,
     device key, candidate kind, candidate payload, costs, error code, error message, build seconds,
-    run seconds, measured by, emulated, timing summary or None, created at). The one check of the
+    run seconds, measured by, emulated, timing summary or None, created at, slow window, re-measured,
+    slow index or None). The one check of the
     format, shared by from_line and the bulk import (which builds rows, not Records); any problem is
     a StoreError naming the line.
 
@@ -297,4 +332,18 @@ def _checked(d, workloads: dict | None) -> tuple:
             float(_check(res.get("build_seconds", 0.0), Real, "result.build_seconds")),
             float(_check(res.get("run_seconds", 0.0), Real, "result.run_seconds")),
             _check(res.get("measured_by", "unknown"), str, "result.measured_by"),
-            _check(res.get("emulated", False), bool, "result.emulated"), timing, created_at)
+            _check(res.get("emulated", False), bool, "result.emulated"), timing, created_at, *_checked_marks(res))
+
+
+def _checked_marks(res: dict) -> tuple:
+    """(slow_window, remeasured, slow_index or None) of a line's result (absent: unmarked)."""
+    slow_window = _check(res.get("slow_window", False), bool, "result.slow_window")
+    remeasured = _check(res.get("remeasured", False), bool, "result.remeasured")
+    index = res.get("slow_index")
+    if index is not None:
+        index = float(_check(index, Real, "result.slow_index"))
+        if not (math.isfinite(index) and index >= 0):
+            raise ValueError(f"result.slow_index must be finite and non-negative, got {index}")
+        if not (slow_window or remeasured):
+            index = None
+    return slow_window, remeasured, index

@@ -179,6 +179,10 @@ class TokenRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+# the records a job page's "re-taken measurements" read (ix_records_job_id_retaken's predicate)
+RETAKEN = "job_id IS NOT NULL AND (remeasured OR slow_window)"
+
+
 class RecordRow(Base):
     """One measured candidate. `mean_cost` is the record's figure in seconds: the measurement
     protocol's median (compiler/timing.py; records from before it hold the mean of their
@@ -197,6 +201,10 @@ class RecordRow(Base):
         # a job's records; records outside a job (imported, measured by a plain run) are not indexed
         Index("ix_records_job_id", "job_id", postgresql_where=text("job_id IS NOT NULL"),
               sqlite_where=text("job_id IS NOT NULL")),
+        # a job's records taken again after a slow window, or marked (migration 0009): the few a job
+        # page lists on every poll
+        Index("ix_records_job_id_retaken", "job_id", "id", postgresql_where=text(RETAKEN),
+              sqlite_where=text(RETAKEN)),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
@@ -232,6 +240,10 @@ class RecordRow(Base):
     # timed in a window whose closing calibration found the measuring worker slow, and no healthy
     # worker could measure it again (device_agent/calibration.py): ranked after every unmarked record
     slow_window: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
+    # measured again in a fresh worker after its first worker's window calibrated slow (the figure is
+    # the fresh worker's); with either mark, the speed index of the calibration that found it slow
+    remeasured: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
+    slow_index: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class CalibrationRow(Base):

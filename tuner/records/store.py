@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..candidate import Candidate, MeasureResult
 from ..workload import Task, Workload
-from . import codec
+from . import codec, retakes
 from .bulk_import import import_lines
 from .dialect import insert_ignore, upsert
 from .engine import first_line, open_engine, resolve_url, shown
@@ -607,6 +607,12 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
     # What the web dashboard (tuner.service.dashboard) reads through the API: a job's measurements
     # for its charts, records in other orders than newest first, and the best record of every task.
     # Each is one bounded statement on indexed columns (or one per page), like the reads above.
+
+    def job_retakes(self, job_id: int, limit: int = 200) -> dict:
+        """The job's measurements taken again after a slow window, or marked: grouped by window,
+        newest first, and counted per task (tuner.records.retakes.job_retakes says what it holds)."""
+        with self._session() as s:
+            return retakes.job_retakes(s, job_id, limit)
 
     def job_measurements(self, job_id: int, after_id: int | None = None, limit: int = 1000) -> tuple[datetime, list[dict]]:
         """(the job's creation time, its records oldest first with ids above `after_id`), each a
