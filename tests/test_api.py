@@ -288,6 +288,35 @@ def test_record_pages_with_cursors_over_more_than_500(env):
     assert env.get("/api/v1/records", params={"job_id": 1}).json()["items"] == []
 
 
+def test_a_jobs_view_says_when_and_why_its_measurements_were_retaken(env):
+    """A job's own view lists the windows of its measurements that a measuring worker's closing
+    calibration found slow (re-measured in a fresh worker, or kept but marked), newest first, with
+    the speed index and the reason in words, and counts them per task; lists leave them out."""
+    job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
+    task = env.store.get_job(job_id).tasks[0].task
+
+    def slow(i, **marks):
+        return cand(i), MeasureResult(costs=[1e-3], median=1e-3, minimum=1e-3, spread=0.0, samples=1,
+                                      measured_by="agent-7", **marks)
+    assert env.get(f"/api/v1/jobs/{job_id}").json()["retaken"] == []
+    env.store.add_records(task, [slow(1, remeasured=True, slow_index=0.52), slow(2, remeasured=True, slow_index=0.52),
+                                 slow(3)], job_id=job_id)
+    env.store.add_records(task, [slow(4, slow_window=True, slow_index=0.31)], job_id=job_id)
+    job = env.get(f"/api/v1/jobs/{job_id}").json()
+    marked, again = job["retaken"]
+    assert (marked["kind"], marked["count"], marked["slow_index"], marked["measured_by"], marked["position"]) == (
+        "slow_window", 1, 0.31, "agent-7", 0)
+    assert "0.31 of this device's usual speed" in marked["reason"] and "marked" in marked["reason"]
+    assert (again["kind"], again["count"], again["slow_index"]) == ("remeasured", 2, 0.52)
+    assert "measured again in a fresh worker process" in again["reason"] and again["first_at"] <= again["last_at"]
+    assert (job["tasks"][0]["remeasured"], job["tasks"][0]["slow_window"], job["retaken_capped"]) == (2, 1, False)
+    listed = env.get("/api/v1/jobs").json()["items"][0]
+    assert listed["retaken"] is None and listed["tasks"][0]["remeasured"] == 0
+    records = env.get("/api/v1/records", params={"job_id": job_id}).json()["items"]
+    assert [(r["result"]["slow_window"], r["result"]["remeasured"], r["result"]["slow_index"]) for r in records] == [
+        (True, False, 0.31), (False, False, None), (False, True, 0.52), (False, True, 0.52)]
+
+
 def test_get_record_and_records_of_a_job(env):
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
     (rid,) = env.store.add_records(TASK, [(cand(1), ok(2e-3))], job_id=job_id)
@@ -412,7 +441,8 @@ def test_farm_from_the_store_and_an_unreachable_tracker(env, tmp_path):
     farm = env.get("/api/v1/farm").json()
     assert farm["source"] == "store" and [a["name"] for a in farm["agents"]] == ["agent-a", "agent-b"]
     assert farm["agents"][0]["info"] == {"cpu": "znver4", "cores": 2} and farm["agents"][0]["last_seen_seconds_ago"] >= 0
-    assert farm["keys"] == [{"device_key": "x86-avx512", "agents": 2, "queued": None, "in_flight": None, "completed": None}]
+    assert farm["keys"] == [{"device_key": "x86-avx512", "agents": 2, "queued": None, "in_flight": None, "completed": None,
+                             "degraded": None}]
     with socket.socket() as s:          # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -576,7 +606,8 @@ def test_a_records_page_is_the_json_its_models_would_be(db_url):
     candidate as the database holds it), not from Records and their models: the page validates
     as a RecordPage (the schema in the OpenAPI document) and is the JSON the same records' models
     give, on SQLite and PostgreSQL, for a timed, a failed (unknown code too), an emulated, a
-    re-measured and a DAG workload's record, in each order and with each order's cursors."""
+    re-measured (at the end of a run, and after a slow window), a slow-window and a DAG workload's
+    record, in each order and with each order's cursors."""
     from tuner.records import open_store
     from tuner.service.api.record_page import record_page_response
     from tuner.service.api.schemas import RecordOut, RecordPage
@@ -591,6 +622,9 @@ def test_a_records_page_is_the_json_its_models_would_be(db_url):
         store.add_records(Task(relu, "llvm", "local"), [(Candidate("config", {"t": [1, 2], "s": 'é"q'}), timed)])
         store.add_records(Task(relu, "llvm", "board"), [(Candidate("trace", {"s": "x"}), wrong)])
         store.add_records(Task(relu, "llvm", "local"), [(Candidate("config", {}), MeasureResult(costs=[], error_code=77))])
+        store.add_records(Task(relu, "llvm", "local"), [   # timed in a slow window: marked, or taken again
+            (Candidate("config", {"slow": 1}), MeasureResult(costs=[3e-3], slow_window=True, slow_index=0.41)),
+            (Candidate("config", {"slow": 2}), MeasureResult(costs=[3e-3], remeasured=True, slow_index=0.6))])
         dag_task, dag_default = Task(dag, "llvm -mcpu=x", "pi"), default_candidate(dag.key)
         store.add_records(dag_task, [(dag_default, MeasureResult(costs=[2e-3, 3e-3], emulated=True))])
         assert store.set_retimed(dag_task, {dag_default.fingerprint: 1.9e-3}, beats_default={dag_default.fingerprint: True}) == 1

@@ -59,7 +59,7 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     app.state.token_touches = TokenTouches()
     app.state.token_cache = TokenCache()
     app.state.lowering = Lowering()
-    app.state.metrics = ApiMetrics(lambda: app.state.store)
+    app.state.metrics = ApiMetrics(lambda: app.state.store, tracker=tracker, tracker_token=tracker_token)
     errors.install(app)
 
     shared = responses(401, 403, 503)       # every /api/v1 route: token checks and the database

@@ -7,7 +7,8 @@ measurements is read from the database when scraped, with bounded queries on ind
 (jobs grouped by state on ix_jobs_state_id; the last minute's measurements by walking the newest
 records backwards by primary key, capped), and cached for a few seconds so many scrapers cost
 no more than one. If the database does not answer, the scrape still succeeds, with
-tunefarm_store_up 0 and the request metrics.
+tunefarm_store_up 0 and the request metrics. With a tracker, each agent's speed index and health
+state too (farm_metrics.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...candidate import ErrorCode
 from ...records.values import JobState, StoreError
+from .farm_metrics import FarmCollector
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"   # prometheus_client's multiprocess switch (tuner.service.api_processes)
 WINDOW_S = 60.0
@@ -93,7 +95,7 @@ class StoreCollector:
 class ApiMetrics:
     """The app's own registry (two apps in one process, as in tests, do not share series)."""
 
-    def __init__(self, store_of):
+    def __init__(self, store_of, tracker: str | None = None, tracker_token: str | None = None):
         self.registry = CollectorRegistry()
         # served by several processes (tuner.service.api_processes): each writes its latencies to a
         # file of the shared directory, and a scrape sums them
@@ -104,6 +106,8 @@ class ApiMetrics:
         if shared:
             MultiProcessCollector(self.registry, path=shared)
         self.registry.register(StoreCollector(store_of))
+        if tracker:   # the farm's agents: speed index and health (farm_metrics)
+            self.registry.register(FarmCollector(tracker, tracker_token))
         self._templates: dict[int, str] = {}
         self._static: set[str] = set()
 

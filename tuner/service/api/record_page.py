@@ -56,7 +56,10 @@ def _item(page_row: PageRow) -> str:
     result = (f'{{"costs":{costs},"mean_cost":{_number(mean)},"error_code":{int(code)},'
               f'"error_name":{json.dumps(error_name(int(code)))},"error_msg":{json.dumps(msg)},'
               f'"build_seconds":{_number(build_s)},"run_seconds":{_number(run_s)},'
-              f'"measured_by":{json.dumps(measured_by)},"emulated":{"true" if row[21] else "false"}}}')   # [21]: emulated
+              f'"measured_by":{json.dumps(measured_by)},"emulated":{"true" if row[21] else "false"},'   # [21]: emulated
+              # [22], [23], [24]: slow_window, remeasured, slow_index
+              f'"slow_window":{"true" if row[22] else "false"},"remeasured":{"true" if row[23] else "false"},'
+              f'"slow_index":{_number(row[24]) if row[22] or row[23] else "null"}}}')
     return (f'{{"id":{int(rid)},{_task_part(page_row.task)},"job_id":{"null" if job_id is None else int(job_id)},'
             f'"candidate":{candidate},"result":{result},"retimed_cost":{_number(retimed)},"cost":{_number(cost)},'
             f'"created_at":"{utc_text(created_at)}"}}')

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from device_agent.calibration import SLOW_RATIO
+
 from ...candidate import ErrorCode
 from ...records.values import Agent, Job, JobEvent, JobState, JobTask, Record
 
@@ -88,15 +90,50 @@ class JobTaskOut(BaseModel):
     disturbed_fraction: float = Field(0.0, ge=0, le=1, description="share of those timings that other processes on the "
                                       "host disturbed even after retries (0 on a quiet machine): figures measured on a "
                                       "busy machine")
+    remeasured: int = Field(0, description="records of this task measured again in a fresh worker after a slow window "
+                            "(in a job's own view; 0 in lists)")
+    slow_window: int = Field(0, description="records of this task kept but marked: timed in a slow window no healthy "
+                             "worker could take again (in a job's own view; 0 in lists)")
 
     @classmethod
-    def of(cls, t: JobTask) -> JobTaskOut:
+    def of(cls, t: JobTask, retaken: dict | None = None) -> JobTaskOut:
+        counts = (retaken or {}).get(t.position) or {}
         return cls(position=t.position, workload=workload_ref(t.workload_key, t.task.workload), target=t.task.target,
                    device_key=t.task.device_key, weight=t.weight, flops=t.flops, trials=t.trials, batches=t.batches,
                    errors=t.errors,
                    best_cost=t.best_cost, best_gflops=t.best_gflops, best_record_id=t.best_record_id,
                    baseline_cost=t.baseline_cost, speedup=t.speedup, timings=t.timings,
-                   disturbed_fraction=t.disturbed_fraction)
+                   disturbed_fraction=t.disturbed_fraction, remeasured=counts.get("remeasured", 0),
+                   slow_window=counts.get("slow_window", 0))
+
+
+class RetakenOut(BaseModel):
+    """One window of a job's measurements that the measuring worker's closing calibration found
+    slow: its records measured again in a fresh worker, or (no healthy worker to be had) kept but
+    marked and ranked after every unmarked record."""
+
+    position: int | None = Field(default=None, description="the task's position in the job")
+    measured_by: str = Field(description="the agent (or 'local') whose worker was slow")
+    kind: Literal["remeasured", "slow_window"]
+    count: int = Field(description="records of the window")
+    slow_index: Num = Field(default=None, description="the calibration's speed index: the share of the device's usual "
+                            "speed it ran at (below 0.8 is slow)")
+    first_at: datetime
+    last_at: datetime
+    reason: str = Field(description="what happened and why, in words")
+
+    @classmethod
+    def of(cls, w: dict) -> RetakenOut:
+        index = w.get("slow_index")
+        speed = f"at {index:.2f} of this device's usual speed" if index is not None else "slow"
+        if w["kind"] == "remeasured":
+            reason = (f"the measuring worker calibrated {speed} after this window (slow: below {SLOW_RATIO:g}); "
+                      f"the window was measured again in a fresh worker process")
+        else:
+            reason = (f"the measuring worker calibrated {speed} after this window, and fresh workers were slow too "
+                      f"(the device is degraded): the figures are kept but marked, and rank after every unmarked one")
+        return cls(position=w.get("position"), measured_by=w["measured_by"], kind=w["kind"], count=w["count"],
+                   slow_index=finite(index), first_at=w["first_at"], last_at=w["last_at"], reason=reason)
 
 
 class CurvePoint(BaseModel):
@@ -190,18 +227,27 @@ class JobOut(BaseModel):
     errors: int = Field(description="how many of its stored measurements failed")
     model: ModelJobOut | None = Field(default=None, description="a model job's model, allocation and estimated "
                                                                 "latency (null for other jobs)")
+    retaken: list[RetakenOut] | None = Field(default=None, description="when the job's measurements were re-taken (or "
+                                             "marked) and why, newest window first (in a job's own view; null in lists)")
+    retaken_capped: bool = Field(default=False, description="the job has more marked records than the view reads: "
+                                 "`retaken` lists its newest windows only")
 
     @classmethod
-    def of(cls, job: Job, with_spec: bool = True, curve: list[JobEvent] | None = None) -> JobOut:
+    def of(cls, job: Job, with_spec: bool = True, curve: list[JobEvent] | None = None,
+           retaken: dict | None = None) -> JobOut:
+        """`retaken`: the store's job_retakes (a job's own view)."""
         progress = min(1.0, job.trials_done / job.trials) if job.trials > 0 else 0.0
+        per_task = retaken["tasks"] if retaken else None
         return cls(id=job.id, name=job.name, state=JobState(job.state).value, target=job.target, device_key=job.device_key,
                    space=job.space, strategy=job.strategy, scheduler=job.scheduler, priority=job.priority,
                    trials=job.trials, trials_done=job.trials_done, progress=progress, attempts=job.attempts,
                    error=job.error, lease_owner=job.lease_owner, lease_expires_at=job.lease_expires_at,
                    created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
                    finished_at=job.finished_at, heartbeat_at=job.heartbeat_at,
-                   tasks=[JobTaskOut.of(t) for t in job.tasks], spec=job.spec if with_spec else None, errors=job.errors,
-                   model=ModelJobOut.of(job, curve))
+                   tasks=[JobTaskOut.of(t, per_task) for t in job.tasks], spec=job.spec if with_spec else None,
+                   errors=job.errors, model=ModelJobOut.of(job, curve),
+                   retaken=[RetakenOut.of(w) for w in retaken["windows"]] if retaken else None,
+                   retaken_capped=bool(retaken and retaken["capped"]))
 
 
 class JobPage(BaseModel):
@@ -244,6 +290,13 @@ class ResultOut(BaseModel):
     measured_by: str
     emulated: bool = Field(default=False, description="timed by an agent that runs emulated (an aarch64 board under "
                            "qemu-user): the emulator's speed, not the device's; never compared with native timings")
+    slow_window: bool = Field(default=False, description="timed in a window whose closing calibration found the measuring "
+                              "worker slow, and no healthy worker could take it again: kept, but ranked after every "
+                              "unmarked record")
+    remeasured: bool = Field(default=False, description="measured again in a fresh worker after its first worker's "
+                             "window calibrated slow (the figure is the fresh worker's)")
+    slow_index: Num = Field(default=None, description="with slow_window or remeasured: the speed index (share of the "
+                            "device's usual speed) of the calibration that found the window slow")
 
 
 _ERROR_NAMES = {int(c): c.name for c in ErrorCode}
@@ -289,7 +342,9 @@ def record_json(r: Record) -> dict:
             "result": {"costs": [finite(c) for c in res.costs], "mean_cost": finite(res.mean_cost) if ok else None,
                        "error_code": code, "error_name": error_name(code), "error_msg": res.error_msg,
                        "build_seconds": finite(res.build_seconds), "run_seconds": finite(res.run_seconds),
-                       "measured_by": res.measured_by, "emulated": bool(res.emulated)},
+                       "measured_by": res.measured_by, "emulated": bool(res.emulated),
+                       "slow_window": bool(res.slow_window), "remeasured": bool(res.remeasured),
+                       "slow_index": finite(res.slow_index) if res.slow_window or res.remeasured else None},
             "retimed_cost": finite(r.retimed_cost), "cost": finite(r.cost) if ok else None,
             "created_at": utc_text(r.created_at)}
 
@@ -444,6 +499,14 @@ class FarmAgentOut(BaseModel):
     failed: int | None = None
     leases_lost: int | None = None
     draining: bool | None = None
+    health: Literal["healthy", "slow", "degraded", "unknown"] | None = Field(
+        default=None, description="from the agent's measuring workers' calibrations (tracker only): degraded agents get "
+        "no work until a calibration shows they recovered; unknown: nothing judged yet, or an agent that does not calibrate")
+    speed_index: Num = Field(default=None, description="its latest calibration against its host's usual speeds (1.0: as "
+                             "fast as usual; below 0.8: slow); null before anything was judged")
+    slow_windows: int | None = Field(default=None, description="windows whose closing calibration found its worker slow")
+    remeasured: int | None = Field(default=None, description="requests it measured again in a fresh worker")
+    replacements: int | None = Field(default=None, description="measuring workers it replaced for being slow")
 
     @classmethod
     def of_store(cls, a: Agent, now: datetime) -> FarmAgentOut:
@@ -457,6 +520,7 @@ class FarmKeyOut(BaseModel):
     queued: int | None = Field(default=None, description="requests waiting (tracker only)")
     in_flight: int | None = None
     completed: int | None = None
+    degraded: int | None = Field(default=None, description="agents of the key that get no work until they recover (tracker only)")
 
 
 class FarmOut(BaseModel):

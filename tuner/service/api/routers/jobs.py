@@ -61,13 +61,15 @@ def list_jobs(store: Store,
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(auth.read)], responses=responses(404, 422),
-            summary="A job: state, progress, best so far per task, baseline, errors, timings")
+            summary="A job: state, progress, best so far per task, baseline, errors, timings, re-taken measurements")
 def get_job(job_id: JobId, store: Store) -> Response:
     """A model job (POST /jobs/model) also has `model`: its tasks' allocation and the estimated
-    end-to-end latency curve (the job's "estimate" events)."""
+    end-to-end latency curve (the job's "estimate" events). `retaken` lists the windows of its
+    measurements that a measuring worker's calibration found slow: when, on which agent, at what
+    speed, and whether they were measured again in a fresh worker or kept but marked."""
     job = store.get_job(job_id)
     curve = store.job_events(job_id, kind="estimate", limit=MAX_PAGE) if (job.spec or {}).get("model") else None
-    return json_response(JobOut.of(job, curve=curve))
+    return json_response(JobOut.of(job, curve=curve, retaken=store.job_retakes(job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
