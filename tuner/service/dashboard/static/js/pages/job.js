@@ -1,6 +1,9 @@
 // #/jobs/12: one job, live (a model job also shows its model, latency curve and allocation). Every 2 s: the job (state, per-task progress), its new events
 // (`after=`) and its new measurements (`after=`), so a poll costs the same at the end of a long
-// job as at its start; the charts get the appended points without a reload.
+// job as at its start; the charts get the appended points without a reload. "Re-taken
+// measurements" lists the windows a measuring worker's calibration found slow (the job API's
+// `retaken`): when, on which agent, at what speed, and whether they were measured again in a fresh
+// worker or kept but marked (ranked after every unmarked figure).
 
 import { api } from "../api.js";
 import { Chart, jobConvergence } from "../chart.js";
@@ -30,6 +33,12 @@ export async function render(main, { match }, ctx) {
     caption: "Trials and batches are the scheduler's allocation so far; a row opens the task's best record.",
   });
   const events = dataTable(eventColumns(), [], { label: "Events of the job", key: (e) => e.id, empty: "No events yet." });
+  const retaken = dataTable(retakenColumns(), [], {
+    label: "Re-taken measurements", key: (w) => `${w.position}/${w.measured_by}/${w.kind}/${w.slow_index}/${w.first_at}`,
+    empty: "None: every measuring worker calibrated at its device's usual speed.",
+    caption: "Windows of measurements whose measuring worker calibrated slow afterwards (below 0.8 of its device's usual speed).",
+  });
+  const retakenNote = h("p", { class: "muted" });
   const errorsLine = h("p", { class: "muted" });
   const modelPart = h("div");       // a model job's model, latency curve and allocation (model_section.js)
   let model = null;
@@ -37,6 +46,7 @@ export async function render(main, { match }, ctx) {
   main.append(heading, status, actions, facts, modelPart,
     h("section", { "aria-labelledby": "conv-h" }, h("h2", { id: "conv-h" }, "Convergence"), h("div", { class: "charts" }, byTrials.el, byTime.el), errorsLine),
     h("section", { "aria-labelledby": "tasks-h" }, h("h2", { id: "tasks-h" }, "Tasks"), tasks.el),
+    h("section", { "aria-labelledby": "retaken-h" }, h("h2", { id: "retaken-h" }, "Re-taken measurements"), retakenNote, retaken.el),
     h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"), events.el));
 
   let job = null;
@@ -115,6 +125,9 @@ export async function render(main, { match }, ctx) {
     }
     const total = job.tasks.reduce((a, x) => a + x.trials, 0);
     tasks.update(job.tasks.map((x) => ({ ...x, share: total ? x.trials / total : null })));
+    const windows = job.retaken || [];
+    retaken.update(windows);
+    replace(retakenNote, retakenText(windows, job.retaken_capped));
   }
 
   function drawCharts() {
@@ -168,7 +181,32 @@ function taskColumns() {
     { label: "Default GFLOPS", num: true, render: (t) => (t.flops && t.baseline_cost ? fmtGflops(t.flops / t.baseline_cost / 1e9) : "—") },
     { label: "Speed-up", num: true, render: (t) => fmtSpeedup(t.speedup) },
     { label: "Disturbed", num: true, render: (t) => (t.timings ? `${fmt(100 * (t.disturbed_fraction || 0), 0)} %` : "—") },
+    { label: "Re-measured", num: true, render: (t) => String(t.remeasured || 0) },
+    { label: "Marked slow", num: true, render: (t) => String(t.slow_window || 0) },
     { label: "Best record", num: true, render: (t) => (t.best_record_id ? String(t.best_record_id) : "—") },
+  ];
+}
+
+// the re-taken windows in one sentence: how many records were measured again, how many kept marked
+function retakenText(windows, capped) {
+  if (!windows.length) return "";
+  const again = windows.filter((w) => w.kind === "remeasured").reduce((a, w) => a + w.count, 0);
+  const marked = windows.filter((w) => w.kind === "slow_window").reduce((a, w) => a + w.count, 0);
+  const parts = [];
+  if (again) parts.push(`${again} measurement${again === 1 ? " was" : "s were"} taken again in a fresh worker`);
+  if (marked) parts.push(`${marked} ${marked === 1 ? "is" : "are"} kept but marked slow (ranked after every unmarked one)`);
+  return `${parts.join("; ")}.${capped ? " Only the newest windows are listed." : ""}`;
+}
+
+function retakenColumns() {
+  return [
+    { label: "Time", render: (w) => fmtTime(w.last_at) },
+    { label: "Task", num: true, render: (w) => (w.position === null || w.position === undefined ? "—" : String(w.position)) },
+    { label: "Agent", render: (w) => w.measured_by },
+    { label: "What", render: (w) => (w.kind === "remeasured" ? "measured again" : "marked slow") },
+    { label: "Records", num: true, render: (w) => String(w.count) },
+    { label: "Speed index", num: true, render: (w) => (w.slow_index === null ? "—" : fmt(w.slow_index, 2)) },
+    { label: "Why", cls: "wrap", render: (w) => w.reason },
   ];
 }
 
