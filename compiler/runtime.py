@@ -88,12 +88,30 @@ def initialize() -> None:
     runtime_libraries()
 
 
-def compile_module(module, target: Target, opt_level: int = 3) -> bytes:
-    """LLVM IR module → optimized native object file bytes for `target`."""
+_compiling = threading.local()   # a compiling thread's own LLVM context and target machines
+
+
+def _thread_llvm(target: Target) -> tuple:
+    """(LLVM context, target machine) of the calling thread: LLVM objects are not shared across
+    threads, so kernels compile on several threads at once (compiler.graph builds a model's
+    kernels on a thread of their own while it lowers the next ones)."""
     llvm = llvm_binding()
-    mod = llvm.parse_assembly(str(module))
+    if not hasattr(_compiling, "context"):
+        _compiling.context = llvm.create_context()
+        _compiling.machines = {}
+    tm = _compiling.machines.get(str(target))
+    if tm is None:
+        tm = _compiling.machines[str(target)] = target.new_target_machine()
+    return _compiling.context, tm
+
+
+def compile_module(module, target: Target, opt_level: int = 3) -> bytes:
+    """LLVM IR module (or its text) → optimized native object file bytes for `target`; callable
+    from any thread."""
+    llvm = llvm_binding()
+    context, tm = _thread_llvm(target)
+    mod = llvm.parse_assembly(module if isinstance(module, str) else str(module), context)
     mod.triple = target.triple
-    tm = target.target_machine()
     mod.data_layout = str(tm.target_data)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
@@ -345,21 +363,44 @@ def load_kernel(data: bytes) -> Kernel:
     return Kernel(header["name"], obj, args, target, header.get("source", ""), header.get("checks", []))
 
 
+@dataclass
+class LoweredKernel:
+    """A kernel up to its LLVM IR text: what `build` does in Python, before LLVM compiles it
+    (`compile_lowered`, which may run on another thread)."""
+
+    name: str
+    ir_text: str
+    args: list       # ArgSpec
+    target: Target
+    source: str      # the lowered loop IR
+    checks: list
+
+    def compile(self) -> Kernel:
+        return Kernel(self.name, compile_module(self.ir_text, self.target), self.args, self.target, self.source,
+                      self.checks)
+
+
+def lower_kernel(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True) -> LoweredKernel:
+    """Lower `schedule` and generate its LLVM IR (build's first half)."""
+    target = resolve_target(target)
+    check_kernel_name(name)
+    func = lower(schedule, args, name)
+    mb = ModuleBuilder(func, target, index_checks)
+    ir_text = str(mb.build())
+    outputs = set(schedule.outputs)
+    specs = [ArgSpec(b.name, b.shape, b.dtype, t in outputs) for b, t in zip(func.args, args)]
+    return LoweredKernel(name, ir_text, specs, target, str(func), mb.checks)
+
+
 def build(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True) -> Kernel:
     """Lower, generate LLVM IR, compile to an object for `target` (host by default) and wrap it.
 
     `index_checks=False` clamps data-dependent indices instead of checking them; it exists only
     so bench/index_checks.py can measure what the checks cost in one process. Nothing else
     passes it: a kernel that clamps returns a wrong row for a bad index."""
-    target = resolve_target(target)
-    check_kernel_name(name)
-    func = lower(schedule, args, name)
-    mb = ModuleBuilder(func, target, index_checks)
-    obj = compile_module(mb.build(), target)
-    outputs = set(schedule.outputs)
-    specs = [ArgSpec(b.name, b.shape, b.dtype, t in outputs) for b, t in zip(func.args, args)]
-    return Kernel(name, obj, specs, target, str(func), mb.checks)
+    return lower_kernel(schedule, args, target, name, index_checks=index_checks).compile()
 
 
-__all__ = ["ArgSpec", "Kernel", "Timing", "TimingOptions", "TimingResult", "build", "load_kernel", "compile_module", "check_runnable",
+__all__ = ["ArgSpec", "Kernel", "Timing", "TimingOptions", "TimingResult", "build", "load_kernel", "compile_module",
+           "lower_kernel", "LoweredKernel", "check_runnable",
            "check_kernel_name", "initialize", "set_num_threads", "get_max_threads", "MAGIC"]

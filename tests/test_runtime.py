@@ -393,3 +393,23 @@ def test_kept_scratch_buffers_give_right_answers_call_after_call_and_across_thre
         assert all(pool.map(call, range(40)))
     held.clear()
     gc.collect()   # its kept buffers released with it (no crash, no use after the code is gone)
+
+
+def test_kernels_compile_on_several_threads_at_once():
+    """LLVM runs each compiling thread in a context of its own (a model's kernels compile on a
+    thread beside the one lowering them); concurrent builds give the kernels built alone."""
+
+    def make(c):
+        A = C.placeholder((37, 29), "float32", "A")
+        B = C.compute((37, 29), lambda i, j: A[i, j] * float(c) + 1.0, name="B")
+        s = C.create_schedule(B)
+        s[B].vectorize(s[B].split(s[B].op.axis[1], factor=8)[1])
+        return C.build(s, [A, B], name=f"scaled_{c}")
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        kernels = list(pool.map(make, range(1, 9)))
+    a = np.random.default_rng(3).uniform(-2, 2, (37, 29)).astype(np.float32)
+    for c, kernel in enumerate(kernels, start=1):
+        out = np.full((37, 29), np.nan, np.float32)
+        kernel(a, out)
+        np.testing.assert_allclose(out, a.astype(np.float64) * c + 1.0, rtol=1e-6)
