@@ -16,8 +16,9 @@ fused kernel on its own, with the data it really gets. `profile_model(module, in
   (compiler/timing.py: each sample checked for time lost to other processes, the profile marked
   disturbed when too many were), each figure the median over the runs, holding the
   host's exclusive timing lock (compiler/host_lock.py) so no other tunefarm build or timing
-  shares the cores. Plain and stamped runs alternate, so the time outside kernels (the plain
-  runs' median less the stamped calls' median span) compares runs of the same moments.
+  shares the cores. Plain and stamped runs alternate, and the time outside kernels is the
+  median over the pairs of a plain run's time less the next stamped call's span: runs of the
+  same moment compared.
 
 Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
 anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
@@ -84,6 +85,7 @@ class KernelProfile:
     share: float = 0.0     # of the sum of all kernels' times
     disturbed: bool = False
     timing: Timing | None = field(default=None, repr=False)
+    scaling: dict | None = None   # predicted scaling, when asked for (graph.model_scaling.attach_to_profile)
 
     @property
     def gflops(self) -> float | None:
@@ -97,7 +99,8 @@ class KernelProfile:
         return {"index": self.index, "name": self.name, "ops": self.ops, "nodes": list(self.nodes), "key": self.key,
                 "source": self.source, "ms": self.seconds * 1e3, "share": self.share, "flops": self.flops,
                 "bytes": self.bytes, "gflops": self.gflops, "gb_per_s": self.gb_per_s,
-                "output_shape": list(self.output_shape), "disturbed": self.disturbed}
+                "output_shape": list(self.output_shape), "disturbed": self.disturbed,
+                **({"scaling": self.scaling} if self.scaling is not None else {})}
 
 
 @dataclass
@@ -111,6 +114,7 @@ class ModelProfile:
     run_timing: Timing | None = field(default=None, repr=False)
     in_place: list = field(default_factory=list)   # nodes computed where their output lives: no kernel
     sequence_seconds: float = 0.0   # median of the native call's span, first kernel to last
+    outside_seconds: float | None = None   # median over pairs of (plain run - the next stamped call's span)
 
     @property
     def kernel_seconds(self) -> float:
@@ -122,9 +126,12 @@ class ModelProfile:
     @property
     def overhead_seconds(self) -> float:
         """Time of a run outside the kernels: the Python around the native call, inputs that must
-        be copied, the outputs' storage: the plain runs' median less the native call's median
-        span, runs of the two kinds alternated (two loops one after the other, on a shared host,
-        differed by more than the overhead itself). Can come out slightly negative."""
+        be copied, the outputs' storage. Plain and stamped runs alternate; this is the median
+        over the pairs of the plain run's time less the stamped call's span (two loops one
+        after the other, on a shared host, differed by more than the overhead itself). Without
+        pairs, the run's median less the kernels'. Can come out slightly negative."""
+        if self.outside_seconds is not None:
+            return self.outside_seconds
         return self.run_seconds - (self.sequence_seconds or self.kernel_seconds)
 
     @property
@@ -190,7 +197,10 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
         module.run_timed(inputs, stamps)   # compiles the timed sequence; warm-up
         in_run = time_samples(run_pairs, opts)
     seconds = np.median(np.array(spans), axis=0) / 1e9
-    sequence_seconds = float(np.median(np.array(spans).sum(axis=1))) / 1e9
+    span_ns = np.array(spans).sum(axis=1)
+    sequence_seconds = float(np.median(span_ns)) / 1e9
+    # each plain run against the stamped run right after it: a moment of load moves both
+    outside_seconds = float(np.median(np.array(walls) - span_ns)) / 1e9
     kernels = []
     for i, step in enumerate(module.steps):
         gk = step.group
@@ -206,7 +216,7 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
 
     return ModelProfile(model=module.graph.name, kernels=kernels, run_seconds=float(np.median(walls)) / 1e9,
                         threads=get_max_threads(), run_timing=in_run, in_place=list(module.in_place_nodes),
-                        sequence_seconds=sequence_seconds)
+                        sequence_seconds=sequence_seconds, outside_seconds=outside_seconds)
 
 
 __all__ = ["profile_model", "ModelProfile", "KernelProfile", "anchor_flops", "argument_bytes", "default_options",
