@@ -474,17 +474,19 @@ def _atom_bound(atom: Expr, relax: dict, ranges: dict) -> tuple[Lin, Lin] | None
         ba, bb = bound(atom.a, relax, ranges), bound(atom.b, relax, ranges)
         if ba is None or bb is None:
             return None
-        pick = _lin_min if atom.op == "min" else _lin_max
+        pick = lin_min if atom.op == "min" else lin_max
         return pick(ba[0], bb[0], ranges), pick(ba[1], bb[1], ranges)
     if isinstance(atom, Select):
         bt, bf = bound(atom.t, relax, ranges), bound(atom.f, relax, ranges)
         if bt is None or bf is None:
             return None
-        return _lin_min(bt[0], bf[0], ranges), _lin_max(bt[1], bf[1], ranges)
+        return lin_min(bt[0], bf[0], ranges), lin_max(bt[1], bf[1], ranges)
     return None
 
 
-def _lin_min(a: Lin, b: Lin, ranges) -> Lin:
+def lin_min(a: Lin, b: Lin, ranges) -> Lin:
+    """min(a, b): one of them where their difference's range (over `ranges`) decides it, else
+    a min atom (a bound of a region lowering takes the tighter of two access bounds)."""
     r = lin_range(a.add(b, -1), ranges)
     if r is not None and r[1] <= 0:
         return a
@@ -493,7 +495,8 @@ def _lin_min(a: Lin, b: Lin, ranges) -> Lin:
     return _atom(Binary("min", from_lin(a), from_lin(b), INDEX_DTYPE))
 
 
-def _lin_max(a: Lin, b: Lin, ranges) -> Lin:
+def lin_max(a: Lin, b: Lin, ranges) -> Lin:
+    """max(a, b), as lin_min."""
     r = lin_range(a.add(b, -1), ranges)
     if r is not None and r[1] <= 0:
         return b

@@ -254,8 +254,8 @@ class _Lowering:
                     if d in full:
                         continue
                     lo, hi = lows[d], highs[d]
-                    lows[d] = b[0] if lo is None else arith._lin_min(lo, b[0], self.var_range)
-                    highs[d] = b[1] if hi is None else arith._lin_max(hi, b[1], self.var_range)
+                    lows[d] = b[0] if lo is None else arith.lin_min(lo, b[0], self.var_range)
+                    highs[d] = b[1] if hi is None else arith.lin_max(hi, b[1], self.var_range)
         region: list[tuple[Expr, int]] = []
         for d, dim in enumerate(st.op.shape):
             lo, hi = lows[d], highs[d]

@@ -42,6 +42,17 @@ def register_workload(name: str):
     return deco
 
 
+def custom_constructor(name: str):
+    """The constructor registered under `name` (register_workload), or None."""
+    return _CUSTOM.get(name)
+
+
+def adopt_custom_constructor(name: str, fn) -> None:
+    """Register `fn` under `name` unless a constructor is registered there: a build process
+    gets a user's constructor with the workload it builds (tuner.measure.builder)."""
+    _CUSTOM.setdefault(name, fn)
+
+
 def _plain(value):
     """`value` with numpy scalars and arrays as Python numbers and lists: parameters are stored
     and exported as JSON (`np.int64(8)` in a shape would make every export fail)."""

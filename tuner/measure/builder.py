@@ -126,8 +126,8 @@ def _build_now(workload: Workload, target: str, cand_json: dict | None, custom_c
 
         from .. import workload as workload_mod
         from ..space import instantiate
-        if custom_ctor is not None and workload.name not in workload_mod._CUSTOM:
-            workload_mod._CUSTOM[workload.name] = custom_ctor
+        if custom_ctor is not None:
+            workload_mod.adopt_custom_constructor(workload.name, custom_ctor)
         try:
             opdef = workload.opdef()
             if cand_json is None:
@@ -351,7 +351,7 @@ def _failure(code: ErrorCode, msg: str, seconds: float = 0.0) -> BuildOutcome:
 def _custom_ctor(workload: Workload):
     """The constructor of a user-registered workload, if it can travel to a build process."""
     from .. import workload as workload_mod
-    fn = workload_mod._CUSTOM.get(workload.name)
+    fn = workload_mod.custom_constructor(workload.name)
     if fn is None:
         return None
     try:
