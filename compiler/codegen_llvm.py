@@ -86,10 +86,13 @@ def _mangle(t) -> str:
 class ModuleBuilder:
     """One LLVM module holding a kernel and the functions outlined from its parallel loops."""
 
-    def __init__(self, func: LoweredFunc, target, index_checks: bool = True):
+    def __init__(self, func: LoweredFunc, target, index_checks: bool = True, region_clock=None):
         """`index_checks=False` clamps data-dependent indices into their range instead of
-        checking them: only for measuring what the checks cost (bench/index_checks.py)."""
+        checking them: only for measuring what the checks cost (bench/index_checks.py).
+        `region_clock`: a profiling build (compiler/region_clock.py) whose parallel loops read
+        the cycle counter around their fork/join and each iteration; None in every real build."""
         self.func = func
+        self.region_clock = region_clock
         self.target = target
         self.module = ir.Module(name=func.name)
         self.module.triple = target.triple
@@ -303,7 +306,9 @@ class FunctionEmitter:
             return
         self.emit_serial_loop(s.var, ir.Constant(I64, 0), ir.Constant(I64, s.extent), s.body)
 
-    def emit_serial_loop(self, var, start, end, body):
+    def emit_serial_loop(self, var, start, end, body, timed=None):
+        """`timed`: the parallel loop whose chunk this is, in a profiling build (each iteration's
+        cycles added to its slot); None otherwise."""
         b = self.builder
         pre = b.block
         loop = self.fn.append_basic_block(f"for_{var.name}")
@@ -316,7 +321,10 @@ class FunctionEmitter:
         phi = b.phi(I64, name=var.name)
         phi.add_incoming(start, pre)
         self.vars[var] = phi
+        started = self.mb.region_clock.start(self, timed) if timed is not None else None
         self.emit_stmt(body)
+        if timed is not None:
+            self.mb.region_clock.end_iteration(self, timed, started, phi)
         nxt = self.builder.add(phi, ir.Constant(I64, 1), name=f"{var.name}_next", flags=("nsw", "nuw"))
         phi.add_incoming(nxt, self.builder.block)
         self.builder.cbranch(self.builder.icmp_signed("<", nxt, end), loop, exit_)
@@ -353,7 +361,11 @@ class FunctionEmitter:
         cap = ir.Constant(I32, parallel_team_cap(s))
         most = b.call(mb.declare("omp_get_max_threads", I32, []), [])
         team = b.select(b.icmp_signed("<", cap, most), cap, most)
+        clock = self.mb.region_clock
+        started = clock.start(self, s) if clock is not None else None
         b.call(gomp, [thread_entry, slot, team, ir.Constant(I32, 0)])
+        if clock is not None:
+            clock.end_region(self, s, started)
         reported = b.load(status, typ=I32)
         failed = b.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK))
         after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
@@ -1045,7 +1057,8 @@ def _emit_dynamic_chunks(child, s: For):
     done = child.fn.append_basic_block("chunks_done")
     cb.cbranch(cb.icmp_unsigned("!=", got, ir.Constant(ir.IntType(8), 0)), body, done)
     cb.position_at_end(body)
-    child.emit_serial_loop(s.var, cb.load(lo, typ=I64), cb.load(hi, typ=I64), s.body)
+    child.emit_serial_loop(s.var, cb.load(lo, typ=I64), cb.load(hi, typ=I64), s.body,
+                           timed=s if mb.region_clock is not None else None)
     if mb.checks:   # once a thread's index check failed, the others take no further chunk
         reported = cb.load_atomic(child.status_ptr, "monotonic", 4, typ=I32)
         claim = child.fn.append_basic_block("claim")

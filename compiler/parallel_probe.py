@@ -1,0 +1,202 @@
+"""What this machine charges for a parallel region, measured with code made for the purpose.
+
+Three small native probes, compiled here from LLVM IR and called as kernels:
+
+- the cycle counter's rate (ticks per second, against time.perf_counter over tens of
+  milliseconds; the counter is the invariant TSC on x86), to turn a profiling build's ticks
+  (compiler/region_clock.py) into seconds;
+- the cost of the profiling build's own clock reads around one iteration (two reads and the
+  add into a slot, nothing between): subtracted from every timed iteration;
+- fork/join: one GOMP_parallel of an empty region handing out team · CHUNKS_PER_THREAD empty
+  chunks through the dynamic schedule, exactly the generated code's protocol (team start, chunk
+  claims, the closing barrier), repeated back to back as a model's kernels run, at a team of
+  1 and of 2. It is measured with an empty body on purpose: anything in the body would be work,
+  and work is what the scaling model counts separately.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codegen_llvm import CHUNKS_PER_THREAD
+from .runtime import ArgSpec, Kernel, compile_module
+from .target import resolve_target
+
+_IR = """
+declare i64 @llvm.readcyclecounter()
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+declare i32 @omp_get_num_threads()
+declare i8 @GOMP_loop_dynamic_start(i64, i64, i64, i64, ptr, ptr)
+declare i8 @GOMP_loop_dynamic_next(ptr, ptr)
+declare void @GOMP_loop_end_nowait()
+
+define i32 @tf_probe_ticks(ptr noalias %out, ptr %record) {
+  %t = call i64 @llvm.readcyclecounter()
+  store i64 %t, ptr %out
+  ret i32 0
+}
+
+define i32 @tf_probe_clock_pairs(ptr noalias %params, ptr noalias %slots, ptr %record) {
+entry:
+  %n = load i64, ptr %params
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  %t0 = call i64 @llvm.readcyclecounter()
+  %t1 = call i64 @llvm.readcyclecounter()
+  %slot = getelementptr i64, ptr %slots, i64 %i
+  %old = load volatile i64, ptr %slot
+  %d = sub i64 %t1, %t0
+  %new = add i64 %old, %d
+  store volatile i64 %new, ptr %slot
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %n
+  br i1 %more, label %loop, label %done
+done:
+  ret i32 0
+}
+
+define internal void @tf_probe_region(ptr %data) {
+entry:
+  %lo = alloca i64
+  %hi = alloca i64
+  %iters_at = getelementptr i64, ptr %data, i64 2
+  %iters = load i64, ptr %iters_at
+  %nth32 = call i32 @omp_get_num_threads()
+  %nth = sext i32 %nth32 to i64
+  %per = mul i64 %nth, CHUNKS
+  %up = add i64 %iters, %per
+  %up1 = sub i64 %up, 1
+  %chunk = sdiv i64 %up1, %per
+  %got = call i8 @GOMP_loop_dynamic_start(i64 0, i64 %iters, i64 1, i64 %chunk, ptr %lo, ptr %hi)
+  %any = icmp ne i8 %got, 0
+  br i1 %any, label %body, label %done
+body:
+  %l = load volatile i64, ptr %lo
+  %more = call i8 @GOMP_loop_dynamic_next(ptr %lo, ptr %hi)
+  %again = icmp ne i8 %more, 0
+  br i1 %again, label %body, label %done
+done:
+  call void @GOMP_loop_end_nowait()
+  ret void
+}
+
+define i32 @tf_probe_forks(ptr noalias %params, ptr noalias %out, ptr %record) {
+entry:
+  %team64 = load i64, ptr %params
+  %team = trunc i64 %team64 to i32
+  %reps_at = getelementptr i64, ptr %params, i64 1
+  %reps = load i64, ptr %reps_at
+  %t0 = call i64 @llvm.readcyclecounter()
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  call void @GOMP_parallel(ptr @tf_probe_region, ptr %params, i32 %team, i32 0)
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %reps
+  br i1 %more, label %loop, label %done
+done:
+  %t1 = call i64 @llvm.readcyclecounter()
+  %d = sub i64 %t1, %t0
+  store i64 %d, ptr %out
+  ret i32 0
+}
+""".replace("CHUNKS", str(CHUNKS_PER_THREAD))
+
+
+@dataclass
+class ParallelCosts:
+    """This machine's costs of running a region, in seconds."""
+
+    ticks_per_second: float
+    clock_pair_seconds: float     # one timed iteration's own clock reads (subtracted)
+    fork_join_seconds: dict       # {team: seconds per region} for the teams measured (1, 2)
+    cores: int                    # threads the fork/join figures could use (the host's)
+
+    def fork_join(self, team: int) -> float:
+        """Fork/join of a region on `team` threads. Measured at 1 and 2; beyond, extrapolated
+        linearly by the measured cost of the second thread: libgomp starts a team by waking each
+        thread and joins it on a centralised barrier (one counter every thread decrements, one
+        futex the last one wakes), so each thread adds its own cache-line transfers and wake-up;
+        EPCC syncbench's PARALLEL overhead grows about linearly with threads on one socket.
+        A shared 2-vCPU host gives a noisy second-thread cost: it is the lowest of repeats."""
+        one = self.fork_join_seconds[1]
+        two = self.fork_join_seconds.get(2, one)
+        return one + max(two - one, 0.0) * (max(team, 1) - 1)
+
+    def to_dict(self) -> dict:
+        return {"ticks_per_second": self.ticks_per_second, "clock_pair_ns": self.clock_pair_seconds * 1e9,
+                "fork_join_us": {str(k): v * 1e6 for k, v in self.fork_join_seconds.items()},
+                "fork_join_slope_us_per_thread": (self.fork_join(2) - self.fork_join(1)) * 1e6}
+
+
+class _Probes:
+    def __init__(self, target):
+        obj = compile_module(_IR, target)
+        self.ticks = Kernel("tf_probe_ticks", obj, [ArgSpec("out", (1,), "int64")], target)
+        self.pairs = Kernel("tf_probe_clock_pairs", obj, [ArgSpec("params", (1,), "int64", False),
+                                                          ArgSpec("slots", (4096,), "int64")], target)
+        self.forks = Kernel("tf_probe_forks", obj, [ArgSpec("params", (3,), "int64", False),
+                                                    ArgSpec("out", (1,), "int64")], target)
+
+
+def ticks_per_second(probes: _Probes, seconds: float = 0.05) -> float:
+    out = np.zeros(1, np.int64)
+    rates = []
+    for _ in range(3):
+        probes.ticks(out)
+        t0, c0 = time.perf_counter(), int(out[0])
+        while time.perf_counter() - t0 < seconds:
+            pass
+        probes.ticks(out)
+        t1, c1 = time.perf_counter(), int(out[0])
+        rates.append((c1 - c0) / (t1 - t0))
+    return statistics.median(rates)
+
+
+def clock_pair_ticks(probes: _Probes) -> float:
+    """Ticks one timed iteration's clock reads add: the median over 4096 empty iterations, the
+    lowest of a few runs (a run a neighbour interrupted only adds)."""
+    slots = np.zeros(4096, np.int64)
+    best = float("inf")
+    for _ in range(5):
+        slots[:] = 0
+        probes.pairs(np.array([4096], np.int64), slots)
+        best = min(best, float(np.median(slots)))
+    return best
+
+
+def fork_join_ticks(probes: _Probes, team: int, reps: int = 50, repeats: int = 200) -> float:
+    """Ticks per empty region on `team` threads: the lowest of `repeats` runs of `reps` regions
+    back to back (the pool warm, as between a model's kernels). The lowest, not the median: on
+    a shared 2-core host a neighbour's busy thread makes the second thread of a team wait for its
+    core (libgomp's barrier then waits a scheduler tick), which is contention, not the cost of
+    the region; a run of few regions now and then finds the core free."""
+    out = np.zeros(1, np.int64)
+    params = np.array([team, reps, team * CHUNKS_PER_THREAD], np.int64)
+    probes.forks(params, out)   # warm-up: the team exists
+    runs = []
+    for _ in range(repeats):
+        probes.forks(params, out)
+        runs.append(int(out[0]) / reps)
+    return min(runs)
+
+
+def measure_parallel_costs(target=None, teams=(1, 2)) -> ParallelCosts:
+    """Measure this machine's ticks rate, clock-read cost and fork/join at `teams` (those the
+    host has threads for: a team larger than the cores would measure time-sharing)."""
+    from .openmp import get_max_threads
+
+    target = resolve_target(target)
+    probes = _Probes(target)
+    rate = ticks_per_second(probes)
+    cores = get_max_threads()
+    fork_join = {t: fork_join_ticks(probes, t) / rate for t in teams if t <= max(cores, 1)}
+    return ParallelCosts(rate, clock_pair_ticks(probes) / rate, fork_join, cores)
+
+
+__all__ = ["ParallelCosts", "measure_parallel_costs"]

@@ -1,0 +1,117 @@
+"""A lowered kernel's parallel regions, read from its loop IR: what runs on libgomp, how often,
+on how many threads at most, in which chunks.
+
+The scaling model (compiler/scaling.py) predicts a kernel's time on many threads from these
+facts and from single-thread timings, so they must be the facts code generation acts on, not a
+guess from the schedule: a region is exactly a loop that codegen_llvm.emit_parallel outlines (a
+`parallel` loop of extent > 1, not inside another parallel loop nor a vectorized one; a parallel
+loop nested in a region runs serially inside its chunk), its team cap is
+codegen_llvm.parallel_team_cap of that loop, its chunks are those of _emit_dynamic_chunks
+(contiguous, about extent / (team · CHUNKS_PER_THREAD) iterations each). A region nested in
+serial loops forks and joins once per iteration of them: `entries` counts those (an upper bound
+where an `if` may skip it; the profiling build counts the real number).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .codegen_llvm import CHUNKS_PER_THREAD, parallel_team_cap
+from .expr import walk
+from .loop_ir import Allocate, For, Load, LoweredFunc, Stmt, Store, stmt_children
+
+
+@dataclass
+class Region:
+    """One outlined parallel loop of a kernel."""
+
+    index: int            # order of appearance in the kernel (the profiling build's slot number)
+    var: str              # the loop variable's name (the schedule's fused axis, e.g. `oc_o.ow_o`)
+    extent: int           # iterations the loop hands out
+    team_cap: int         # most threads it ever runs on (parallel_team_cap)
+    entries: int          # forks per kernel call: the product of the enclosing loops' extents
+    bytes: int            # bytes of the non-scratch buffers its body reads or writes
+    buffers: list = field(default_factory=list)   # their names
+    loop: For | None = field(default=None, repr=False, compare=False)
+
+    def team(self, threads: int) -> int:
+        """The team libgomp starts for it when `threads` are available."""
+        return max(1, min(self.team_cap, threads))
+
+    def chunks(self, threads: int) -> list:
+        """[(first, end)] iteration ranges the dynamic schedule hands out on `threads` threads."""
+        return chunk_ranges(self.extent, self.team(threads))
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "var": self.var, "extent": self.extent, "team_cap": self.team_cap,
+                "entries": self.entries, "bytes": self.bytes}
+
+
+def chunk_size(extent: int, team: int) -> int:
+    """Iterations per chunk, as the generated code computes it: ceil(extent / (team · CHUNKS_PER_THREAD))."""
+    per = team * CHUNKS_PER_THREAD
+    return max(1, (extent + per - 1) // per)
+
+
+def chunk_ranges(extent: int, team: int) -> list:
+    """The contiguous chunks [(first, end)] of a region of `extent` iterations on a team of `team`."""
+    size = chunk_size(extent, team)
+    return [(lo, min(lo + size, extent)) for lo in range(0, extent, size)]
+
+
+def parallel_regions(func: LoweredFunc) -> list:
+    """The regions of `func`, in the order code generation meets them."""
+    found: list = []
+    _collect(func.body, 1, found)
+    return found
+
+
+def _collect(s: Stmt, entries: int, found: list) -> None:
+    if isinstance(s, For):
+        if s.kind == "parallel" and s.extent > 1:
+            names, nbytes = _touched(s.body)
+            found.append(Region(len(found), s.var.name, s.extent, parallel_team_cap(s), entries, nbytes, names, s))
+            return
+        if s.kind == "vectorized":   # codegen runs a parallel loop under a vector loop serially
+            return
+        _collect(s.body, entries * s.extent, found)
+        return
+    for child in stmt_children(s):
+        _collect(child, entries, found)
+
+
+def _touched(body: Stmt) -> tuple:
+    """(names, bytes) of the argument and global buffers `body` loads or stores: the least it
+    moves through the memory hierarchy (scratch allocated inside it stays thread-local)."""
+    local = set()
+    seen: dict = {}
+    stack = [body]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, Allocate):
+            local.add(s.buffer)
+        if isinstance(s, Store):
+            seen[id(s.buffer)] = s.buffer
+            exprs = [s.index, s.value]
+        else:
+            exprs = [getattr(s, a) for a in ("cond", "value") if hasattr(s, a) and getattr(s, a) is not None]
+        for e in exprs:
+            for n in walk(e):
+                if isinstance(n, Load):
+                    seen[id(n.buffer)] = n.buffer
+        stack.extend(stmt_children(s))
+    kept = [b for b in seen.values() if b not in local and b.scope != "local"]
+    return sorted(b.name for b in kept), sum(b.nbytes for b in kept)
+
+
+def total_chunks(regions: list, threads: int) -> int:
+    """Chunks handed out per kernel call on `threads` threads (every entry of every region)."""
+    return sum(r.entries * len(r.chunks(threads)) for r in regions)
+
+
+def min_chunks(regions: list, threads: int) -> int:
+    """The fewest chunks any region hands out in one entry on `threads` threads (0: no region)."""
+    return min((len(r.chunks(threads)) for r in regions), default=0)
+
+
+__all__ = ["Region", "parallel_regions", "chunk_ranges", "chunk_size", "total_chunks", "min_chunks"]
