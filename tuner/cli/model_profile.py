@@ -7,6 +7,9 @@ the ONNX nodes each kernel covers, its time and share, its GFLOPS (convolutions,
 or GB/s (everything else), and whether its schedule came from the records. `--compare` runs
 onnxruntime's own profiler on the same inputs and threads and puts its time for the same nodes
 beside each kernel (tuner.ort_profile), so the layer where tunefarm loses is found in one command.
+`--scaling` measures each kernel's parallel regions on one thread and adds its chunks and predicted
+efficiency at 16 threads (compiler.graph.model_scaling), so a kernel that cannot scale shows
+before anyone has a many-core machine.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .common import EXIT_FAIL, EXIT_OK, UsageError, build_graph_module, load_gra
 NODES_WIDTH = 34
 OPS_WIDTH = 26
 WORKLOAD_WIDTH = 28
+SCALING_THREADS = 16   # --scaling predicts this many threads (a typical server's core count)
 
 
 def cmd_profile(args) -> int:
@@ -46,6 +50,8 @@ def cmd_profile(args) -> int:
     module = build_graph_module(graph, target, args.db, args.no_records)
     inputs = random_inputs(graph, np.random.default_rng(args.seed))
     profile = module.profile(inputs, repeat=args.repeat)
+    if args.scaling:
+        _add_scaling(module, profile, inputs, args)
     matched = theirs = None
     failed = None
     if args.compare:
@@ -63,6 +69,31 @@ def cmd_profile(args) -> int:
         if failed:
             print(f"tunefarm model profile: {failed}", file=sys.stderr)
     return EXIT_FAIL if failed else EXIT_OK
+
+
+def _add_scaling(module, profile, inputs, args) -> None:
+    """Each kernel's regions measured on one thread and predicted at SCALING_THREADS threads,
+    on the profile's kernels and on the profile itself (`scaling`: the model's figure)."""
+    from compiler.graph.model_scaling import attach_to_profile, measure_model_scaling
+
+    records = None
+    if not args.no_records and any(src == "records" for src in module.sources.values()):
+        from ..apply_best import ApplyHistoryBest
+        from .common import open_store
+        records = ApplyHistoryBest(open_store(args.db))
+    scaling = measure_model_scaling(module, inputs, records=records)
+    attach_to_profile(profile, scaling, SCALING_THREADS)
+    profile.scaling = {"threads": SCALING_THREADS, "predicted_speedup": scaling.speedup(SCALING_THREADS),
+                       "predicted_efficiency": scaling.efficiency(SCALING_THREADS),
+                       "parallel_costs": scaling.costs.to_dict(), "host": scaling.host.to_dict()}
+
+
+def _scaling_cell(k) -> str:
+    s = k.scaling
+    if s is None:
+        return ""
+    chunks = "/".join(str(c) for c in s["chunks"]) or "serial"
+    return f" {_clip(chunks, 14):>14} {s['predicted_efficiency']:>5.2f}  {s['limit']}"
 
 
 def _sources(module) -> str:
@@ -90,13 +121,15 @@ def _print_table(module, profile, theirs, matched, top) -> None:
           f"thread{'s' if profile.threads != 1 else ''}; medians of each kernel's calls in run order, slowest first")
     head = (f"{'#':>3}  {'kernel':<{OPS_WIDTH}} {'workload':<{WORKLOAD_WIDTH}} {'nodes':<{NODES_WIDTH}} "
             f"{'ms':>9} {'share':>6} {'throughput':>15}  {'source':<7}")
+    if profile.kernels and profile.kernels[0].scaling is not None:
+        head += f" {'chunks@' + str(SCALING_THREADS):>14} {'eff' + str(SCALING_THREADS):>5}  limit"
     if matched is not None:
         head += f" | {'onnxrt ms':>9}  onnxruntime nodes"
     print(head)
     for k in shown:
         line = (f"{k.index:>3}  {_clip(k.ops, OPS_WIDTH):<{OPS_WIDTH}} {_clip(k.name, WORKLOAD_WIDTH):<{WORKLOAD_WIDTH}} "
                 f"{_clip(', '.join(k.nodes), NODES_WIDTH):<{NODES_WIDTH}} {k.seconds * 1e3:>9.4f}"
-                f"{'*' if k.disturbed else ' '}{k.share:>6.1%} {_rate(k):>15}  {k.source:<7}")
+                f"{'*' if k.disturbed else ' '}{k.share:>6.1%} {_rate(k):>15}  {k.source:<7}{_scaling_cell(k)}")
         if matched is not None:
             nodes = matched.per_kernel[k.index]
             line += (f" | {matched.kernel_seconds(k.index) * 1e3:>9.4f}  " + ", ".join(n.name for n in nodes)
@@ -114,6 +147,14 @@ def _print_table(module, profile, theirs, matched, top) -> None:
     if profile.in_place:
         print(f"in place:    {len(profile.in_place)} Concat nodes run no kernel (their inputs are written where the "
               f"output keeps them): " + ", ".join(profile.in_place))
+    scaling = getattr(profile, "scaling", None)
+    if scaling:
+        c = scaling["parallel_costs"]
+        print(f"scaling:     predicted {scaling['predicted_speedup']:.1f}x at {scaling['threads']} threads "
+              f"(efficiency {scaling['predicted_efficiency']:.2f}), kernels weighted by their one-thread time; "
+              f"fork/join {c['fork_join_us']} us measured, +{c['fork_join_slope_us_per_thread']:.2f} us a thread "
+              f"beyond; assumed {scaling['host']['gbps_per_core']} GB/s and {scaling['host']['l2_mib_per_core']} MiB L2 "
+              f"a core on the many-core host")
     if profile.disturbed:
         print("* the host was busy during this timing (other processes took CPU time from it): rerun on a quiet host")
     if theirs is not None and matched is not None:
@@ -142,6 +183,8 @@ def _as_json(module, profile, theirs, matched, top, failed) -> dict:
                                 "nodes": [n.to_dict() for n in matched.per_kernel[k.index]]}
         kernels.append(d)
     out["kernels"] = kernels   # slowest first; `index` is the position in the run
+    if getattr(profile, "scaling", None):
+        out["scaling"] = profile.scaling
     if theirs is not None and matched is not None:
         plain = theirs.plain_run_seconds
         out["onnxruntime"] = {"run_ms": None if plain is None else plain * 1e3,
@@ -170,6 +213,9 @@ def register(msub, common) -> None:
                    help="clean timing samples per kernel at least; onnxruntime's profiled runs (default 10)")
     q.add_argument("--compare", action="store_true",
                    help="also profile onnxruntime (the `bench` extra) on the same inputs and threads")
+    q.add_argument("--scaling", action="store_true",
+                   help=f"also measure each kernel's parallel regions on one thread and show its chunks and "
+                        f"predicted efficiency at {SCALING_THREADS} threads (the scaling model)")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     q.set_defaults(func=cmd_profile)
