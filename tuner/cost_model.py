@@ -133,6 +133,7 @@ class XGBCostModel:
         self.emulated: bool | None = None   # the kind of timings its rows are (None: no rows yet)
         self.rows_left_out = 0              # rows not trained on: timings of the other kind
         self._own_timings = False           # has `update` given it a timing yet?
+        self.last_retrain_seconds = 0.0     # what the last retrain took (the engine plans around it)
 
     # ------------------------------------------------------------------ training
     @property
@@ -157,8 +158,9 @@ class XGBCostModel:
             t = np.where(np.isfinite(c) & (c > 0), 1.0 / c, 0.0)
         return self.fit(features, t, groups)
 
-    def update(self, features, results, group="current", flops: float = 1.0):
-        """Append measured rows (MeasureResult list, errors → 0) and retrain on everything.
+    def update(self, features, results, group="current", flops: float = 1.0, retrain: bool = True):
+        """Append measured rows (MeasureResult list, errors → 0) and retrain on everything
+        (`retrain=False`: later, by `retrain()`; the engine retrains while a batch builds).
 
         Only timings of the model's kind (emulated or native) are kept; failures (no timing) are
         of no kind. The first timings of a model without own timings set the kind, dropping a warm
@@ -190,6 +192,12 @@ class XGBCostModel:
             self._X = np.concatenate([self._X, X])
             self._t = np.concatenate([self._t, t])
             self._g = np.concatenate([self._g, g])
+        if retrain:
+            self._retrain()
+        return self
+
+    def retrain(self):
+        """Retrain on every row now (after `update(..., retrain=False)`)."""
         self._retrain()
         return self
 
@@ -281,6 +289,14 @@ class XGBCostModel:
         return X, y, g
 
     def _retrain(self):
+        import time
+        t0 = time.perf_counter()
+        try:
+            self._train()
+        finally:
+            self.last_retrain_seconds = time.perf_counter() - t0
+
+    def _train(self):
         data = self._training_set()
         if data is None:
             return

@@ -485,16 +485,19 @@ def extract_features(func: LoweredFunc, target=None) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- candidates
 
-def features_for(opdef, candidates, target=None, lowered=None) -> np.ndarray:
+def features_for(opdef, candidates, target=None, lowered=None, keys: dict | None = None) -> np.ndarray:
     """[len(candidates), NUM_FEATURES] features; rows of candidates that fail to instantiate or
     lower are NaN (test with `np.isnan(X).any(axis=1)`).
 
     The same `opdef` serves every candidate: a schedule never changes its compute definition.
     `lowered(candidate)` may hand over a loop program already lowered for it (the search
-    space's `take_lowered`), which saves half of the ranking time.
+    space's `take_lowered`), which saves half of the ranking time. `keys`, a dict, receives each
+    lowered candidate's `program_key` by fingerprint (the program is at hand here, and a key is
+    what tells a search that two candidates are one kernel).
     """
     from compiler.lower import lower
 
+    from .program_key import program_key
     from .space.base import instantiate
 
     tgt = resolve_target(target) if not _is_target(target) else target
@@ -505,6 +508,8 @@ def features_for(opdef, candidates, target=None, lowered=None) -> np.ndarray:
             if func is None:
                 s, args = instantiate(opdef, cand, tgt)
                 func = lower(s, args)
+            if keys is not None:
+                keys[cand.fingerprint] = program_key(func)
             out[i] = extract_features(func, tgt)
         except Exception:  # noqa: BLE001 - a broken candidate is marked, never fatal
             continue

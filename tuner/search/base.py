@@ -10,6 +10,11 @@ left or early stopping says so:
 
 A strategy never proposes a candidate whose fingerprint it has proposed or been told about;
 `visited` (fingerprints already measured, from the records) makes a resumed job skip them too.
+Where a strategy can say which loop program a candidate lowers to (`program_key`: the guided
+strategies lower every candidate they rank), it never proposes a second candidate of a program
+it has proposed or been told about either: one build and one timing per program. Such a twin is
+*adopted* instead: once its program's result is known it joins the history with that result (a
+parent for evolution, as the measured candidate is), without a build, a timing or a record.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ class Strategy(ABC):
         self.best_candidate: Candidate | None = None
         self.best_cost = math.inf
         self._exhausted = False
+        # program key -> the MeasureResult of the candidate measured with it (None: proposed, not
+        # yet told); twins waiting for that result; how many candidates were adopted so
+        self.visited_programs: dict = {}
+        self._twins: dict = {}
+        self.adopted = 0
 
     # ------------------------------------------------------------------ the seam
     def next_batch(self, n: int) -> list:
@@ -63,14 +73,22 @@ class Strategy(ABC):
         if n <= 0 or not self.has_next():
             return []
         batch = self._propose(n)
-        out, seen = [], set()
+        out, seen, programs = [], set(), set()
         for c in batch:  # the seam's promise, whatever a subclass did
             fp = c.fingerprint
             if fp in self.visited or fp in seen:
                 continue
+            key = self.program_key(c)
+            if key is not None and (key in self.visited_programs or key in programs):
+                self._adopt(c, key)
+                continue
             seen.add(fp)
+            if key is not None:
+                programs.add(key)
             out.append(c)
         self.visited.update(seen)
+        for key in programs:
+            self.visited_programs.setdefault(key, None)
         if not out:
             self._exhausted = True
         return out[:n]
@@ -86,6 +104,38 @@ class Strategy(ABC):
             if r.ok and r.cost < self.best_cost:
                 self.best_cost, self.best_candidate = r.cost, c
         self._learn(candidates, results)
+        for c, r in zip(candidates, results):   # (after _learn: a guided strategy has their keys now)
+            key = self.program_key(c)
+            if key is not None:
+                self.know_program(key, r)
+
+    # ------------------------------------------------------------------ one program, one timing
+    def program_key(self, cand: Candidate) -> str | None:
+        """The loop program `cand` lowers to (tuner.program_key), or None where this strategy
+        cannot say without lowering it (the model-free strategies: they never compare programs)."""
+        return None
+
+    def know_program(self, key: str, result: MeasureResult) -> None:
+        """A program's measured result (a told candidate's, or the baseline's: the engine tells
+        the default schedule's program, which a starting point may lower to); twins of it that
+        waited for it join the history with it."""
+        self.visited_programs[key] = result
+        for twin in self._twins.pop(key, ()):
+            self.history.append((twin, result))
+
+    def _adopt(self, cand: Candidate, key: str) -> None:
+        """`cand` lowers to a program proposed or measured already: never proposed itself, it
+        takes that program's result into the history (now, or when the result is told)."""
+        fp = cand.fingerprint
+        if fp in self.visited:
+            return
+        self.visited.add(fp)
+        self.adopted += 1
+        known = self.visited_programs.get(key)
+        if known is not None:
+            self.history.append((cand, known))
+        else:
+            self._twins.setdefault(key, []).append(cand)
 
     def has_next(self) -> bool:
         """False once the space has no unvisited candidate left (as far as the strategy can tell)."""
@@ -104,10 +154,18 @@ class Strategy(ABC):
         """Hook: react to results (retrain a model, update a population)."""
 
     def _fresh(self, cand: Candidate, taken: set) -> bool:
-        """Is `cand` neither visited nor already in the batch being built (`taken`)? Marks it taken."""
+        """Is `cand` neither visited nor already in the batch being built (`taken`), nor a twin of
+        a program that is (`program_key`; a twin is adopted)? Marks it taken."""
         fp = cand.fingerprint
         if fp in self.visited or fp in taken:
             return False
+        key = self.program_key(cand)
+        if key is not None:
+            mark = "program:" + key
+            if key in self.visited_programs or mark in taken:
+                self._adopt(cand, key)
+                return False
+            taken.add(mark)
         taken.add(fp)
         return True
 

@@ -13,6 +13,9 @@ candidates come first in a batch, the random ones after them), retrain the model
 batch, and propose random candidates until the model has something to learn from.
 Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(opdef, ·, target)`,
 lowering each candidate), cached per fingerprint because annealing and evolution revisit points.
+The default featurizer also keeps each candidate's `program_key`, so a batch never holds two
+candidates of one loop program, nor one of a program measured before (base.Strategy): on the
+multi-stage computes a sixth to a fifth of distinct candidates are such twins.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class _ModelGuided(Strategy):
                  feature_cache_size: int = 200_000, seeds=()):
         super().__init__(space, rng, visited)
         self.seeds = list(seeds)  # measured first, before anything the model picks
+        self._keys: dict = {}     # fingerprint -> program key (the default featurizer's)
         if featurizer is None:
             if opdef is None:
                 raise ValueError(f"{type(self).__name__} needs an opdef (for features) or a featurizer")
@@ -38,7 +42,8 @@ class _ModelGuided(Strategy):
 
             from ..features import features_for
             tgt = resolve_target(target)
-            featurizer = lambda cands: features_for(opdef, cands, tgt, lowered=space.take_lowered)  # noqa: E731
+            featurizer = lambda cands: features_for(opdef, cands, tgt, lowered=space.take_lowered,  # noqa: E731
+                                                    keys=self._keys)
         self.featurizer = featurizer
         self.model = cost_model if cost_model is not None else XGBCostModel()
         self.eps = float(eps)
@@ -46,6 +51,8 @@ class _ModelGuided(Strategy):
         self._cache: dict = {}
         self._cache_size = int(feature_cache_size)
         self.predictions = 0  # candidates scored by the model so far (for reports)
+        # set by the engine around an `update` whose retrain it runs later (`retrain`), beside builds
+        self.defer_retrain = False
 
     # ------------------------------------------------------------------ features and scores
     def features(self, cands) -> np.ndarray:
@@ -56,12 +63,20 @@ class _ModelGuided(Strategy):
                 seen.add(fp)
                 missing.append(c)
         if missing:
-            X = np.asarray(self.featurizer(missing), dtype=np.float64)
             if len(self._cache) + len(missing) > self._cache_size:
                 self._cache.clear()
+                self._keys.clear()   # (in place: the default featurizer writes into this dict)
+            X = np.asarray(self.featurizer(missing), dtype=np.float64)
             for c, row in zip(missing, X):
                 self._cache[c.fingerprint] = row
         return np.stack([self._cache[fp] for fp in fps]) if fps else np.zeros((0, 0))
+
+    def program_key(self, cand: Candidate) -> str | None:
+        """The program key the featurizer noted for `cand` (featurizing it first if needed)."""
+        fp = cand.fingerprint
+        if fp not in self._keys and fp not in self._cache:
+            self.features([cand])
+        return self._keys.get(fp)
 
     def scores(self, cands) -> np.ndarray:
         """Predicted scores, higher = faster; -inf for candidates without features."""
@@ -73,7 +88,11 @@ class _ModelGuided(Strategy):
     def _learn(self, candidates, results) -> None:
         if not candidates:
             return
-        self.model.update(self.features(candidates), results, group=self.group)
+        self.model.update(self.features(candidates), results, group=self.group, retrain=not self.defer_retrain)
+
+    def retrain(self) -> None:
+        """Retrain the model on what `update` told it while `defer_retrain` was set."""
+        self.model.retrain()
 
     # ------------------------------------------------------------------ batches
     def _propose(self, n: int) -> list:
