@@ -92,7 +92,7 @@ def test_finish_remeasures_the_candidates_near_the_default_with_it(tmp_path, mac
     assert res.speedup_over_default == pytest.approx(res.baseline_cost / res.best_cost)
     assert res.best_cost <= res.baseline_cost  # the default is a candidate too: never worse
     # where the run's time went: every phase it passed through, together within its wall time
-    assert {"setup", "baseline", "build", "measure", "search", "records"} <= set(res.phase_seconds)
+    assert {"setup", "baseline", "build", "measure", "search", "model", "records"} <= set(res.phase_seconds)
     assert ("retime" in res.phase_seconds) == bool(expected)
     assert sum(res.phase_seconds.values()) <= res.tune_seconds + 1e-6
     assert res.time_summary().startswith("setup ")
@@ -249,6 +249,7 @@ def test_cli_tune_best_and_records_round_trip(tmp_path, capsys):
                  "--strategy", "random", "--plain", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "4 trials measured now" in out and "tuned kernel:" in out and "check OK" in out
+    assert re.search(r"time went to setup [0-9.]+ s, baseline [0-9.]+ s, build [0-9.]+ s, measure", out)
     assert "over the default schedule" in out
     assert main(["best", "matmul", *args]) == 0
     out = capsys.readouterr().out

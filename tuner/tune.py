@@ -6,6 +6,7 @@ runner unless given them, and return what the engine returns.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from dataclasses import replace
 
@@ -41,9 +42,12 @@ def tune(task: Task, store, options: TuningOptions | None = None, *, builder=Non
     with ExitStack() as owned:
         builder, runner = _measuring(owned, builder, runner, store)
         tuner = TaskTuner(task, store, opts, builder=builder, runner=runner, callbacks=callbacks)
-        while tuner.step() is not None:
-            pass
-        return tuner.finish()
+        try:
+            while tuner.step() is not None:
+                pass
+            return tuner.finish()
+        finally:
+            tuner.release()   # (an interrupted run: its builds ahead end before the builder closes)
 
 
 def tune_tasks(tasks: list, store, options: TuningOptions | None = None, *, weights=None, scheduler: str = "gradient",
@@ -72,8 +76,11 @@ def tune_tasks(tasks: list, store, options: TuningOptions | None = None, *, weig
                             cost_model=shared, callbacks=callbacks, expected_trials=share)
                   for i, task in enumerate(tasks)]
         if shared is not None:
+            t0 = time.perf_counter()
             warm_cost_model(store, tuners[0].task.target, {t.workload_key for t in tuners},
-                            [t.space for t in tuners], model=shared, emulated=tuners[0].emulated)
+                            [t.space for t in tuners], model=shared, emulated=tuners[0].emulated,
+                            cache=tuners[0].model_cache)
+            tuners[0].result.add_time("model", time.perf_counter() - t0)
         used = store.count(job_id=opts.job_id, search_only=True) if opts.job_id is not None else 0
         sched = TaskScheduler(tuners, weights, scheduler=scheduler, trials=trials, seconds=opts.seconds, seed=opts.seed,
                               callbacks=callbacks, used_trials=used)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# Where a run's time goes: loading records and warming the strategy, the default's one timing,
-# building and measuring the search's candidates, the strategy and cost model (ask/tell),
-# storing records, and the end-of-run re-timing (its builds and timings).
-PHASES = ("setup", "baseline", "build", "measure", "search", "records", "retime")
+# Where a run's time goes: loading records and the strategy, the default's one timing, waiting
+# for the search's builds and timing them, picking batches (search), the cost model (its warm
+# start, kept rows, retraining after each batch), storing records, and the end-of-run re-timing
+# (its builds and timings). Builds that ran beside other work are not a phase of their own (their
+# wall time is another phase's): `build_overlapped` says how long they took.
+PHASES = ("setup", "baseline", "build", "measure", "search", "model", "records", "retime")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class TuneResult:
     phase_seconds: dict = field(default_factory=dict)   # where tune_seconds went: PHASES
     timings: int = 0                # valid timings of this run (baseline, search, re-timing)
     disturbed_timings: int = 0      # of them, disturbed by other processes even after retries
+    build_overlapped: float = 0.0   # seconds of builds that ran beside other phases (not waited for)
+    adopted: int = 0                # candidates not built: their loop program was measured (search.base)
 
     def add_time(self, phase: str, seconds: float) -> None:
         if phase not in PHASES:
@@ -37,8 +41,15 @@ class TuneResult:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
 
     def time_summary(self) -> str:
-        """'setup 0.4 s, build 3.1 s, measure 9.8 s, ...': the phases in order, those that took time."""
-        return ", ".join(f"{'re-time' if p == 'retime' else p} {self.phase_seconds[p]:.1f} s" for p in PHASES if self.phase_seconds.get(p))
+        """'setup 0.4 s, build 3.1 s, measure 9.8 s, ...': the phases in order, those that took
+        time; then the builds that ran beside them and the candidates a measured twin served."""
+        parts = [f"{'re-time' if p == 'retime' else p} {self.phase_seconds[p]:.1f} s" for p in PHASES
+                 if self.phase_seconds.get(p)]
+        if self.build_overlapped >= 0.05:
+            parts.append(f"builds beside them {self.build_overlapped:.1f} s")
+        if self.adopted:
+            parts.append(f"{self.adopted} twin candidate{'s' if self.adopted != 1 else ''} not built")
+        return ", ".join(parts)
 
     @property
     def disturbed_fraction(self) -> float:

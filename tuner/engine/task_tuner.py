@@ -25,10 +25,12 @@ import time
 from collections import OrderedDict
 
 from ..candidate import MeasureResult
-from ..search import STRATEGIES, Budget, EarlyStopping
+from ..search import STRATEGIES, Budget, EarlyStopping, Strategy
 from ..space import SearchSpace, default_candidate
 from ..workload import Task
+from .build_ahead import PendingBuild, for_builder
 from .callbacks import BatchReport, Callbacks
+from .model_cache import ModelCache, structure_of
 from .options import TuningOptions, tuning_options
 from .result import TuneResult
 
@@ -46,6 +48,7 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
     raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
 
 
+AHEAD_RETRAIN_S = 0.2     # a retrain this long runs beside the next batch's builds (that batch picked before it)
 SLOW_CUTOFF = 1.5         # a search's candidate this many times slower than the best so far is timed briefly
 SEARCH_MAX_REPEAT_MS = 250.0   # a search's timing samples a contender this long at most (per attempt)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
@@ -101,6 +104,12 @@ class TaskTuner:
         t_start = time.perf_counter()
         self.task, self.store = task, store
         self.builder, self.runner = builder, runner
+        self._builds = for_builder(builder)   # builds run on their own thread, in order (build_ahead)
+        # a batch picked and handed to the builder before its step: (candidates, PendingBuild).
+        # Only a tuner that holds its own trial budget picks ahead (a scheduler's share of one
+        # is decided batch by batch, so a batch picked ahead might never be measured)
+        self._ahead: tuple | None = None
+        self._pick_ahead = trials is not None
         self.batch_size, self.job_id = int(batch_size), job_id
         self.top_k, self.retime_rounds, self.baseline = int(top_k), int(retime_rounds), bool(baseline)
         self.callbacks = callbacks or Callbacks()
@@ -127,15 +136,22 @@ class TaskTuner:
         resumed = store.count(task, kind=self.space.kind) if prior else 0
         self.result = TuneResult(task, resumed_trials=resumed, flops=self.opdef.flops)
         t0 = time.perf_counter()
-        if cost_model is None and self.strategy_name in MODEL_GUIDED:
-            cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space], emulated=self.emulated)
+        guided = self.strategy_name in MODEL_GUIDED
+        # the cost model's rows kept between runs of this target, next to the records
+        self.model_cache = ModelCache.for_store(store, task.target, self.emulated) if guided else None
+        if cost_model is None and guided:
+            cost_model = warm_cost_model(store, task.target, {self.workload_key}, [self.space], emulated=self.emulated,
+                                         cache=self.model_cache)
         self.cost_model = cost_model
+        model_seconds = time.perf_counter() - t0
         self.strategy = make_strategy(self.strategy_name, self.space, self.opdef, self.target, seed,
                                       visited=visited, cost_model=cost_model,
                                       group=self.workload_key, starting_points=starting_points,
                                       expected_trials=trials if expected_trials is None else expected_trials)
         if told:
+            t1 = time.perf_counter()
             self.strategy.update([r.candidate for r in told], [r.result for r in told])
+            model_seconds += time.perf_counter() - t1
         self.result.tuner_seconds += time.perf_counter() - t0
         for r in prior:            # the sample holds the task's fastest records
             if r.result.ok and r.cost < self.result.best_cost:
@@ -150,7 +166,8 @@ class TaskTuner:
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None
         self._t_start = t_start
-        self.result.add_time("setup", time.perf_counter() - t_start)
+        self.result.add_time("model", model_seconds)
+        self.result.add_time("setup", time.perf_counter() - t_start - model_seconds)
 
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -178,27 +195,115 @@ class TaskTuner:
         n = self.budget.take(self.batch_size if max_trials is None else min(self.batch_size, max_trials))
         if n <= 0:
             return None
-        t0 = time.perf_counter()
-        batch = self.strategy.next_batch(n)
-        self._searched(time.perf_counter() - t0)
-        if not batch:
-            self.exhausted = self.result.exhausted = True
-            return None
-        results = self._measure(batch, options=self._search_options())
+        batch, pending = self._take_ahead(n)
+        if batch is None:
+            batch = self._next_batch(n)
+            if not batch:
+                return None
+            pending = self._builds.submit(self.task, batch)
+        results = self._measure(batch, options=self._search_options(), pending=pending)
         t0 = time.perf_counter()
         ids = self.store.add_records(self.task, list(zip(batch, results)), job_id=self.job_id)
         self.result.add_time("records", time.perf_counter() - t0)
+        retrain_later = self._retrain_beside_builds(len(batch))
         t0 = time.perf_counter()
-        self.strategy.update(batch, results)
-        self._searched(time.perf_counter() - t0)
+        self.strategy.defer_retrain = retrain_later
+        try:
+            self.strategy.update(batch, results)
+        finally:
+            self.strategy.defer_retrain = False
+        self._modelled(time.perf_counter() - t0)
         self.budget.consume(len(batch))
         self._account(batch, results)
-        report = BatchReport(self.task, tuple(batch), tuple(results), tuple(ids), self.result)
-        self.callbacks.batch(report)
         if self.stopper is not None and self.stopper.update(results):
             self.exhausted = self.result.exhausted = True
+        self._pick_next_ahead()   # its builds run beside the retrain, the callbacks and the driver
+        if retrain_later:
+            t0 = time.perf_counter()
+            self.strategy.retrain()
+            self._modelled(time.perf_counter() - t0)
+        report = BatchReport(self.task, tuple(batch), tuple(results), tuple(ids), self.result)
+        self.callbacks.batch(report)
         self.callbacks.heartbeat(self)
         return report
+
+    # ------------------------------------------------------------------ batches picked ahead
+    def _next_batch(self, n: int) -> list:
+        """The strategy's next batch (its time is the search's); marks the run exhausted when
+        the strategy has nothing left. Candidates whose loop program was measured already are
+        adopted by the strategy, not returned (search.base): the run's count of them is kept."""
+        t0 = time.perf_counter()
+        batch = self.strategy.next_batch(n)
+        self._searched(time.perf_counter() - t0)
+        self.result.adopted = getattr(self.strategy, "adopted", 0)
+        if not batch:
+            self.exhausted = self.result.exhausted = True
+        return batch
+
+    def _retrain_beside_builds(self, measuring: int) -> bool:
+        """Whether this step's retrain runs after the next batch is picked, beside its builds:
+        only where the next batch will be picked now and the model's last retrain took
+        AHEAD_RETRAIN_S or more (a model warm-started with thousands of rows). A short retrain
+        goes first, so the next batch is ranked by a model that knows this one; the batch picked
+        before a long one is ranked by the model of the batches before, its evolution's parents
+        already this batch's (the strategy is told the results first)."""
+        model = getattr(self.strategy, "model", None)
+        if model is None or not hasattr(self.strategy, "retrain") or not model.trained:
+            return False
+        return self._may_pick_ahead(after=measuring) and model.last_retrain_seconds >= AHEAD_RETRAIN_S
+
+    def _may_pick_ahead(self, after: int = 0) -> bool:
+        if not self._pick_ahead or self._ahead is not None or self._stop.is_set() or self.exhausted:
+            return False
+        left = self.budget.remaining_trials
+        return left is None or left - after > 0
+
+    def _pick_next_ahead(self) -> None:
+        """Pick the next batch now and hand it to the builder, when this tuner will measure it."""
+        if not self._may_pick_ahead() or self.done:
+            return
+        left = self.budget.remaining_trials
+        batch = self._next_batch(self.batch_size if left is None else min(self.batch_size, left))
+        if batch:
+            self._ahead = (batch, self._builds.submit(self.task, batch))
+
+    def _take_ahead(self, n: int) -> tuple:
+        """(candidates, PendingBuild) picked ahead, at most `n` of them (the rest stay ahead,
+        built); (None, None) when there are none."""
+        if self._ahead is None:
+            return None, None
+        batch, pending = self._ahead
+        self._ahead = None
+        if len(batch) <= n:
+            return batch, pending
+        t0 = time.perf_counter()
+        builds = pending.result()
+        self.result.add_time("build", time.perf_counter() - t0)
+        self.result.build_overlapped += pending.overlapped
+        self._ahead = (batch[n:], PendingBuild.resolved(builds[n:]))
+        return batch[:n], PendingBuild.resolved(builds[:n])
+
+    def _drop_ahead(self) -> None:
+        """A batch picked ahead that will not be measured: its builds are waited for (the
+        builder's thread is busy until then) and discarded."""
+        if self._ahead is not None:
+            _, pending = self._ahead
+            self._ahead = None
+            t0 = time.perf_counter()
+            try:
+                pending.result()
+            except Exception:  # noqa: BLE001 - discarded either way; the builder said why already
+                pass
+            self.result.add_time("build", time.perf_counter() - t0)
+
+    def release(self) -> None:
+        """Wait for builds this tuner handed to the builder ahead, so the caller may close the
+        builder (finish() does this too; a driver that ends a run without finish() calls it)."""
+        self._drop_ahead()
+
+    def _modelled(self, seconds: float) -> None:
+        self.result.tuner_seconds += seconds
+        self.result.add_time("model", seconds)
 
     def _searched(self, seconds: float) -> None:
         self.result.tuner_seconds += seconds
@@ -220,12 +325,22 @@ class TaskTuner:
         return dataclasses.replace(options, slow_cutoff_s=SLOW_CUTOFF * best,
                                    max_repeat_ms=min(options.max_repeat_ms, SEARCH_MAX_REPEAT_MS))
 
-    def _measure(self, candidates, phase: str | None = None, options=None) -> list[MeasureResult]:
+    def _measure(self, candidates, phase: str | None = None, options=None, pending: PendingBuild | None = None
+                 ) -> list[MeasureResult]:
         """Build and time `candidates` (with `options` instead of the runner's own); their time
-        counts as build and measure, or all as `phase`. The builds of the fastest are kept for
-        the re-timing (`_keep_builds`)."""
+        counts as build and measure, or all as `phase`; `pending`: their builds, handed to the
+        builder before (only the wait for them counts: the rest ran beside other work and is
+        `build_overlapped`). Nothing is timed while a build this tuner handed over runs: the
+        timing waits for the batch's builds and for those of a batch picked ahead (other
+        processes' builds wait for it: compiler.host_lock). The builds of the fastest are kept
+        for the re-timing (`_keep_builds`)."""
         t0 = time.perf_counter()
-        builds = self.builder.build(self.task, candidates)
+        if pending is None:
+            pending = self._builds.submit(self.task, candidates)
+        builds = pending.result()
+        self.result.build_overlapped += pending.overlapped
+        if self._ahead is not None:   # a batch picked ahead is built before anything is timed
+            self._ahead[1].result()
         t1 = time.perf_counter()
         results = self._count(self.runner.run(self.task, builds, options))
         self._keep_builds(candidates, builds, results)
@@ -252,7 +367,7 @@ class TaskTuner:
     def _builds_of(self, candidates) -> list:
         """BuildResults of `candidates`: kept ones as they are, the rest built now."""
         missing = [c for c in candidates if c.fingerprint not in self._kept_builds]
-        built = dict(zip([c.fingerprint for c in missing], self.builder.build(self.task, missing) if missing else []))
+        built = dict(zip([c.fingerprint for c in missing], self._builds.build(self.task, missing) if missing else []))
         return [self._kept_builds[c.fingerprint][2] if c.fingerprint in self._kept_builds else built[c.fingerprint]
                 for c in candidates]
 
@@ -269,7 +384,14 @@ class TaskTuner:
             return None
         self._baseline_done = True
         cand = default_candidate(self.workload_key)
-        (res,) = self._measure([cand], phase="baseline")
+        pending = self._builds.submit(self.task, [cand])
+        default_key = self._default_program_key()
+        if default_key is not None:   # a starting point that lowers to the default is not measured again
+            self.strategy.visited_programs.setdefault(default_key, None)
+        self._pick_next_ahead()   # the first batch is picked while the default builds
+        (res,) = self._measure([cand], phase="baseline", pending=pending)
+        if default_key is not None:
+            self.strategy.know_program(default_key, res)
         t0 = time.perf_counter()
         ids = self.store.add_records(self.task, [(cand, res)], job_id=self.job_id)
         self.result.add_time("baseline", time.perf_counter() - t0)
@@ -283,6 +405,20 @@ class TaskTuner:
         self.callbacks.batch(report)
         self.callbacks.heartbeat(self)
         return report
+
+    def _default_program_key(self) -> str | None:
+        """The default schedule's program key, where the strategy compares programs."""
+        if type(self.strategy).program_key is Strategy.program_key:
+            return None
+        try:
+            from compiler.lower import lower
+
+            from ..program_key import program_key
+            from ..space import instantiate
+            sched, args = instantiate(self.opdef, default_candidate(self.workload_key), self.target)
+            return program_key(lower(sched, args))
+        except Exception:  # noqa: BLE001 - a default that does not lower is measured as it is
+            return None
 
     def _account(self, batch, results):
         r = self.result
@@ -302,6 +438,8 @@ class TaskTuner:
             return self._finished
         r = self.result
         r.stopped = self._stop.is_set()
+        self._drop_ahead()
+        self._save_model_rows()
         if not r.stopped and self.top_k > 0 and self.retime_rounds > 0:
             t0 = time.perf_counter()
             self._retime()
@@ -310,6 +448,30 @@ class TaskTuner:
         r.tune_seconds = time.perf_counter() - self._t_start
         self._finished = r
         return r
+
+    def _save_model_rows(self) -> None:
+        """Leave this workload's rows in the target's model cache (model_cache), for the next
+        run of the target to start from; the features are the strategy's own (no lowering)."""
+        cache, strategy = self.model_cache, self.strategy
+        if cache is None or not hasattr(strategy, "features"):
+            return
+        t0 = time.perf_counter()
+        try:
+            from ..cost_model import throughputs_from_results
+            seen, cands, results = set(), [], []
+            for c, res in strategy.history:   # adopted twins share their program's row: one row each
+                key = strategy.program_key(c) or c.fingerprint
+                if c.kind == self.space.kind and key not in seen:
+                    seen.add(key)
+                    cands.append(c)
+                    results.append(res)
+            if cands:
+                cache.save(self.workload_key, strategy.features(cands), throughputs_from_results(results, 1.0),
+                           [structure_of(c) for c in cands])
+        except OSError as e:   # the rows are a convenience: a read-only or full disk ends no run
+            import logging
+            logging.getLogger(__name__).warning("cost model rows not saved to %s: %s", cache.path, e)
+        self._modelled(time.perf_counter() - t0)
 
     def retime_plan(self) -> tuple[list, bool]:
         """(records to re-time, whether one timing of the default per round serves them all).
@@ -501,20 +663,28 @@ def _history_features(opdef, target: str, key: str, recs: list):
 
 
 def warm_cost_model(store, target: str, exclude_keys: set, spaces: list, limit: int = 2000, model=None,
-                    emulated: bool = False):
+                    emulated: bool = False, cache: ModelCache | None = None):
     """A cost model (`model`, or a new one) pre-trained on other workloads' records for this
     target whose candidates have the structure of one of `spaces` (same template or sketches)
-    and whose timings are of the kind `emulated` says; None if there are none."""
+    and whose timings are of the kind `emulated` says; None if there are none. `cache`: the
+    target's kept rows (model_cache): the workloads it holds come from it, not lowered again."""
     import numpy as np
 
     from ..cost_model import XGBCostModel, throughputs_from_results
 
+    cached = cache.rows(spaces, exclude_keys) if cache is not None else None
+    covered = set(cached.groups.tolist()) if cached is not None else set()
     structures = [st for st in (sp.structure() for sp in spaces) if st is not None]
     others = [r for r in store.history_of_structure(target, structures, exclude_keys, limit=limit)
-              if r.result.emulated == emulated and any(sp.same_structure(r.candidate) for sp in spaces)]
-    if not others:
+              if r.workload_key not in covered and r.result.emulated == emulated
+              and any(sp.same_structure(r.candidate) for sp in spaces)]
+    if not others and cached is None:
         return None
     feats, thr, groups = [], [], []
+    if cached is not None:
+        feats.append(cached.X.astype(np.float64))
+        thr.append(cached.y)
+        groups.extend(cached.groups.tolist())
     by_key: dict = {}
     for r in others:
         by_key.setdefault(r.workload_key, []).append(r)
