@@ -620,3 +620,53 @@ def test_a_concat_of_a_blocked_part_and_an_nchw_activation_at_a_partial_block():
     x = rand(RNG, (1, 3, 5, 6))
     c = np.concatenate([np_conv(x, p["w0"], pads=(1, 1, 1, 1)), np.maximum(x, 0)], axis=1)
     assert_close(build_model(graph).run(x=x)[0], np_conv(c, p["w1"]))
+
+
+def _squeeze_excite(reduce_node, opset):
+    """conv -> spatial reduction -> 1x1 conv -> sigmoid -> scale the conv's channels, the
+    reduction spelled as `reduce_node` (a ReduceMean / ReduceMax over the spatial axes)."""
+    C = 2 * B
+    p = {"w0": rand(RNG, (C, 3, 3, 3)), "w1": rand(RNG, (C, C, 1, 1)), "b1": rand(RNG, (C,))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             reduce_node,
+             helper.make_node("Conv", ["s", "w1", "b1"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["e"], ["g"]), helper.make_node("Mul", ["c", "g"], ["y"])]
+    return nodes, p
+
+
+@pytest.mark.parametrize("op, opset, how", [("ReduceMean", 13, "attr"), ("ReduceMean", 18, "input"),
+                                             ("ReduceMax", 18, "input"), ("ReduceMean", 18, "negative")])
+def test_a_spatial_reduction_is_a_global_pool_and_stays_blocked(op, opset, how):
+    """The dynamo exporter writes a squeeze-excite's average pool as ReduceMean over [2, 3]:
+    it runs as the blocked global pool, no copy out of the layout and back."""
+    axes = [-2, -1] if how == "negative" else [2, 3]
+    if how == "attr":
+        red = helper.make_node(op, ["c"], ["s"], axes=axes, keepdims=1)
+        inits = {}
+    else:
+        red = helper.make_node(op, ["c", "axes"], ["s"], keepdims=1)
+        inits = {"axes": np.array(axes, np.int64)}
+    nodes, p = _squeeze_excite(red, opset)
+    m = model(nodes, {"x": ((2, 3, 9, 11), "float32")}, {"y": (None, "float32")}, {**p, **inits}, opset=opset)
+    graph = from_onnx(m)
+    ops = [n.op_type for n in for_target(graph, TARGET).nodes]
+    assert op not in ops and "GlobalPoolNCHWc" in ops and "FromNCHWc" in ops and ops.count("FromNCHWc") == 1
+    x = rand(RNG, (2, 3, 9, 11))
+    (y,) = build_model(graph).run(x=x)
+    c = np_conv(x, p["w0"], pads=(1, 1, 1, 1))
+    s = c.mean(axis=(2, 3), keepdims=True) if op == "ReduceMean" else c.max(axis=(2, 3), keepdims=True)
+    g = 1 / (1 + np.exp(-np_conv(s, p["w1"], p["b1"])))
+    assert_close(y, c * g)
+
+
+@pytest.mark.parametrize("axes, keepdims", [([2, 3], 0), ([1, 2, 3], 1), ([3], 1)])
+def test_other_reductions_keep_their_meaning(axes, keepdims):
+    """Without keepdims the pool is reshaped to [N, C]; reductions over other axes stay reductions."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["y"], axes=axes, keepdims=keepdims)]
+    m = model(nodes, {"x": ((2, 5, 4, 6), "float32")}, {"y": (None, "float32")}, opset=13)
+    x = rand(RNG, (2, 5, 4, 6), lo=-1)
+    (y,) = build_model(from_onnx(m)).run(x=x)
+    want = np.maximum(x.astype(np.float64), 0).mean(axis=tuple(axes), keepdims=bool(keepdims))
+    assert y.shape == want.shape
+    assert_close(y, want)

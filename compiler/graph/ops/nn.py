@@ -412,7 +412,8 @@ register("LayerNormalization", Kind.OPAQUE, _ln_infer, check=_ln_check, inventor
 
 # ----------------------------------------------------------------------------- reductions
 
-def _reduce_axes(node, ins, opset):
+def reduce_axes(node, ins, opset) -> tuple:
+    """The sorted axes a Reduce* node reduces (attribute or, from its opset on, constant input)."""
     since = 13 if node.op_type == "ReduceSum" else 18
     rank = len(ins[0].shape)
     if opset >= since and len(ins) > 1 and ins[1] is not None:
@@ -427,7 +428,7 @@ def _reduce_axes(node, ins, opset):
 
 
 def _reduce_infer(node, ins, opset):
-    axes = _reduce_axes(node, ins, opset)
+    axes = reduce_axes(node, ins, opset)
     keep = int(node.attrs.get("keepdims", 1))
     shape = ins[0].shape
     out = tuple(1 if d in axes else s for d, s in enumerate(shape)) if keep else \
@@ -441,7 +442,7 @@ def _reduce_infer(node, ins, opset):
 
 def _reduce_mean_lower(node, xs, ins, opset):
     x = materialize(xs[0], "data")
-    axes = _reduce_axes(node, ins, opset)
+    axes = reduce_axes(node, ins, opset)
     keep = int(node.attrs.get("keepdims", 1))
     raxes = {d: reduce_axis(x.shape[d], f"r{d}") for d in axes}
     inv = 1.0 / math.prod(x.shape[d] for d in axes)
@@ -463,7 +464,7 @@ def _reduce_mean_lower(node, xs, ins, opset):
 
 def _reduce_inventory(node, ins, opset):
     kind = {"ReduceSum": "reduce_sum", "ReduceMax": "reduce_max", "ReduceMin": "reduce_min"}[node.op_type]
-    return kind, dict(shape=ins[0].shape, axis=_reduce_axes(node, ins, opset),
+    return kind, dict(shape=ins[0].shape, axis=reduce_axes(node, ins, opset),
                       keepdims=bool(int(node.attrs.get("keepdims", 1))), dtype=ins[0].dtype), [0]
 
 
@@ -471,4 +472,4 @@ register("ReduceMean", Kind.COMM_REDUCE, _reduce_infer, _reduce_mean_lower)
 for _op in ("ReduceSum", "ReduceMax", "ReduceMin"):
     register(_op, Kind.COMM_REDUCE, _reduce_infer, inventory=_reduce_inventory)
 
-__all__ = ["window_geometry", "pool_geometry"]
+__all__ = ["window_geometry", "pool_geometry", "reduce_axes"]
