@@ -801,6 +801,15 @@ def outside_fraction(module, feeds: dict) -> float:
 
 # ----------------------------------------------------------------------------- the run
 
+_STARTED = time.perf_counter()
+
+
+def elapsed() -> str:
+    """mm:ss since the run started: where a long run's time goes, read off its log."""
+    s = int(time.perf_counter() - _STARTED)
+    return f"{s // 60:02d}:{s % 60:02d}"
+
+
 def key_of(name: str, exporter: str, batch: int, seq: int) -> str:
     return f"{name}/{exporter}/b{batch}" + (f"/s{seq}" if name in SEQ_MODELS and seq != DEFAULT_SEQ else "")
 
@@ -861,7 +870,7 @@ def main() -> int:
         compiled on first use from the one file, as a deployed model runs; tuned, the shape is
         pinned for its tuning and built with its records."""
         feeds = {i.name: feeds[i.name] for i in session.get_inputs()}   # exporters drop unread inputs
-        print(f"{key}: building ...", flush=True)
+        print(f"[{elapsed()}] {key}: building ...", flush=True)
         refs = session.run(None, feeds)
         shapes = {n: a.shape for n, a in feeds.items()}
         records = trials = n_tasks = None
@@ -959,7 +968,7 @@ def main() -> int:
                 continue
             for exporter in exporters:
                 tag, where = f"{name}/{exporter}", f"{tmp}/{name}.{exporter}"
-                print(f"{tag}: exporting ...", flush=True)
+                print(f"[{elapsed()}] {tag}: exporting ...", flush=True)
                 Path(where).mkdir()
                 t0 = time.perf_counter()
                 path = f"{where}/{name}.onnx"
