@@ -15,7 +15,7 @@ Features come from `featurizer(candidates) -> [n, F]` (default: `features_for(op
 lowering each candidate), cached per fingerprint because annealing and evolution revisit points.
 The default featurizer also keeps each candidate's `program_key`, so a batch never holds two
 candidates of one loop program, nor one of a program measured before (base.Strategy): on the
-multi-stage computes a sixth to a fifth of distinct candidates are such twins.
+multi-stage computes a tenth to a fifth of distinct candidates are such twins.
 """
 
 from __future__ import annotations
