@@ -210,6 +210,14 @@ def test_a_run_times_each_loop_program_once_and_not_the_defaults_again(tmp_path)
     default = program_key(lower(*instantiate(opdef, default_candidate(tuner.workload_key), target)))
     assert len(set(keys)) == len(keys) and default not in keys
     assert res.adopted == tuner.strategy.adopted
+    # a resumed run knows the programs of the records and of the default, and times neither again
+    log.clear()
+    again = _tuner(tmp_path, log, trials=8, seed=4)
+    _run(again)
+    later = [fp for e in log if e[0] == "run" for fp in e[3]]
+    by_fp.update({c.fingerprint: c for c, _ in again.strategy.history})
+    more = [program_key(lower(*instantiate(opdef, by_fp[fp], target))) for fp in later]
+    assert len(more) == 8 and not set(more) & (set(keys) | {default}) and len(set(more)) == 8
 
 
 def test_program_key_ignores_names_and_sees_what_the_kernel_does():

@@ -162,6 +162,9 @@ class TaskTuner:
             if baseline_rec is not None:
                 self.result.baseline_cost = baseline_rec.cost
                 self._baseline_run_seconds = baseline_rec.result.run_seconds
+                default_key = self._default_program_key()
+                if default_key is not None:   # (a resumed run does not time the default's twin either)
+                    self.strategy.know_program(default_key, baseline_rec.result)
         used = store.count(task, job_id=job_id, search_only=True) if job_id is not None else 0
         self.budget = Budget(trials, seconds, used_trials=used).start()
         self.stopper = EarlyStopping(early_stopping) if early_stopping else None
