@@ -128,6 +128,8 @@ class CallSequence:
         self._timed: tuple | None = None   # (engine, function) of the timed sequence, made on first use
         self._failed = ctypes.c_int32(-1)
         self._record = ErrorRecord()
+        self._failed_ref = ctypes.byref(self._failed)
+        self._record_address = ctypes.addressof(self._record)
 
     @staticmethod
     def _compile(ir_text: str, symbol: str, *extra):
@@ -165,23 +167,38 @@ class CallSequence:
         if stamps.dtype != "int64" or stamps.shape != (len(self) + 1,) or not stamps.flags.c_contiguous:
             raise ValueError(f"stamps must be a contiguous int64 array of {len(self) + 1}, got {stamps.dtype} "
                              f"{stamps.shape}")
-        table = self._bases(bases)
+        self.run_timed_at(stamps, self._bases(bases))
+
+    def run_timed_at(self, stamps, table_address: int) -> None:
+        """run_timed() with the base table at `table_address`, as run_at."""
         if self._timed is None:
             self._timed = self._compile(_sequence_ir(self._calls, self.movable, timed=True), TIMED_SEQUENCE_SYMBOL,
                                         ctypes.c_void_p, ctypes.c_void_p)
         if self._parallel:
             before_parallel_call()
-        self._check(self._timed[1](ctypes.byref(self._failed), ctypes.addressof(self._record), table,
-                                   stamps.ctypes.data))
+        self._check(self._timed[1](self._failed_ref, self._record_address, table_address, stamps.ctypes.data))
 
     def run(self, bases=None) -> None:
         """Every call, in order; with `bases`, movable range j starts at bases[j] for this call.
         KernelRuntimeError for the first call that fails: its `call` is the call's index, and
         an index error carries the kernel's `check` and the `value` (Kernel.failure)."""
-        table = self._bases(bases)
+        self.run_at(self._bases(bases))
+
+    def base_table(self):
+        """A table of bases for `run_at`: a ctypes array of one uint64 per movable range, set to
+        the ranges' starts."""
+        table = (ctypes.c_uint64 * max(len(self.movable), 1))()
+        for j, (start, _) in enumerate(self.movable):
+            table[j] = start
+        return table
+
+    def run_at(self, table_address: int) -> None:
+        """run() with the base table at `table_address` (a `base_table()`'s address, or a
+        uint64 array's), unchecked: the owner of a sequence that runs it every few microseconds
+        (GraphModule.run) keeps one table and its length right."""
         if self._parallel:
             before_parallel_call()
-        self._check(self._fn(ctypes.byref(self._failed), ctypes.addressof(self._record), table))
+        self._check(self._fn(self._failed_ref, self._record_address, table_address))
 
     def _check(self, status: int) -> None:
         if status != KERNEL_OK:

@@ -17,16 +17,16 @@ import sys
 
 import numpy as np
 
-from ..buffers import ALIGNMENT, aligned_empty
+from ..buffers import ALIGNMENT
 
 
 class OutputArenas:
-    """Arenas of `nbytes` bytes, each holding the output blocks at `offsets`."""
+    """Arenas of `nbytes` bytes (from an ALIGNMENT boundary) for a run's outputs."""
 
     def __init__(self, nbytes: int, keep: int = 2):
         self.nbytes = max(int(nbytes), 1)
         self.keep = keep
-        self._arenas: list = []
+        self._arenas: list = []   # (raw buffer, offset of its aligned start, that start's address)
 
     @staticmethod
     def layout(sizes: list) -> tuple:
@@ -37,19 +37,18 @@ class OutputArenas:
             at += -(-max(int(n), 1) // ALIGNMENT) * ALIGNMENT
         return offsets, at
 
-    def take(self) -> np.ndarray:
-        """An arena (uint8, aligned) that no array returned from it still refers to."""
-        for arena in self._arenas:
-            if _unreferenced(arena):
-                return arena
-        arena = aligned_empty(self.nbytes, np.uint8)
+    def take(self) -> tuple:
+        """(raw uint8 buffer, offset of the arena's aligned start in it, that start's address) of an
+        arena no array still refers to. Outputs are made on the raw buffer itself
+        (np.ndarray(shape, dtype, raw, offset)), so each output, and every view of one, holds a
+        reference to it: with none left, only the list's entry refers to it."""
+        for entry in self._arenas:
+            if sys.getrefcount(entry[0]) == 2:   # the entry's reference and getrefcount's argument
+                return entry
+        raw = np.empty(self.nbytes + ALIGNMENT, np.uint8)
+        address = raw.ctypes.data
+        start = (-address) % ALIGNMENT
+        entry = (raw, start, address + start)
         if len(self._arenas) < self.keep:
-            self._arenas.append(arena)
-        return arena
-
-
-def _unreferenced(arena: np.ndarray) -> bool:
-    """True when only `arena` itself refers to its raw buffer: the arena's `base` and
-    getrefcount's own argument are its two references (aligned_empty's arrays are views of a raw
-    buffer, and numpy points every view of a view at that buffer)."""
-    return sys.getrefcount(arena.base) == 2
+            self._arenas.append(entry)
+        return entry
