@@ -13,6 +13,11 @@ baseline over `retime_rounds` rounds (see `TaskTuner._retime`): the maximum of m
 measurements is biased upward, so those medians are what the records rank by, the speed-up over the default comes from one set of same-run
 timings, and a candidate that is not faster than the default beyond the noise is not called a
 speed-up (the default stays the best).
+
+Builds are handed to the builder on a thread (build_ahead): the first search batch is picked
+while the default builds, and a batch can be picked and built while the model retrains
+(`_retrain_beside_builds`); nothing is timed while a build runs. The cost model's rows of the
+workload are left next to the records at the end (model_cache), for the next run of the target.
 """
 
 from __future__ import annotations
