@@ -119,5 +119,12 @@ def test_gemm_tile_keeps_two_pipes_busy():
     assert gemm_tile(1024, 1024, 16, 32, fmas_per_cycle=2) == (6, 64)
     assert gemm_tile(3136, 96, 16, 32, fmas_per_cycle=2) == (8, 32)   # ConvNeXt's 384 -> 96
     assert gemm_tile(197, 2304, 8, 16, columns=32) == (2, 32)   # B prepacked in 32-wide panels
+    # prepacked panels and few rows: the most rows that waste none (8 rows in tiles of 6 ran 12)
+    assert gemm_tile(8, 512, 16, 32, columns=64, fmas_per_cycle=1) == (4, 64)
+    assert gemm_tile(8, 512, 16, 32, columns=64, fmas_per_cycle=2) == (4, 64)
+    assert gemm_tile(16, 512, 16, 32, columns=64) == (4, 64)
+    assert gemm_tile(128, 512, 16, 32, columns=64) == (6, 64)   # 4 % of waste is worth 6 rows' reuse
+    assert gemm_tile(1, 512, 16, 32, columns=64) == (1, 64)
+    assert gemm_tile(3, 512, 16, 32, columns=64) == (3, 64)
     caps = Target.host().capabilities
     assert caps.fmas_per_cycle > 0
