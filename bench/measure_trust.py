@@ -16,6 +16,21 @@ ratio to the default), so a run that keeps the default still has a figure to che
 - the 256³ matmul and the conv submitted to `tunefarm serve` over REST, quietly and with a busy
   core, the job document's speed-up against the in-process truth.
 Prints a table, then one JSON line with the figures.
+
+`--slow-mode` (issue 56) asks instead whether a measuring process that runs slow for part of the
+run is noticed. One local runner tunes each workload (history: calibrations of its unthrottled
+worker, taken first); its measuring process is stopped and continued on a duty cycle (2 ms of
+every 4: half speed; tests/throttle.py) from the start of each tuning, so the default's window is
+timed slow (the issue's failure: a slow process misjudged the default against its candidates),
+and again after every second search batch (candidates timed slow mid-run). Each throttle holds the
+process it started on until the calibration replaces it; the replacement runs free. Only the
+calibration can end that phase, so nothing is detected unless the calibration detects it.
+Afterwards the recorded best and the default are timed in this (never throttled) process, as
+above. Its JSON: `slow_windows_detected` (windows whose closing calibration found the worker
+slow), `remeasured` (records re-taken in a fresh worker), `records_marked` (records left marked
+`slow_window`: no healthy worker could be had), `best_over_default_shift` (the largest
+|recorded best-over-default / in-process truth - 1|), `best_slower_than_default` (workloads
+whose recorded best is, in truth, slower than the default beyond noise).
 """
 
 from __future__ import annotations
@@ -250,11 +265,128 @@ def service_disagreement(service: dict, mode: str) -> float:
     return round(max(values), 4) if values else math.nan
 
 
-def print_table(rows: list) -> None:
-    head = ("workload", "run", "reported speed-up", "true speed-up", "disagreement", "best kind", "disturbed", "tune s")
+TABLE_HEAD = ("workload", "run", "reported speed-up", "true speed-up", "disagreement", "best kind", "disturbed", "tune s")
+SLOW_HEAD = ("workload", "run", "reported speed-up", "true speed-up", "shift", "best kind", "slow windows",
+             "remeasured", "marked", "throttle cycles", "tune s")
+HALF_SPEED_S = 0.002       # --slow-mode: stopped this long, then running this long
+SLOW_EVERY_SEARCH_BATCHES = 2
+
+
+def print_table(rows: list, head: tuple = TABLE_HEAD) -> None:
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
+
+
+def retaken(records) -> dict:
+    """What the records say was re-taken: {"remeasured": records measured again in a fresh worker,
+    "marked": records left marked slow_window, "windows": distinct slow windows among them (a
+    window's records share the speed index that found it slow)}. Read from the store, not the
+    runner, so it counts what reached the records a user's best is taken from."""
+    flagged = [r.result for r in records if r.result.remeasured or r.result.slow_window]
+    return {"remeasured": sum(1 for r in flagged if r.remeasured),
+            "marked": sum(1 for r in flagged if r.slow_window and not r.remeasured),
+            "windows": len({r.slow_index for r in flagged})}
+
+
+class SlowPhases:
+    """Half-speed phases of the local runner's measuring process (see --slow-mode): `now()` starts
+    a throttle on its current process; `on_batch` starts one after every SLOW_EVERY_SEARCH_BATCHES-th
+    search batch of the run (one SlowPhases per run). A throttle follows no replacement, so a phase
+    lasts until the calibration replaces the slow process."""
+
+    def __init__(self, runner):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from throttle import Throttle
+        self.runner, self.throttle_cls = runner, Throttle
+        self.throttles: list = []
+        self.search_batches = 0
+
+    def now(self) -> None:
+        t = self.throttle_cls(lambda: self.runner.worker.pid, stop_s=HALF_SPEED_S, run_s=HALF_SPEED_S)
+        self.throttles.append(t.__enter__())
+
+    def on_batch(self, report) -> None:
+        if report.kind == "search":
+            self.search_batches += 1
+            if self.search_batches % SLOW_EVERY_SEARCH_BATCHES == 0:
+                self.now()
+
+    def stop(self) -> int:
+        """Ends every phase still running (continuing its process); the duty cycles they ran."""
+        for t in self.throttles:
+            t.stop()
+        return sum(t.cycles for t in self.throttles)
+
+
+def slow_mode(args) -> int:
+    """--slow-mode: tune each workload with its measuring process slowed for part of the run, then
+    hold the recorded best against the in-process truth (see the module docstring)."""
+    import compiler
+    from tuner.measure import LocalRunner
+    from tuner.measure.calibration import StoreSpeedHistory
+    from tuner.records import open_store
+    from tuner.tune import tune
+    from tuner.workload import Task, Workload
+
+    target = compiler.Target.host()
+    print(f"host target: -mcpu={target.cpu}, {target.num_cores} cores; slow mode: the measuring process stopped "
+          f"{HALF_SPEED_S * 1e3:.0f} ms of every {2 * HALF_SPEED_S * 1e3:.0f} ms from each tuning's start and after "
+          f"every {SLOW_EVERY_SEARCH_BATCHES} of its search batches, until the calibration replaces it\n")
+    rows = Rows()
+    shifts, slower, detected, runner_remeasured, replacements = [], 0, 0, 0, 0
+    found = {"remeasured": 0, "marked": 0, "windows": 0}
+    tuning_seconds = 0.0
+    with tempfile.TemporaryDirectory() as tmp, open_store(f"sqlite:///{tmp}/slow_mode.db") as store, \
+            LocalRunner(history=StoreSpeedHistory(store)) as runner:
+        runner.calibrated.start()
+        seeded = runner.calibrated.fill_history()     # the device's history: its unthrottled worker
+        print(f"history: {len(runner.calibrated.report.calibrations)} calibrations of the unthrottled worker "
+              f"({seeded} to fill it)", file=sys.stderr, flush=True)
+        for name, (op, params) in WORKLOADS.items():
+            task = Task(Workload(op, params), str(target), "local")
+            opdef = task.workload.opdef()
+            before = dict(vars(runner.calibrated.report))
+            phases = SlowPhases(runner)
+            phases.now()
+            try:
+                result = tune(task, store, space="sketch", trials=args.trials, batch_size=8, seed=0,
+                              runner=runner, on_batch=phases.on_batch)
+            finally:
+                cycles = phases.stop()
+            report = runner.calibrated.report
+            windows = report.slow_windows - before["slow_windows"]
+            detected += windows
+            runner_remeasured += report.remeasured - before["remeasured"]
+            replacements += report.replacements - before["replacements"]
+            marks = retaken(store.history(workload_key=opdef.workload_key()))
+            for k in found:
+                found[k] += marks[k]
+            tuning_seconds += result.tune_seconds
+            best, reported = result.best_candidate, result.speedup_over_default
+            truth = true_speedup(opdef, best, target)[0]
+            shifts.append(abs(reported / truth - 1.0))
+            slower += truth < 1.0 - SLOWER_BEYOND_NOISE
+            rows.append((name, "slow", f"{reported:.3f}", f"{truth:.3f}", f"{abs(reported / truth - 1):.3f}", best.kind,
+                         windows, marks["remeasured"], marks["marked"], cycles, f"{result.tune_seconds:.0f}"))
+        state = runner.calibrated.report.state
+
+    print_table(rows, SLOW_HEAD)
+    print(json.dumps({
+        "slow_windows_detected": detected,
+        "remeasured": found["remeasured"],
+        "records_marked": found["marked"],
+        "slow_windows_in_records": found["windows"],
+        "remeasured_by_runner": runner_remeasured,
+        "workers_replaced": replacements,
+        "best_over_default_shift": round(max(shifts), 4),
+        "best_slower_than_default": int(slower),
+        "device_state": state,
+        "tuning_seconds": round(tuning_seconds, 1),
+        "trials": args.trials,
+        "cpu": target.cpu,
+    }))
+    return 0
 
 
 def main() -> int:
@@ -264,7 +396,11 @@ def main() -> int:
     ap.add_argument("--service-only", action="store_true", help="only the rows driven through tunefarm serve")
     ap.add_argument("--service-workloads", nargs="+", choices=list(WORKLOADS), default=None,
                     help="workloads of the service rows (default: the 256³ matmul and the conv)")
+    ap.add_argument("--slow-mode", action="store_true",
+                    help="only: tune with the measuring process at half speed for part of the run (issue 56)")
     args = ap.parse_args()
+    if args.slow_mode:
+        return slow_mode(args)
     names = args.service_workloads or SERVICE_WORKLOADS
     if args.service_only:
         import compiler
