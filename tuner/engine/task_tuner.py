@@ -53,7 +53,10 @@ def make_space(kind: str, opdef, target) -> SearchSpace:
     raise ValueError(f"unknown space {kind!r}; use 'template' or 'sketch'")
 
 
-AHEAD_RETRAIN_S = 0.2     # a retrain this long runs beside the next batch's builds (that batch picked before it)
+# a retrain this long runs beside the next batch's builds (that batch picked before it, by a model
+# that does not know the last batch yet): only a model of thousands of rows takes a second, and
+# on a loaded 2-core host a plain retrain passed 0.2 s and the stale picks cost search quality
+AHEAD_RETRAIN_S = 1.0
 SLOW_CUTOFF = 1.5         # a search's candidate this many times slower than the best so far is timed briefly
 SEARCH_MAX_REPEAT_MS = 250.0   # a search's timing samples a contender this long at most (per attempt)
 FULL_EFFORT_TRIALS = 32   # a task expecting this many trials or more gets the full search effort per batch
