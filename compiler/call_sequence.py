@@ -105,7 +105,7 @@ class CallSequence:
     """`run()` calls `kernels[i](*pointers[i])` for every i, in order, in one native call;
     KernelRuntimeError names the kernel that failed (the later ones do not run)."""
 
-    def __init__(self, kernels: list, pointers: list, movable: list = ()):
+    def __init__(self, kernels: list, pointers: list, movable=()):
         """`movable`: address ranges (start, nbytes), disjoint, whose base a call may move
         (`run(bases)`); without bases a call uses the starts."""
         if len(kernels) != len(pointers):

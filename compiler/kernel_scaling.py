@@ -47,7 +47,7 @@ def clocked_counters(clocked, arrays) -> np.ndarray:
     """The profiling build's counters per call: the median of each slot over several calls."""
     timed = [aligned_copy(a) for a in arrays]
     clocked.kernel(*timed)   # warm-up
-    rounds = []
+    rounds: list = []
     t0 = time.perf_counter()
     while len(rounds) < CLOCKED_CALLS[1] and (len(rounds) < CLOCKED_CALLS[0]
                                                or time.perf_counter() - t0 < CLOCKED_SECONDS):

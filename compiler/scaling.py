@@ -116,7 +116,7 @@ class Prediction:
         """The largest loss and, for a region's loss, the region: 'chunks (region 1)'."""
         if not self.losses or max(self.losses.values()) <= 0:
             return "-"
-        kind = max(self.losses, key=self.losses.get)
+        kind = max(self.losses, key=lambda k: self.losses[k])
         if kind == "serial":
             return kind
         worst = max(self.regions, key=lambda r: r.losses.get(kind, 0.0))

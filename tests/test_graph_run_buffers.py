@@ -10,12 +10,21 @@ import pytest
 from graph_models import model, rand
 from onnx import helper
 
+import compiler as C
 from compiler.buffers import aligned_empty
 from compiler.call_sequence import CallSequence
 from compiler.graph import build_model, from_onnx
-from test_call_sequence import _kernel
 
 RNG = np.random.default_rng(54)
+
+
+def elementwise_kernel(shape, fn, name, parallel=False):
+    X = C.placeholder(shape, "float32", "X")
+    Y = C.compute(shape, lambda i, j: fn(X[i, j]), name="Y")
+    s = C.create_schedule(Y)
+    if parallel:
+        s[Y].parallel(s[Y].root_iter_vars[0])
+    return C.build(s, [X, Y], name=name)
 
 
 def kv_step(heads=4, past=7, dim=8):
@@ -98,8 +107,8 @@ def test_an_output_that_is_an_input_or_another_output_is_its_own_array():
 
 def test_a_sequence_reads_its_movable_ranges_from_the_bases_given_per_call():
     shape = (9, 13)
-    add = _kernel(shape, lambda v: v + 1.5, "mv_add")
-    mul = _kernel(shape, lambda v: v * -2.0, "mv_mul", parallel=True)
+    add = elementwise_kernel(shape, lambda v: v + 1.5, "mv_add")
+    mul = elementwise_kernel(shape, lambda v: v * -2.0, "mv_mul", parallel=True)
     a, b, c = (aligned_empty(shape, np.float32) for _ in range(3))
     a[...] = RNG.uniform(-3, 3, shape)
     seq = CallSequence([add, mul], [[a.ctypes.data, b.ctypes.data], [b.ctypes.data, c.ctypes.data]],

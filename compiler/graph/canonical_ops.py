@@ -68,7 +68,7 @@ def spatial_reductions_to_global_pools(graph: Graph) -> Graph:
         if n.op_type not in GLOBAL_POOL_OF:
             continue
         ins = [graph.values[i] if i else None for i in n.inputs]
-        x = ins[0]
+        x = graph.values[n.inputs[0]]
         if x.const is not None or len(x.shape) < 3 or x.dtype not in ("float32", "float64"):
             continue
         if reduce_axes(n, ins, graph.opset) != tuple(range(2, len(x.shape))):

@@ -19,7 +19,7 @@ from .. import dispatch
 from ..kernel_scaling import measure_kernel
 from ..ops import default_schedule
 from ..parallel_probe import ParallelCosts, measure_parallel_costs
-from ..scaling import THREADS, ManyCoreHost, Prediction, combined_speedup, predict
+from ..scaling import THREADS, KernelTiming, ManyCoreHost, Prediction, combined_speedup, predict
 
 
 @dataclass
@@ -29,7 +29,7 @@ class KernelScaling:
     index: int
     name: str
     key: str
-    timing: object                      # scaling.KernelTiming (shared by the steps of one workload)
+    timing: KernelTiming                # shared by the steps of one workload
     predictions: dict = field(default_factory=dict)   # {threads: Prediction}
 
     def efficiency(self, threads: int) -> float:

@@ -227,7 +227,9 @@ class GraphModule:
         the arena, dtype, shape), ('arena copy', ...) for one that overlaps an output returned
         before it (two outputs of one storage), or ('copy', the module's view) for an output in a
         block that does not move."""
-        plan, taken, returns = self.plan, [], []
+        plan = self.plan
+        taken: list = []
+        returns: list = []
         for v in self.output_names:
             view = self._output_views.get(v)
             if view is None:
