@@ -131,9 +131,10 @@ def test_a_window_found_slow_is_measured_again_in_a_fresh_worker(farm, builds, t
     slow_pid = worker_of(agent)
     runner = runner_for(address, key, **MEASURE)
     try:
-        run = Background(runner, task, out[:1])      # one request: one window
-        started(address, name, run)
-        with Throttle(lambda: slow_pid, **HALF_SPEED) as throttle:   # this worker only: a replacement runs free
+        # throttled from before the request is sent (started after it, a quick window and its
+        # calibration could close first), this worker only: a replacement runs free
+        with Throttle(lambda: slow_pid, **HALF_SPEED) as throttle:
+            run = Background(runner, task, out[:1])      # one request: one window
             results = run.join(60)
     finally:
         runner.close()
@@ -143,9 +144,10 @@ def test_a_window_found_slow_is_measured_again_in_a_fresh_worker(farm, builds, t
     assert again and not any(r.slow_window for r in results)                 # taken again, nothing left marked
     assert all(r.slow_index is not None and r.slow_index < SLOW_RATIO for r in again)
     assert worker_of(agent) != slow_pid                                      # the slow process was replaced
-    after = wait_for(lambda: (a := health(address, name)).replacements > before.replacements and a, 10,
-                     "the agent to report the replacement")
-    assert after.remeasured >= before.remeasured + len(again) and after.slow_windows > before.slow_windows
+    # the counters reach the tracker with the agent's next health report: wait for all of them
+    after = wait_for(lambda: (a := health(address, name)).replacements > before.replacements
+                     and a.remeasured >= before.remeasured + len(again) and a.slow_windows > before.slow_windows
+                     and a, 10, "the agent to report the replacement and the re-measured window")
     assert after.health == "healthy" and after.speed_index >= SLOW_RATIO     # the fresh worker is healthy
 
     # the records keep it, and a job's API view says when and why
