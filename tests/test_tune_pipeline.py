@@ -17,7 +17,7 @@ import pytest
 from compiler.lower import lower
 from tuner.candidate import Candidate, MeasureResult
 from tuner.engine import TaskTuner, task_tuner
-from tuner.engine.model_cache import ModelCache, structure_of
+from tuner.engine.model_cache import KEEP_ROWS_ENV, ModelCache, structure_of
 from tuner.measure.builder import BuildResult
 from tuner.measure.runner import Runner
 from tuner.program_key import program_key
@@ -239,6 +239,7 @@ def test_program_key_ignores_names_and_sees_what_the_kernel_does():
 # ----------------------------------------------------------------------------- the model kept between runs
 
 def test_the_next_run_of_a_target_starts_from_the_kept_rows_without_lowering_them(tmp_path, monkeypatch):
+    monkeypatch.setenv(KEEP_ROWS_ENV, "1")
     log: list = []
     first = _tuner(tmp_path, log, trials=12)
     _run(first)
