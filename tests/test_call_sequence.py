@@ -14,7 +14,7 @@ from compiler.runtime import ArgSpec, Kernel, compile_module
 from compiler.target import Target
 
 
-def _kernel(shape, fn, name, parallel=False):
+def elementwise_kernel(shape, fn, name, parallel=False):
     X = C.placeholder(shape, "float32", "X")
     Y = C.compute(shape, lambda i, j: fn(X[i, j]), name="Y")
     s = C.create_schedule(Y)
@@ -39,8 +39,8 @@ def _failing_kernel(status: int) -> Kernel:
 def test_sequence_runs_the_calls_in_order_on_their_buffers():
     rng = np.random.default_rng(0)
     shape = (37, 29)                               # odd sizes, the second kernel parallel
-    add = _kernel(shape, lambda x: x + 1.5, "seq_add")
-    mul = _kernel(shape, lambda x: x * -2.0, "seq_mul", parallel=True)
+    add = elementwise_kernel(shape, lambda x: x + 1.5, "seq_add")
+    mul = elementwise_kernel(shape, lambda x: x * -2.0, "seq_mul", parallel=True)
     a = aligned_empty(shape, np.float32)
     a[...] = rng.uniform(-3, 3, shape).astype(np.float32)
     b = aligned_empty(shape, np.float32)
@@ -58,7 +58,7 @@ def test_sequence_runs_the_calls_in_order_on_their_buffers():
 
 def test_a_failing_call_is_named_and_stops_the_sequence():
     shape = (8, 8)
-    add = _kernel(shape, lambda x: x + 1.0, "seq_add_after")
+    add = elementwise_kernel(shape, lambda x: x + 1.0, "seq_add_after")
     fails = _failing_kernel(8)   # a status the runtime has no words for
     flag = aligned_empty((1,), np.uint8)
     x = aligned_empty(shape, np.float32)
@@ -74,7 +74,7 @@ def test_a_failing_call_is_named_and_stops_the_sequence():
 
 
 def test_pointer_lists_must_match_the_kernels():
-    add = _kernel((4, 4), lambda x: x + 1.0, "seq_add_check")
+    add = elementwise_kernel((4, 4), lambda x: x + 1.0, "seq_add_check")
     with pytest.raises(ValueError, match="2 kernels but 1 argument lists"):
         CallSequence([add, add], [[0, 0]])
     with pytest.raises(ValueError, match="takes 2 pointers, got 1"):
@@ -84,8 +84,8 @@ def test_pointer_lists_must_match_the_kernels():
 def test_the_timed_sequence_runs_the_same_calls_and_stamps_each():
     rng = np.random.default_rng(1)
     shape = (53, 31)
-    add = _kernel(shape, lambda x: x + 0.5, "timed_add")
-    mul = _kernel(shape, lambda x: x * 3.0, "timed_mul", parallel=True)
+    add = elementwise_kernel(shape, lambda x: x + 0.5, "timed_add")
+    mul = elementwise_kernel(shape, lambda x: x * 3.0, "timed_mul", parallel=True)
     a = aligned_empty(shape, np.float32)
     a[...] = rng.uniform(-2, 2, shape).astype(np.float32)
     b, c = aligned_empty(shape, np.float32), aligned_empty(shape, np.float32)

@@ -9,22 +9,13 @@ import numpy as np
 import pytest
 from graph_models import model, rand
 from onnx import helper
+from test_call_sequence import elementwise_kernel
 
-import compiler as C
 from compiler.buffers import aligned_empty
 from compiler.call_sequence import CallSequence
 from compiler.graph import build_model, from_onnx
 
 RNG = np.random.default_rng(54)
-
-
-def elementwise_kernel(shape, fn, name, parallel=False):
-    X = C.placeholder(shape, "float32", "X")
-    Y = C.compute(shape, lambda i, j: fn(X[i, j]), name="Y")
-    s = C.create_schedule(Y)
-    if parallel:
-        s[Y].parallel(s[Y].root_iter_vars[0])
-    return C.build(s, [X, Y], name=name)
 
 
 def kv_step(heads=4, past=7, dim=8):
