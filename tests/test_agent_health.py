@@ -132,10 +132,15 @@ def test_a_window_found_slow_is_measured_again_in_a_fresh_worker(farm, builds, t
     runner = runner_for(address, key, **MEASURE)
     try:
         # throttled from before the request is sent (started after it, a quick window and its
-        # calibration could close first), this worker only: a replacement runs free
-        with Throttle(lambda: slow_pid, **HALF_SPEED) as throttle:
-            run = Background(runner, task, out[:1])      # one request: one window
-            results = run.join(60)
+        # calibration could close first), this worker only: a replacement runs free. The verdict
+        # is a timing: a calibration that caught the worker in its running half may read healthy,
+        # so the window is sent again (to the same, still throttled worker) up to three times
+        for _ in range(3):
+            with Throttle(lambda: slow_pid, **HALF_SPEED) as throttle:
+                run = Background(runner, task, out[:1])      # one request: one window
+                results = run.join(60)
+            if any(r.remeasured for r in results) or worker_of(agent) != slow_pid:
+                break
     finally:
         runner.close()
     assert throttle.cycles > 10
