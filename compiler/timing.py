@@ -246,18 +246,19 @@ def _summary(values: list) -> tuple[float, float, float]:
 
 
 def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadWaitClock | None = None,
-                 sleep=time.sleep) -> Timing:
+                 sleep=time.sleep, calls: int | None = None) -> Timing:
     """Time `run_batch(n)` (runs the kernel n times; returns nothing) by the protocol above.
 
-    The caller has warmed the kernel up (one call at least). `run_batch` may raise; the timing
-    stops with it."""
+    The caller has warmed the kernel up (one call at least). `calls`: the calls per sample when the
+    caller knows them (its warm-up call alone lasted a sample: probing again would cost a whole-model
+    run of seconds for nothing). `run_batch` may raise; the timing stops with it."""
     opts = (options or TimingOptions()).check()
     own_clock = clock is None
     clock = clock or ThreadWaitClock()
     started = time.perf_counter()
     cpu0 = _cpu_times()
     try:
-        n = calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
+        n = max(int(calls), opts.min_calls) if calls else calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
         clean_all: list = []
         for attempt in range(opts.attempts):
             clock.refresh()

@@ -26,6 +26,7 @@ from .. import host_lock
 from ..timing import Timing, TimingOptions, time_samples
 
 PAUSE_S = 0.1   # between two sides: longer than onnxruntime's and libgomp's spin-wait after a call
+ATTEMPTS = 2    # per round (run_options)
 
 
 @dataclass
@@ -41,26 +42,33 @@ class RunTimes:
 
 def run_options(repeat: int = 5, min_seconds: float = 0.05) -> TimingOptions:
     """The protocol's options for a whole run: at least `repeat` clean samples over at least
-    `min_seconds` per round."""
+    `min_seconds` per round, in two attempts: a round is one of several, alternated, and a shared
+    host that disturbed a second attempt at a seconds-long run disturbed a fourth as well (a
+    batch-8 VGG-19 shape took 4.5 minutes to time); a round still disturbed says so."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    return TimingOptions(min_samples=repeat, min_seconds=min_seconds)
+    return TimingOptions(min_samples=repeat, min_seconds=min_seconds, attempts=ATTEMPTS)
 
 
 def time_call(fn: Callable[[], object], options: TimingOptions | None = None, lock: bool = True) -> Timing:
-    """`fn()` timed by the protocol after one warm-up call, holding the host's timing lock."""
+    """`fn()` timed by the protocol after one warm-up call, holding the host's timing lock; a
+    warm-up that lasted a sample sets the calls per sample (one) without another probing call."""
     opts = options or run_options()
 
     def run_batch(n):
         for _ in range(n):
             fn()
 
+    def timed():
+        t0 = time.perf_counter()
+        fn()
+        warm = time.perf_counter() - t0
+        return time_samples(run_batch, opts, calls=1 if warm >= opts.min_sample_s else None)
+
     if not lock:
-        fn()
-        return time_samples(run_batch, opts)
+        return timed()
     with host_lock.exclusive():
-        fn()
-        return time_samples(run_batch, opts)
+        return timed()
 
 
 def time_interleaved(runs: dict, rounds: int = 5, repeat: int = 5, pause_s: float = PAUSE_S) -> dict:
