@@ -4,7 +4,8 @@ and the benchmarks all report.
 A speed-up is the ratio of two things timed in the same process, one after the other, on the same
 threads. Each side is timed by the measurement protocol (compiler/timing.py: batched samples, the
 median of the clean ones, each checked for time lost to other processes, under the host's
-exclusive timing lock), after a warm-up call, for `rounds` rounds, the sides alternating, with a
+exclusive timing lock), after a warm-up call (a run that took LONG_RUN_S or more in its first
+round gets none after it), for `rounds` rounds, the sides alternating, with a
 pause between them: another runtime's thread pool spins for a while after its last call
 (onnxruntime's intra-op threads, OpenMP's team), and a side timed in that window runs on cores
 still taken by the other. Measured on a 2-core host, a 4-layer ViT-B ran 139 ms right after an
@@ -27,6 +28,7 @@ from ..timing import Timing, TimingOptions, time_samples
 
 PAUSE_S = 0.1   # between two sides: longer than onnxruntime's and libgomp's spin-wait after a call
 ATTEMPTS = 2    # per round (run_options)
+LONG_RUN_S = 0.2   # a run this long is timed without a warm-up call after its first round
 
 
 @dataclass
@@ -50,9 +52,13 @@ def run_options(repeat: int = 5, min_seconds: float = 0.05) -> TimingOptions:
     return TimingOptions(min_samples=repeat, min_seconds=min_seconds, attempts=ATTEMPTS)
 
 
-def time_call(fn: Callable[[], object], options: TimingOptions | None = None, lock: bool = True) -> Timing:
+def time_call(fn: Callable[[], object], options: TimingOptions | None = None, lock: bool = True,
+              warm_up: bool = True) -> Timing:
     """`fn()` timed by the protocol after one warm-up call, holding the host's timing lock; a
-    warm-up that lasted a sample sets the calls per sample (one) without another probing call."""
+    warm-up that lasted a sample sets the calls per sample (one) without another probing call.
+    `warm_up=False`: the caller knows a call lasts a sample and more (LONG_RUN_S) and that `fn`
+    ran before; a sample is then one call, with no warm-up (what a cold cache costs a
+    seconds-long run is lost in it)."""
     opts = options or run_options()
 
     def run_batch(n):
@@ -60,6 +66,8 @@ def time_call(fn: Callable[[], object], options: TimingOptions | None = None, lo
             fn()
 
     def timed():
+        if not warm_up:
+            return time_samples(run_batch, opts, calls=1)
         t0 = time.perf_counter()
         fn()
         warm = time.perf_counter() - t0
@@ -80,7 +88,9 @@ def time_interleaved(runs: dict, rounds: int = 5, repeat: int = 5, pause_s: floa
     timings: dict = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            timings[name].append(time_call(fn, opts))
+            # a side whose last round's calls took LONG_RUN_S or more is not warmed up again
+            warm_up = not timings[name] or timings[name][-1].median < LONG_RUN_S
+            timings[name].append(time_call(fn, opts, warm_up=warm_up))
             time.sleep(pause_s)
     return {name: RunTimes(ms=statistics.median(t.median for t in ts) * 1e3,
                            rounds_ms=[t.median * 1e3 for t in ts], disturbed=any(t.disturbed for t in ts),
