@@ -219,14 +219,14 @@ def _clean(cal: dict, metric: str) -> bool:
 def reference(history: list, cal: dict) -> dict:
     """Per metric, the median of the undisturbed figures of the comparable calibrations of
     `history` (newest HISTORY_SIZE); a metric with fewer than MIN_HISTORY of them is left out.
-    A confirmed slow verdict (slow calibrations in a row: a verdict and its confirmation) is not
-    part of the standard: a device that stays slow would otherwise lower its own median until a
-    throttled worker read healthy again. A lone slow reading is the host's noise and stays in,
-    or the standard would creep up on a noisy host."""
+    The slow calibrations since the last one that was not slow (the episode the device is in) are
+    not part of the standard: a device that stays slow would otherwise lower its own median until
+    a throttled worker read healthy again. Once a calibration reads healthy, the episode's
+    readings count again: left out for good, a noisy device's low readings would raise its
+    standard until nothing read healthy (an emulated board did)."""
     same = [h for h in history if comparable(cal, h)]
-    slow = [h.get("state") == SLOW for h in same]
-    same = [h for i, h in enumerate(same)
-            if not (slow[i] and ((i > 0 and slow[i - 1]) or (i + 1 < len(same) and slow[i + 1])))]
+    while same and same[-1].get("state") == SLOW:
+        same.pop()
     ref = {}
     for m in METRICS:
         values = [float(h[m]) for h in same if _clean(h, m)][-HISTORY_SIZE:]
