@@ -106,3 +106,20 @@ def test_a_killed_holder_never_wedges_the_host(tmp_path, monkeypatch):
     proc.wait()
     with host_lock.exclusive() as waited:
         assert waited < 1.0
+
+
+def test_calls_known_to_the_caller_are_not_probed_and_long_runs_skip_later_warm_ups():
+    """A caller whose warm-up lasted a sample passes calls=1: every run_batch is a timed sample of
+    one call (no probing batch); time_interleaved warms a side of 0.2 s or more only in round one."""
+    from compiler.graph.run_timing import time_interleaved
+    batches = []
+
+    def run_batch(n):
+        batches.append(n)
+        time.sleep(0.003)
+    t = time_samples(run_batch, TimingOptions(min_samples=3, min_seconds=0.0), clock=QuietClock(), calls=1)
+    assert t.calls_per_sample == 1 and set(batches) == {1} and len(batches) == len(t.samples)
+    calls = []
+    times = time_interleaved({"long": lambda: (calls.append(1), time.sleep(0.21))}, rounds=2, repeat=1, pause_s=0.0)
+    samples = sum(len(t.samples) for t in times["long"].timings)
+    assert len(calls) == 1 + samples          # one warm-up in all, every other call a timed sample
