@@ -129,6 +129,7 @@ class TaskTuner:
         self._stop = threading.Event()
         self._kept_builds: dict = {}   # fingerprint -> BuildResult of the fastest candidates (the re-timing's)
         self._finished: TuneResult | None = None
+        self._best_key = (True, math.inf)   # (timed in a slow window, cost) of the best so far: _consider_best
         self._baseline_done = not self.baseline
         self._baseline_run_seconds = 0.0   # what one timing of the default took (sizes the re-timing)
         self.exhausted = False
@@ -162,8 +163,8 @@ class TaskTuner:
             model_seconds += time.perf_counter() - t1
         self.result.tuner_seconds += time.perf_counter() - t0
         for r in prior:            # the sample holds the task's fastest records
-            if r.result.ok and r.cost < self.result.best_cost:
-                self.result.best_cost, self.result.best_candidate = r.cost, r.candidate
+            if r.result.ok:
+                self._consider_best(r.candidate, r.result, r.cost)
         if default_candidate(self.workload_key).fingerprint in visited:   # measured before (even if it failed): not again
             self._baseline_done = True
             baseline_rec = store.baseline_record(self.workload_key, task.target, task.device_key)
@@ -409,8 +410,7 @@ class TaskTuner:
         if res.ok:
             self.result.baseline_cost = res.cost
             self._baseline_run_seconds = res.run_seconds
-            if res.cost < self.result.best_cost:
-                self.result.best_cost, self.result.best_candidate = res.cost, cand
+            self._consider_best(cand, res)
         self.strategy.visited.add(cand.fingerprint)
         report = BatchReport(self.task, (cand,), (res,), tuple(ids), self.result, kind="baseline")
         self.callbacks.batch(report)
@@ -437,9 +437,20 @@ class TaskTuner:
             r.trials += 1
             if not res.ok:
                 r.errors += 1
-            elif res.cost < r.best_cost:
-                r.best_cost, r.best_candidate = res.cost, cand
+            else:
+                self._consider_best(cand, res)
             r.history.append((r.resumed_trials + r.trials, res.cost))
+
+    def _consider_best(self, cand, res, cost: float | None = None) -> None:
+        """Take (cand, res) as the best so far when the records store would rank it first: a result
+        timed in a slow window (MeasureResult.slow_window) only ahead of other such results, an
+        unmarked one by its cost (store._best_order), so the run's best is the record apply-best
+        builds."""
+        cost = res.cost if cost is None else cost
+        key = (bool(res.slow_window), cost)
+        if key < self._best_key:
+            self._best_key = key
+            self.result.best_cost, self.result.best_candidate = cost, cand
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> TuneResult:
