@@ -47,7 +47,9 @@ Lifecycle:
   or reported marked (MeasureResult.slow_window, remeasured, slow_index). The agent's state,
   speed index and new calibrations go to the tracker on every heartbeat, and at once when the
   state changes; the tracker's history of this key and host comes back in Welcome. A degraded
-  agent gets no work; its idle rechecks are how it is seen to recover;
+  agent gets no work; its idle rechecks are how it is seen to recover. An emulated agent
+  (host.is_emulated) does not calibrate: the emulator's speed says nothing of a device's, and
+  under qemu-user a window's closing calibration reads half the standard after any new kernel;
 - SIGTERM / SIGINT (`request_stop`): Drain (the tracker sends no more work), finish and report
   what is held (a request received ahead too: it is leased to this agent), wait for the tracker to
   confirm the reports, within `drain_grace_seconds`; past that, exit anyway (the leases requeue it).
@@ -63,7 +65,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -272,6 +274,12 @@ class Agent:
         self.config = config
         self.name = config.name or f"{socket.gethostname()}-{os.getpid()}"
         self.device = describe_host()
+        if self.device["emulated"] and config.calibrate:
+            # an emulator's speed is not a device's: under qemu-user every window's closing
+            # calibration read 0.5-0.6 of the standard (the calibration kernels translated again
+            # after a new kernel loads), so every window was measured again for nothing
+            log.info("emulated host: windows are not calibrated (the emulator's speed says nothing of a device's)")
+            self.config = config = replace(config, calibrate=False)
         self._metadata = auth_metadata(config.token)
         self._stop = threading.Event()        # SIGTERM/SIGINT: drain and leave
         self._refused = threading.Event()     # the tracker refused us for good
