@@ -145,6 +145,25 @@ def test_judging_against_the_device_history(cal, expect):
     assert C.judge(dict(cal, threads=4), past)[0] == C.UNKNOWN     # another thread count is not comparable
 
 
+def test_slow_calibrations_never_lower_the_devices_standard():
+    """A device that stays slow keeps reading slow: the slow calibrations of its current episode do
+    not join the median (with them, five slow readings over three healthy ones made a half-speed
+    worker read healthy)."""
+    healthy = {"version": C.CALIBRATION_VERSION, "threads": 2, "fma_1": 100, "fma_n": 200, "stream_1": 20,
+               "stream_n": 30, "disturbed": []}
+    half = dict(healthy, fma_1=50, fma_n=100, stream_1=10, stream_n=15)
+    history = C.SpeedHistory([dict(healthy, state=C.UNKNOWN, speed_index=None)] * C.MIN_HISTORY)
+    for _ in range(2 * C.MIN_HISTORY):
+        state, index = C.judge(half, history.recent(half))
+        assert state == C.SLOW and index == pytest.approx(0.5)
+        history.add(half, state, index)
+    assert C.judge(healthy, history.recent(healthy)) == (C.HEALTHY, 1.0)    # recovered: as fast as before
+    # once a reading is healthy, an earlier episode's slow readings count again: a noisy device's
+    # standard does not climb above its readings
+    history.add(healthy, C.HEALTHY, 1.0)
+    assert C.reference(history.recent(healthy), healthy)["fma_1"] == pytest.approx(50.0)     # six of ten read 50
+
+
 def test_calibrations_round_trip_in_the_store(db_url):
     with SQLRecordsStore(db_url) as s:
         cal = {"version": 1, "threads": 2, "fma_1": 50.0, "fma_n": 90.0, "stream_1": 10.0, "stream_n": 12.0,
