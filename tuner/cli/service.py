@@ -48,7 +48,7 @@ def cmd_worker(args) -> int:
     store = open_store(args.db)
     worker = JobWorker(store, name=args.name, lease_seconds=args.lease, poll_seconds=args.poll,
                        device_keys=args.device_key or None, tracker=args.tracker, tracker_token=args.tracker_token,
-                       tls_ca=args.tls_ca)
+                       tls_ca=args.tls_ca, calibrate=not args.no_calibration)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -278,6 +278,9 @@ def register(sub) -> None:
                    help="the tracker's tuner token (default $TUNEFARM_TUNER_TOKEN)")
     p.add_argument("--tls-ca", default=None, help="CA certificate (PEM) when the tracker serves TLS")
     p.add_argument("--once", action="store_true", help="run at most one job, then exit")
+    p.add_argument("--no-calibration", action="store_true",
+                   help="do not calibrate the local measuring workers around each window (no drift checks, no slow "
+                        "windows measured again; saves about 0.1 s a window)")
     p.add_argument("--nice", type=int, default=0, metavar="N",
                    help="run at this lower priority (0..19), builds and measurements too: on a host shared with the "
                         "API (tunefarm serve starts its local workers at 5)")

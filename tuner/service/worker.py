@@ -50,9 +50,13 @@ class JobWorker:
 
     def __init__(self, store, name: str | None = None, lease_seconds: float = DEFAULT_LEASE_S,
                  poll_seconds: float = 2.0, device_keys: list[str] | None = None, tracker: str | None = None,
-                 tracker_token: str | None = None, tls_ca: str | None = None, build_workers: int | None = None):
+                 tracker_token: str | None = None, tls_ca: str | None = None, build_workers: int | None = None,
+                 calibrate: bool = True):
         """`device_keys`: the device keys this worker serves; default "local" only without a
-        tracker, any key with one (farm keys are measured through the tracker)."""
+        tracker, any key with one (farm keys are measured through the tracker). `calibrate`:
+        whether local measuring workers are calibrated around each window
+        (device_agent/calibration.py; about 0.1 s a window, which on jobs of a few tiny
+        windows is most of their time)."""
         if lease_seconds < 3:
             raise ValueError(f"lease must be at least 3 s, got {lease_seconds}")
         self.store, self.name = store, name or default_worker_name()
@@ -62,6 +66,7 @@ class JobWorker:
             device_keys = ["local"]
         self.device_keys = device_keys
         self.build_workers = build_workers
+        self.calibrate = calibrate
         self.current_job: int | None = None
         # builder pools and local runners by their settings, kept across jobs: starting build
         # processes and a measuring worker costs seconds, more than a small job's tuning
@@ -210,7 +215,7 @@ class _JobRun:
             options = m.measure_options()
             # calibrations judged against this host's history in the service's store
             runner = w.machinery("runner", options,
-                                 lambda: LocalRunner(options, history=StoreSpeedHistory(w.store)))
+                                 lambda: LocalRunner(options, history=StoreSpeedHistory(w.store), calibrate=w.calibrate))
         else:
             if w.tracker is None:
                 raise RuntimeError(f"job {self.job.id} measures on device key {self.job.device_key!r}, and this "
