@@ -40,7 +40,8 @@ from tuner.measure import BuilderPool, MeasureOptions, RPCRunner
 from tuner.records import open_store
 from tuner.workload import Task, Workload
 
-pytestmark = [pytest.mark.board, pytest.mark.slow]
+# one xdist worker runs them all (`-n 2 --dist loadgroup`): one board fixture, and never two builds of it at once
+pytestmark = [pytest.mark.board, pytest.mark.slow, pytest.mark.xdist_group("board")]
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "arm-a72"
