@@ -87,6 +87,24 @@ def test_a_symbol_is_one_size_and_fixed_dimensions_are_checked():
     assert compiled.builds == 0   # nothing was compiled for a bad call
 
 
+def test_a_compiled_signature_still_checks_every_call():
+    """A shape seen before skips the signature's validation, not the checks: a wrong dtype, a
+    non-array or a missing input of that shape is still a clear InputError, and nothing is built."""
+    m, w = _two_inputs_model()
+    compiled = ShapeSpecializedModel(m)
+    x, mask = rand(RNG, (2, 3, 4)), rand(RNG, (2, 1))
+    compiled.run(x=x, mask=mask)
+    with pytest.raises(InputError, match="dtype float32"):
+        compiled.run(x=x.astype(np.float64), mask=mask)
+    with pytest.raises(InputError):
+        compiled.run(x=x.tolist(), mask=mask)
+    with pytest.raises(InputError, match="missing \\['mask'\\]"):
+        compiled.run(x=x, other=mask)
+    (y,) = compiled.run(x=x, mask=mask)
+    assert_close(y, _reference(x, mask, w))
+    assert compiled.builds == 1
+
+
 def test_pinned_shapes_build_ahead_of_time():
     m, w = _two_inputs_model()
     module = compile_onnx(m, input_shapes={"x": (4, 3, 4), "mask": (4, 1)})
