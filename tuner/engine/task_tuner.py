@@ -163,8 +163,8 @@ class TaskTuner:
             model_seconds += time.perf_counter() - t1
         self.result.tuner_seconds += time.perf_counter() - t0
         for r in prior:            # the sample holds the task's fastest records
-            if r.result.ok:
-                self._consider_best(r.candidate, r.result, r.cost)
+            if r.result.ok:   # a re-timed record ranks by its re-timing, which only unmarked rounds feed
+                self._consider_best(r.candidate, r.result, r.cost, slow=r.result.slow_window and r.retimed_cost is None)
         if default_candidate(self.workload_key).fingerprint in visited:   # measured before (even if it failed): not again
             self._baseline_done = True
             baseline_rec = store.baseline_record(self.workload_key, task.target, task.device_key)
@@ -441,13 +441,13 @@ class TaskTuner:
                 self._consider_best(cand, res)
             r.history.append((r.resumed_trials + r.trials, res.cost))
 
-    def _consider_best(self, cand, res, cost: float | None = None) -> None:
+    def _consider_best(self, cand, res, cost: float | None = None, slow: bool | None = None) -> None:
         """Take (cand, res) as the best so far when the records store would rank it first: a result
         timed in a slow window (MeasureResult.slow_window) only ahead of other such results, an
         unmarked one by its cost (store._best_order), so the run's best is the record apply-best
         builds."""
         cost = res.cost if cost is None else cost
-        key = (bool(res.slow_window), cost)
+        key = (bool(res.slow_window if slow is None else slow), cost)
         if key < self._best_key:
             self._best_key = key
             self.result.best_cost, self.result.best_candidate = cost, cand
