@@ -8,6 +8,7 @@ that use it are marked `board`. Building it takes minutes once; it is cached out
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAKE_BOARD = ROOT / "scripts" / "make_board.sh"
 BOARD_RUN = ROOT / "scripts" / "board_run.sh"
 BUILD_TIMEOUT_S = 3600
+BUILD_LOCK = Path("/tmp/tunefarm-board-build.lock")
 EXIT_CANNOT = 3   # make_board.sh: this machine cannot make a board (not root, no binfmt_misc, no packages)
 
 HOW = ("build the emulated board as root with `scripts/make_board.sh` (Debian's debootstrap, qemu-user-static and "
@@ -31,11 +33,15 @@ def ensure_board() -> Path:
     if os.geteuid() != 0:
         pytest.skip(f"the emulated board needs root (chroot, mounts, binfmt_misc): {HOW}")
     env = dict(os.environ, PYTHON=sys.executable)   # the board's wheels follow this interpreter's versions
-    try:
-        proc = subprocess.run(["bash", str(MAKE_BOARD)], env=env, capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"scripts/make_board.sh did not finish within {BUILD_TIMEOUT_S} s")
+    # one build at a time: the suite's two processes (-n 2) may both want the board; the second
+    # waits, then finds the cache current
+    with open(BUILD_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            proc = subprocess.run(["bash", str(MAKE_BOARD)], env=env, capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"scripts/make_board.sh did not finish within {BUILD_TIMEOUT_S} s")
     if proc.returncode == EXIT_CANNOT:
         pytest.skip(f"this machine cannot make the emulated board ({proc.stderr.strip()}): {HOW}")
     if proc.returncode != 0:

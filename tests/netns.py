@@ -25,6 +25,7 @@ centre) and one per agent (boards somewhere else), and takes all of them down ag
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import re
@@ -120,6 +121,9 @@ def sweep_stale() -> list:
     return gone
 
 
+CONSOLE_LOCK = Path("/tmp/tunefarm-netns-console.lock")   # one test process picks and takes a subnet at a time
+
+
 def _free_console_subnet() -> int:
     """A third octet for the console's /24 that no address of the root namespace uses yet."""
     used = ip("-4", "-o", "addr", "show", check=False).stdout
@@ -167,11 +171,14 @@ class Hosts:
         for ns in [self.service, *self.agents]:
             ip("netns", "add", ns)
             ip("-n", ns, "link", "set", "lo", "up")
-        third = _free_console_subnet()
-        self.console_ip, self.tracker_ip = f"10.213.{third}.1", f"10.213.{third}.2"
         root_end, svc_end = self._console
-        ip("link", "add", root_end, "type", "veth", "peer", "name", svc_end, "netns", self.service)
-        ip("addr", "add", f"{self.console_ip}/24", "dev", root_end)
+        # picked and taken under a lock: the suite's two processes (-n 2) may build farms at once
+        with open(CONSOLE_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            third = _free_console_subnet()
+            self.console_ip, self.tracker_ip = f"10.213.{third}.1", f"10.213.{third}.2"
+            ip("link", "add", root_end, "type", "veth", "peer", "name", svc_end, "netns", self.service)
+            ip("addr", "add", f"{self.console_ip}/24", "dev", root_end)
         ip("link", "set", root_end, "up")
         ip("-n", self.service, "addr", "add", f"{self.tracker_ip}/24", "dev", svc_end)
         ip("-n", self.service, "link", "set", svc_end, "up")

@@ -40,8 +40,7 @@ from tuner.measure import BuilderPool, MeasureOptions, RPCRunner
 from tuner.records import open_store
 from tuner.workload import Task, Workload
 
-# one xdist worker runs them all (`-n 2 --dist loadgroup`): one board fixture, and never two builds of it at once
-pytestmark = [pytest.mark.board, pytest.mark.slow, pytest.mark.xdist_group("board")]
+pytestmark = [pytest.mark.board, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "arm-a72"

@@ -22,9 +22,7 @@ from rpc_tracker.client import make_channel
 from rpc_tracker.protocol import auth_metadata, pb, pb_grpc
 from tuner.records import open_store
 
-# one xdist worker runs them all (`-n 2 --dist loadgroup`): two farms starting at once could pick the same
-# free console subnet of the root namespace
-pytestmark = [pytest.mark.netns, pytest.mark.xdist_group("netns")]
+pytestmark = pytest.mark.netns
 
 _why_not = netns.unavailable()
 if _why_not:
