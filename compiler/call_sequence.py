@@ -169,14 +169,33 @@ class CallSequence:
                              f"{stamps.shape}")
         self.run_timed_at(stamps, self._bases(bases))
 
-    def run_timed_at(self, stamps, table_address: int) -> None:
-        """run_timed() with the base table at `table_address`, as run_at."""
+    def _timed_function(self):
         if self._timed is None:
             self._timed = self._compile(_sequence_ir(self._calls, self.movable, timed=True), TIMED_SEQUENCE_SYMBOL,
                                         ctypes.c_void_p, ctypes.c_void_p)
+        return self._timed[1]
+
+    def native_function(self, timed: bool = False) -> int:
+        """The address of the compiled sequence (`timed`: of the one that stamps the clock), for
+        native code that calls it itself (compiler/graph/native_run.py): its arguments are
+        `failed_address`, `record_address`, a base table's address (and the stamps'); the
+        caller passes the status to `check`. Valid while this sequence lives."""
+        return ctypes.cast(self._timed_function() if timed else self._fn, ctypes.c_void_p).value
+
+    @property
+    def failed_address(self) -> int:
+        return ctypes.addressof(self._failed)
+
+    @property
+    def record_address(self) -> int:
+        return self._record_address
+
+    def run_timed_at(self, stamps, table_address: int) -> None:
+        """run_timed() with the base table at `table_address`, as run_at."""
+        timed = self._timed_function()
         if self._parallel:
             before_parallel_call()
-        self._check(self._timed[1](self._failed_ref, self._record_address, table_address, stamps.ctypes.data))
+        self.check(timed(self._failed_ref, self._record_address, table_address, stamps.ctypes.data))
 
     def run(self, bases=None) -> None:
         """Every call, in order; with `bases`, movable range j starts at bases[j] for this call.
@@ -198,9 +217,10 @@ class CallSequence:
         (GraphModule.run) keeps one table and its length right."""
         if self._parallel:
             before_parallel_call()
-        self._check(self._fn(self._failed_ref, self._record_address, table_address))
+        self.check(self._fn(self._failed_ref, self._record_address, table_address))
 
-    def _check(self, status: int) -> None:
+    def check(self, status: int) -> None:
+        """Nothing for KERNEL_OK; else the KernelRuntimeError of the call that returned `status`."""
         if status != KERNEL_OK:
             call = self._failed.value
             kernel: Kernel = self.kernels[call]

@@ -23,6 +23,22 @@ from .target import llvm_binding
 _pool_owner_pid = None
 _warned_pids: set = set()
 _state_lock = threading.Lock()
+# 1 in a process forked from this one: native code that runs kernels without passing through
+# before_parallel_call (a model's native entry, compiler/graph/native_run.py) reads it and
+# leaves a forked child's call to the Python path, which applies the rule above
+_forked = ctypes.c_int32(0)
+
+
+def _after_fork_in_child() -> None:
+    _forked.value = 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_flag_address() -> int:
+    """Address of an int32 that is 0 in a process not forked from one that imported this module."""
+    return ctypes.addressof(_forked)
 
 
 @lru_cache(maxsize=None)
@@ -73,4 +89,4 @@ def before_parallel_call() -> None:
                       "to use every core)", RuntimeWarning, stacklevel=3)
 
 
-__all__ = ["runtime_libraries", "set_num_threads", "get_max_threads", "before_parallel_call"]
+__all__ = ["runtime_libraries", "set_num_threads", "get_max_threads", "before_parallel_call", "fork_flag_address"]

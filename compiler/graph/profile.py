@@ -20,7 +20,8 @@ fused kernel on its own, with the data it really gets. `profile_model(module, in
   the stamped calls of each call's own time less its own span (first kernel's stamp to the
   last's): one call against itself, so a moment of load during its kernels lands inside the span
   and not in the overhead (a plain run against the next stamped one read a batch-8 BERT-base
-  5 % outside on a shared host, itself 0 % when quiet).
+  5 % outside on a shared host, itself 0 % when quiet), less the cost of reading the clock
+  around it (two reads back to back).
 
 Throughput figures are only what a kernel provably does: GFLOPS counts the multiply-adds of the
 anchor (a convolution or a matrix product: 2 · output points · reduction extent, the count the
@@ -166,6 +167,17 @@ def argument_bytes(opdef) -> int:
     return sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in opdef.tensors)
 
 
+def clock_floor_ns(reads: int = 201) -> float:
+    """The median time between two perf_counter_ns() calls back to back: what timing a call
+    adds to it (tens of ns; a batch-1 MLP's run is 15 us)."""
+    clock = time.perf_counter_ns
+    gaps = []
+    for _ in range(reads):
+        t0 = clock()
+        gaps.append(clock() - t0)
+    return float(np.median(gaps))
+
+
 def default_options(repeat: int) -> TimingOptions:
     """The protocol's options with at least `repeat` clean samples; shorter sampling than a
     tuning measurement, since a model has tens of kernels to time one after another."""
@@ -205,8 +217,9 @@ def profile_model(module: ProfiledModule, inputs: dict, repeat: int = 10, option
     seconds = np.median(np.array(spans), axis=0) / 1e9
     span_ns = np.array(spans).sum(axis=1)
     sequence_seconds = float(np.median(span_ns)) / 1e9
-    # each stamped call against its own span: a moment of load inside the kernels moves both
-    outside_seconds = max(0.0, float(np.median(np.array(stamped) - span_ns)) / 1e9)
+    # each stamped call against its own span: a moment of load inside the kernels moves both;
+    # less what reading the clock twice costs with nothing between (the measurement, not the run)
+    outside_seconds = max(0.0, float(np.median(np.array(stamped) - span_ns) - clock_floor_ns()) / 1e9)
     kernels = []
     for i, step in enumerate(module.steps):
         gk = step.group

@@ -40,6 +40,7 @@ from .fuse import fuse
 from .index_errors import node_error
 from .ir import Graph
 from .layout import propagate_blocked_layout
+from .native_run import BAD_ARGUMENTS, FAILED, RENEW, native_run
 from .output_arenas import OutputArenas
 from .passes import prepack_conv_weights, prepack_matmul_weights
 from .plan import MemoryPlan, plan_memory
@@ -202,6 +203,7 @@ class GraphModule:
             ptrs = kernel.check_args(arrays)   # shapes, dtypes and overlaps, once
             self.steps.append(Step(kernel, gk, arrays, ptrs))
         self._sequence: CallSequence | None = None
+        self._native = None   # the native entries once run() made them; False: none here
         self.input_names = list(graph.inputs)
         self.output_names = list(graph.outputs)
         self._inputs = {v: self._view(v, graph.values[v].shape, graph.values[v].dtype) for v in graph.inputs}
@@ -288,20 +290,102 @@ class GraphModule:
 
     def run(self, **inputs) -> list:
         """The model's outputs for `inputs` (one array per graph input, by name), each a new
-        array that the caller owns."""
+        array that the caller owns.
+
+        The first call compiles the call sequence and, where this Python allows, the model's
+        native entry (native_run.py); from then on `run` and `run_timed` are this instance's
+        own functions that call it, and an input it does not take as it is goes the checked
+        way below (copied, or refused with a clear error)."""
+        if self._native is None:
+            self._install_native()
+            if self._native:
+                return self.run(**inputs)
         return self._run(inputs, None)
 
     def run_timed(self, inputs: dict, stamps: np.ndarray) -> list:
         """run(), its call sequence reading the monotonic clock into `stamps` before each kernel
         and after the last (CallSequence.run_timed): what a run spends outside its kernels is
         its wall time less stamps[-1] - stamps[0], both of the same call (the profile's)."""
+        if self._native is None:
+            self._install_native()
+            if self._native:
+                return self.run_timed(inputs, stamps)
         return self._run(inputs, stamps)
+
+    def _install_native(self) -> None:
+        """Make run() and run_timed() the native entry's (kept in self._native: False where there
+        is none). With small outputs they are the builtins themselves; otherwise Python that
+        allocates the outputs and makes one call. What the entry declines, a kernel fails on, or
+        the outputs the caller still holds go on in Python here."""
+        sequence = self.call_sequence()
+        slow, steps = self._run, self.steps
+
+        def failure(status):
+            try:
+                sequence.check(status.value)
+            except KernelRuntimeError as e:
+                raise node_error(e, steps) from None
+
+        def fallback_run(args, kwargs, why):
+            if args:
+                raise TypeError(f"run() takes the model's inputs by name ({', '.join(self.input_names)}), "
+                                f"got {len(args)} positional argument(s)")
+            inputs = kwargs or {}
+            if why == RENEW:   # the caller holds the last outputs: fresh ones, and again
+                native.outputs.renew()
+                return self.run(**inputs)
+            if why == FAILED:
+                failure(native.status)
+            return slow(inputs, None)
+
+        def fallback_timed(inputs, stamps, why):
+            if why == BAD_ARGUMENTS:
+                raise TypeError("run_timed() takes (inputs, stamps)")
+            if why == RENEW:
+                native.outputs.renew()
+                return self.run_timed(inputs, stamps)
+            if why == FAILED:
+                failure(native.timed_status)
+            return slow(inputs, stamps)
+
+        native = native_run(self, sequence, self._table_address, fallback_run, fallback_timed)
+        self._native = native or False
+        if not native:
+            return
+        if native.methods:
+            self.run, self.run_timed = native.run, native.run_timed
+            return
+        take, call, call_timed = native.outputs.take, native.entry, native.timed_entry
+
+        def run(**inputs):
+            outs, raw = take()
+            result = call(inputs, raw)
+            if result is None:
+                return outs
+            if result is False:
+                failure(native.status)
+            return slow(inputs, None)
+
+        def run_timed(inputs, stamps):
+            outs, raw = take()
+            result = call_timed(inputs, raw, stamps)
+            if result is None:
+                return outs
+            if result is False:
+                failure(native.timed_status)
+            return slow(inputs, stamps)
+
+        self.run, self.run_timed = run, run_timed
 
     def _run(self, inputs: dict, stamps) -> list:
         """run()'s body, kept to a few microseconds of Python: beside a batch-1 MLP's 17 us of
         kernels, every step here shows (checks, views and copies decided at build time)."""
         self._check_inputs(inputs)
         sequence = self.call_sequence()
+        if stamps is not None and (not isinstance(stamps, np.ndarray) or stamps.dtype != np.int64
+                                   or stamps.shape != (len(sequence) + 1,) or not stamps.flags.c_contiguous):
+            raise ValueError(f"stamps must be a contiguous int64 array of {len(sequence) + 1}, got "
+                             f"{getattr(stamps, 'dtype', type(stamps).__name__)} {getattr(stamps, 'shape', '')}")
         table = self._table
         for name, slot, own in self._input_plan:
             arr = inputs[name]
