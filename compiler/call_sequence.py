@@ -180,7 +180,7 @@ class CallSequence:
         native code that calls it itself (compiler/graph/native_run.py): its arguments are
         `failed_address`, `record_address`, a base table's address (and the stamps'); the
         caller passes the status to `check`. Valid while this sequence lives."""
-        return ctypes.cast(self._timed_function() if timed else self._fn, ctypes.c_void_p).value
+        return int(ctypes.cast(self._timed_function() if timed else self._fn, ctypes.c_void_p).value or 0)
 
     @property
     def failed_address(self) -> int:

@@ -77,7 +77,7 @@ class Abi:
 
 
 def _address(fn) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
+    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
 
 @lru_cache(maxsize=None)
@@ -199,6 +199,7 @@ def entry_ir(layout: Abi, inputs: list, storage: list, sequence: int, failed: in
     (the positional arguments, the keywords dict or None) or (inputs, stamps), with `why` one of
     DECLINED, RENEW, FAILED, BAD_ARGUMENTS (then a and b are None)."""
     method = fallback is not None
+    fallback_object = int(fallback or 0)
     if method and (len(storage) != 1 or not storage[0].held):
         raise ValueError("a method entry's storage is its self: one held StorageArg")
     nargs = (2 if stamps is not None else 0) if method else 1 + len(storage) + (stamps is not None)
@@ -362,11 +363,11 @@ def entry_ir(layout: Abi, inputs: list, storage: list, sequence: int, failed: in
             L.append("leave:")
         L.extend([f"  %why = phi i8* [{_ptr(id(DECLINED))}, %decline], [{_ptr(id(RENEW))}, %renew], "
                   f"[{_ptr(id(FAILED))}, %failed]",
-                  f"  %handed = call i8* (i8*, ...) {call}(i8* {_ptr(fallback)}, i8* {a}, i8* {b}, i8* %why, i8* null)",
+                  f"  %handed = call i8* (i8*, ...) {call}(i8* {_ptr(fallback_object)}, i8* {a}, i8* {b}, i8* %why, i8* null)",
                   "  ret i8* %handed",
                   "renew:", "  br label %leave", "failed:", "  br label %leave", "decline:", "  br label %leave"])
         if stamps is not None:
-            L.extend(["bad:", f"  %bad.handed = call i8* (i8*, ...) {call}(i8* {_ptr(fallback)}, i8* {_ptr(layout.none)}, "
+            L.extend(["bad:", f"  %bad.handed = call i8* (i8*, ...) {call}(i8* {_ptr(fallback_object)}, i8* {_ptr(layout.none)}, "
                       f"i8* {_ptr(layout.none)}, i8* {_ptr(id(BAD_ARGUMENTS))}, i8* null)", "  ret i8* %bad.handed"])
         L.append("}")
     else:
@@ -428,7 +429,7 @@ class NativeRun:
         common = dict(layout=layout, inputs=inputs, storage=[self.outputs.arg], failed=sequence.failed_address,
                       record=sequence.record_address, table=table_address, fork_flag=fork_flag_address(),
                       release_gil=releases_gil(module))
-        if self.methods:
+        if self.outputs.held is not None:
             self.outputs.held.append(self)   # the builtins' self: the outputs, then what their code needs
         built = []
         for timed, fallback in ((False, fallback_run), (True, fallback_timed)):
@@ -506,6 +507,7 @@ class OutputStorage:
 
     def renew(self) -> None:
         """Fresh arrays at the head of `held`: the caller keeps the ones it was given."""
+        assert self.held is not None
         self.held[:len(self._specs)] = [np.empty(s, d) for s, d in self._specs]
 
     def take(self) -> tuple:

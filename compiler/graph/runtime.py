@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -203,7 +204,7 @@ class GraphModule:
             ptrs = kernel.check_args(arrays)   # shapes, dtypes and overlaps, once
             self.steps.append(Step(kernel, gk, arrays, ptrs))
         self._sequence: CallSequence | None = None
-        self._native = None   # the native entries once run() made them; False: none here
+        self._native: Any = None   # the NativeRun once run() made it; False: none here
         self.input_names = list(graph.inputs)
         self.output_names = list(graph.outputs)
         self._inputs = {v: self._view(v, graph.values[v].shape, graph.values[v].dtype) for v in graph.inputs}
@@ -348,12 +349,13 @@ class GraphModule:
                 failure(native.timed_status)
             return slow(inputs, stamps)
 
-        native = native_run(self, sequence, self._table_address, fallback_run, fallback_timed)
-        self._native = native or False
-        if not native:
+        found = native_run(self, sequence, self._table_address, fallback_run, fallback_timed)
+        self._native = found or False
+        if found is None:
             return
+        native = found
         if native.methods:
-            self.run, self.run_timed = native.run, native.run_timed
+            self.run, self.run_timed = native.run, native.run_timed   # type: ignore[method-assign]
             return
         take, call, call_timed = native.outputs.take, native.entry, native.timed_entry
 
@@ -375,7 +377,7 @@ class GraphModule:
                 failure(native.timed_status)
             return slow(inputs, stamps)
 
-        self.run, self.run_timed = run, run_timed
+        self.run, self.run_timed = run, run_timed   # type: ignore[method-assign]
 
     def _run(self, inputs: dict, stamps) -> list:
         """run()'s body, kept to a few microseconds of Python: beside a batch-1 MLP's 17 us of
