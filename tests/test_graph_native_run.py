@@ -215,3 +215,51 @@ def test_a_forked_child_runs_the_model_on_one_thread():
     got = os.read(r, 2)
     os.waitpid(pid, 0)
     assert got == b"ok"
+
+
+@needs_abi
+@pytest.mark.parametrize("shape", [(3, 37), (96, 256)], ids=["held outputs", "arena outputs"])
+def test_a_dropped_model_is_freed_at_once(shape):
+    """Nothing the entry keeps refers back to the module: its buffers go with its last
+    reference, not at the cycle collector's next pass."""
+    import gc
+    import weakref
+    m = model([helper.make_node("Relu", ["x"], ["y"])], {"x": (shape, "float32")}, {"y": (None, "float32")})
+    module = build_model(from_onnx(m))
+    x = rand(RNG, shape, lo=-1)
+    (y,) = module.run(x=x)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    gone = weakref.ref(module)
+    gc.disable()
+    try:
+        del module
+        assert gone() is None
+    finally:
+        gc.enable()
+    np.testing.assert_array_equal(y, np.maximum(x, 0))   # the caller's output outlives it
+
+
+@needs_abi
+def test_a_kept_run_of_a_freed_model_still_runs_or_says_why():
+    m, shape, reference = mlp()
+    module = build_model(from_onnx(m))
+    x = rand(RNG, shape, lo=-1)
+    module.run(x=x)
+    run = module.run
+    del module
+    check(run(x=x)[0], reference(x))                       # the entry keeps what its code needs
+    with pytest.raises(ReferenceError, match="freed"):
+        run(x=x[:1])                                       # the checked way needs the model
+
+
+@needs_abi
+def test_a_bound_run_taken_before_the_first_call_keeps_the_entry():
+    m, shape, reference = mlp()
+    module = build_model(from_onnx(m))
+    run = module.run                                       # GraphModule.run, bound
+    x = rand(RNG, shape, lo=-1)
+    check(run(x=x)[0], reference(x))
+    calls = []
+    module._run = lambda inputs, stamps: calls.append(1)  # the checked way, watched
+    check(run(x=x)[0], reference(x))
+    assert not calls

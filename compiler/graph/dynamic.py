@@ -40,7 +40,8 @@ class ShapeSpecializedModel:
 
     `src`: a path, bytes or onnx.ModelProto. `input_shapes` pins some inputs for every call (a
     partial signature; the rest stay symbolic). `max_shapes`: how many compiled signatures are
-    kept (least recently used goes first). `records`, `target`: as build_model takes them."""
+    kept (least recently used goes first). `records`, `target`: as build_model takes them.
+    Like a GraphModule, it runs one call of a shape at a time."""
 
     def __init__(self, src, target=None, records=None, input_shapes: dict | None = None,
                  max_shapes: int = DEFAULT_MAX_SHAPES):

@@ -32,6 +32,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class Abi:
     dimensions: int
     descr: int
     flags: int
-    type_num: int      # in the dtype (PyArray_Descr)
+    type_num: int      # in the dtype (PyArray_Descr), an int
     byteorder: int     # in the dtype
     ndarray_type: int
     dict_type: int
@@ -122,7 +123,7 @@ def _reads_back(layout: Abi) -> bool:
                 != (a.flags.c_contiguous and a.flags.aligned)):
             return False
     for dt in (np.dtype(np.float32), np.dtype(np.int64), np.dtype(">f4"), np.dtype(np.bool_)):
-        if byte(dt, layout.type_num) != dt.num or chr(byte(dt, layout.byteorder)) != dt.byteorder:
+        if int32(dt, layout.type_num) != dt.num or chr(byte(dt, layout.byteorder)) != dt.byteorder:
             return False
     # an array held by a list alone has one reference, where the list's items are
     held = [np.empty(3), np.empty(2)]
@@ -225,7 +226,7 @@ def entry_ir(layout: Abi, inputs: list, storage: list, sequence: int, failed: in
               f"  %d.n = call i64 {_ptr(layout.dict_size, 'i64 (i8*)*')}(i8* %d)",
               f"  %d.n.ok = icmp eq i64 %d.n, {len(inputs)}",
               "  br i1 %d.n.ok, label %in0, label %decline"])
-    names = [a.name for a in inputs]   # kept alive by the caller's ArrayArgs, as long as the entry
+    names = [a.name for a in inputs]   # the caller keeps them alive as long as the code (NativeRun._keep)
 
     def field(v, offset, typ, name):
         L.extend([f"  %{name}.p = getelementptr i8, i8* {v}, i64 {offset}",
@@ -251,10 +252,11 @@ def entry_ir(layout: Abi, inputs: list, storage: list, sequence: int, failed: in
                   # an equal dtype in another object (an unpickled array's): same number, native order
                   f"{label}.dtype2:",
                   f"  %num.{k}.p = getelementptr i8, i8* %descr.{k}, i64 {layout.type_num}",
-                  f"  %num.{k} = load i8, i8* %num.{k}.p",
+                  f"  %num.{k}.q = bitcast i8* %num.{k}.p to i32*",
+                  f"  %num.{k} = load i32, i32* %num.{k}.q",
                   f"  %bo.{k}.p = getelementptr i8, i8* %descr.{k}, i64 {layout.byteorder}",
                   f"  %bo.{k} = load i8, i8* %bo.{k}.p",
-                  f"  %num.{k}.ok = icmp eq i8 %num.{k}, {a.dtype.num}"]
+                  f"  %num.{k}.ok = icmp eq i32 %num.{k}, {a.dtype.num}"]
                  + [f"  %bo.{k}.ok{i} = icmp eq i8 %bo.{k}, {c}" for i, c in enumerate(NATIVE_BYTE_ORDERS)]
                  + [f"  %bo.{k}.any0 = or i1 %bo.{k}.ok0, %bo.{k}.ok1",
                     f"  %bo.{k}.any = or i1 %bo.{k}.any0, %bo.{k}.ok2",
@@ -382,25 +384,29 @@ METH_VARARGS_KEYWORDS = 0x0001 | 0x0002
 
 
 class NativeEntry:
-    """One compiled entry as a Python builtin (`function`), with the status cell its code
-    stores into and everything it points at kept alive: the engine holding its code, and `keep`.
-    `self_object`: the builtin's self (a method entry's held storage)."""
+    """One compiled entry: its code (the engine that holds it, the method definition naming it,
+    the status cell it stores into: `code`, which whatever calls it must keep alive) and, once
+    bound to a self object, the Python builtin (`function`)."""
 
-    def __init__(self, make_ir, name: str, keep, flags: int = METH_FASTCALL, self_object=None):
+    def __init__(self, make_ir, name: str, flags: int = METH_FASTCALL):
         """`make_ir(status_address)`: the entry's IR, storing its status at that address."""
         from ..call_sequence import CallSequence  # its compile step, shared
         self.status = ctypes.c_int32(KERNEL_OK)
-        self._engine, _ = CallSequence._compile(make_ir(ctypes.addressof(self.status)), ENTRY_SYMBOL)
-        address = self._engine.get_function_address(ENTRY_SYMBOL)
-        self._name = name.encode()
-        self._method = _MethodDef(self._name, address, flags, None)
-        self._keep = keep
-        self.function = _new_cfunction(ctypes.byref(self._method), self if self_object is None else self_object, None)
+        engine, _ = CallSequence._compile(make_ir(ctypes.addressof(self.status)), ENTRY_SYMBOL)
+        name_bytes = name.encode()
+        method = _MethodDef(name_bytes, engine.get_function_address(ENTRY_SYMBOL), flags, None)
+        self.code = (engine, method, name_bytes, self.status)
+        self.function: Any = None
+
+    def bind(self, self_object) -> None:
+        """The builtin, its self `self_object`, which must keep `code` alive (the builtin refers
+        to its self only)."""
+        self.function = _new_cfunction(ctypes.byref(self.code[1]), self_object, None)
 
 
 class RunState(list):
-    """A method entry's self: the outputs the next run writes, then the NativeRun its code
-    needs alive (a list, for the entry reads its items where CPython keeps a list's)."""
+    """A method entry's self: the outputs the next run writes, then what its code needs alive
+    (a list, for the entry reads its items where CPython keeps a list's)."""
 
 
 class NativeRun:
@@ -409,7 +415,8 @@ class NativeRun:
     - `methods`: `run` and `run_timed` are builtins to install as the module's own: they take
       what GraphModule.run and run_timed take and return the outputs, handing anything else to
       `fallback_run(args, kwargs, why)` / `fallback_timed(inputs, stamps, why)` (Python:
-      renew the outputs, name a failed kernel, or take the checked way).
+      renew the outputs, name a failed kernel, or take the checked way; they must not hold the
+      module or this object, but reach them through a weak reference).
     - otherwise `entry(inputs, raw)` and `timed_entry(inputs, raw, stamps)` return None when
       done, else False (failed: `status`/`timed_status`) or NotImplemented; `outputs.take()` gives
       the output views and the raw arena for them."""
@@ -424,13 +431,16 @@ class NativeRun:
                           ArrayArg(name, dtype, shape, copy_to=own.ctypes.data, nbytes=own.nbytes))
         self.outputs = OutputStorage(module)
         self.methods = self.outputs.held is not None
-        self._module = module
+        # what the code names by address, kept alive here; never the module itself, which holds
+        # the entries (module -> run -> NativeRun -> module would free a model's buffers only
+        # when the cycle collector next ran, not when its last user drops it)
+        # (the names and dtypes too: the code compares with their addresses)
+        self._keep = (sequence, module._blocks, module._consts, module._table,
+                      tuple((a.name, a.dtype) for a in inputs))
         self._fallbacks = (fallback_run, fallback_timed)   # their addresses are in the code
         common = dict(layout=layout, inputs=inputs, storage=[self.outputs.arg], failed=sequence.failed_address,
                       record=sequence.record_address, table=table_address, fork_flag=fork_flag_address(),
                       release_gil=releases_gil(module))
-        if self.outputs.held is not None:
-            self.outputs.held.append(self)   # the builtins' self: the outputs, then what their code needs
         built = []
         for timed, fallback in ((False, fallback_run), (True, fallback_timed)):
             def make_ir(status, timed=timed, fallback=fallback):
@@ -438,8 +448,14 @@ class NativeRun:
                                 stamps=len(sequence) + 1 if timed else None,
                                 fallback=id(fallback) if self.methods else None, **common)
             flags = METH_VARARGS_KEYWORDS if self.methods and not timed else METH_FASTCALL
-            built.append(NativeEntry(make_ir, "run_timed" if timed else "run", self, flags,
-                                     self.outputs.held if self.methods else None))
+            built.append(NativeEntry(make_ir, "run_timed" if timed else "run", flags))
+        # what the builtins' code needs alive, held by the builtins' self; none of it refers to
+        # a builtin or to this object, so a dropped model is freed at once, without a cycle
+        anchor = (self._keep, self._fallbacks, tuple(e.code for e in built))
+        if self.outputs.held is not None:
+            self.outputs.held.append(anchor)   # the self of both: the outputs, then the anchor
+        for e in built:
+            e.bind(self.outputs.held if self.methods else anchor)
         self._entries = built
         self.status, self.timed_status = built[0].status, built[1].status
         if self.methods:

@@ -22,6 +22,7 @@ import ctypes
 import re
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -185,7 +186,11 @@ def check_input_arrays(names: list, inputs: dict) -> None:
 
 
 class GraphModule:
-    """A compiled model: `run(**inputs)` returns the outputs as numpy arrays, in graph order."""
+    """A compiled model: `run(**inputs)` returns the outputs as numpy arrays, in graph order.
+
+    A module owns one set of buffers for its intermediate values, so it runs one call at a
+    time: threads that run a model at once each build their own module (default-schedule
+    kernels are built once per process and shared)."""
 
     def __init__(self, graph: Graph, target, kernels: list, built: dict, plan: MemoryPlan):
         self.graph = graph
@@ -299,8 +304,8 @@ class GraphModule:
         way below (copied, or refused with a clear error)."""
         if self._native is None:
             self._install_native()
-            if self._native:
-                return self.run(**inputs)
+        if self._native:   # the instance's own run (a bound method kept from before lands here)
+            return self.run(**inputs)
         return self._run(inputs, None)
 
     def run_timed(self, inputs: dict, stamps: np.ndarray) -> list:
@@ -309,17 +314,29 @@ class GraphModule:
         its wall time less stamps[-1] - stamps[0], both of the same call (the profile's)."""
         if self._native is None:
             self._install_native()
-            if self._native:
-                return self.run_timed(inputs, stamps)
+        if self._native:
+            return self.run_timed(inputs, stamps)
         return self._run(inputs, stamps)
 
     def _install_native(self) -> None:
         """Make run() and run_timed() the native entry's (kept in self._native: False where there
         is none). With small outputs they are the builtins themselves; otherwise Python that
         allocates the outputs and makes one call. What the entry declines, a kernel fails on, or
-        the outputs the caller still holds go on in Python here."""
+        the outputs the caller still holds go on in Python here.
+
+        Everything made here reaches the module through a weak reference: the module holds
+        these functions, and a reference back would make a cycle that keeps a dropped model's
+        buffers until the cycle collector runs."""
         sequence = self.call_sequence()
-        slow, steps = self._run, self.steps
+        steps, names = self.steps, list(self.input_names)
+        this = weakref.ref(self)
+
+        def alive() -> "GraphModule":
+            module = this()
+            if module is None:
+                raise ReferenceError("this run() belongs to a model that was freed: keep the model while "
+                                     "you use its run")
+            return module
 
         def failure(status):
             try:
@@ -329,35 +346,37 @@ class GraphModule:
 
         def fallback_run(args, kwargs, why):
             if args:
-                raise TypeError(f"run() takes the model's inputs by name ({', '.join(self.input_names)}), "
+                raise TypeError(f"run() takes the model's inputs by name ({', '.join(names)}), "
                                 f"got {len(args)} positional argument(s)")
             inputs = kwargs or {}
+            module = alive()
             if why == RENEW:   # the caller holds the last outputs: fresh ones, and again
-                native.outputs.renew()
-                return self.run(**inputs)
+                module._native.outputs.renew()
+                return module.run(**inputs)
             if why == FAILED:
-                failure(native.status)
-            return slow(inputs, None)
+                failure(module._native.status)
+            return module._run(inputs, None)
 
         def fallback_timed(inputs, stamps, why):
             if why == BAD_ARGUMENTS:
                 raise TypeError("run_timed() takes (inputs, stamps)")
+            module = alive()
             if why == RENEW:
-                native.outputs.renew()
-                return self.run_timed(inputs, stamps)
+                module._native.outputs.renew()
+                return module.run_timed(inputs, stamps)
             if why == FAILED:
-                failure(native.timed_status)
-            return slow(inputs, stamps)
+                failure(module._native.timed_status)
+            return module._run(inputs, stamps)
 
-        found = native_run(self, sequence, self._table_address, fallback_run, fallback_timed)
-        self._native = found or False
-        if found is None:
+        native = native_run(self, sequence, self._table_address, fallback_run, fallback_timed)
+        self._native = native or False
+        if native is None:
             return
-        native = found
         if native.methods:
             self.run, self.run_timed = native.run, native.run_timed   # type: ignore[method-assign]
             return
         take, call, call_timed = native.outputs.take, native.entry, native.timed_entry
+        status, timed_status = native.status, native.timed_status
 
         def run(**inputs):
             outs, raw = take()
@@ -365,8 +384,8 @@ class GraphModule:
             if result is None:
                 return outs
             if result is False:
-                failure(native.status)
-            return slow(inputs, None)
+                failure(status)
+            return alive()._run(inputs, None)
 
         def run_timed(inputs, stamps):
             outs, raw = take()
@@ -374,8 +393,8 @@ class GraphModule:
             if result is None:
                 return outs
             if result is False:
-                failure(native.timed_status)
-            return slow(inputs, stamps)
+                failure(timed_status)
+            return alive()._run(inputs, stamps)
 
         self.run, self.run_timed = run, run_timed   # type: ignore[method-assign]
 
