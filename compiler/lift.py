@@ -17,10 +17,12 @@ A sub-expression of a reduction's body is lifted when
   are one vector instruction and stay where they are;
 - it reads a tensor and leaves out spatial axes of the reduction whose extents multiply to at
   least MIN_REUSE (each lifted value serves that many points of the iteration space);
-- it is evaluated at every point of the reduction: outside any select branch (a branch may read
-  only where its condition holds) and in a reduction without a `where` condition, so that the
-  lifted stage, computed over the whole range of its variables, reads nothing the compute never
-  read;
+- the lifted stage, computed over the whole range of its variables, reads nothing out of bounds
+  and does nothing that can trap: it is outside any select branch (a branch may read only where
+  its condition holds), and in a reduction with a `where` condition (a causal mask, k <= j) it
+  reads tensors only at its own variables or constants, each within the tensor's extent, and
+  divides no integers (the condition may be what keeps a read in bounds: an index from data,
+  an offset past the end). Values the condition leaves out are computed and never read;
 - its stage holds at most MAX_LIFTED_ELEMENTS.
 The largest such sub-expression is taken (exp(A[i, k]) · 2 + 1 whole, not its exp alone), one
 stage per occurrence. The stage's axes are the sub-expression's variables, the output's axes
@@ -38,7 +40,7 @@ from __future__ import annotations
 import math
 
 from .dtypes import is_float
-from .expr import Binary, Call, Select, Var, children, free_vars, rebuild, substitute, transform, walk
+from .expr import Binary, Call, Const, Select, Var, children, free_vars, rebuild, substitute, transform, walk
 from .tensor import ComputeOp, IterVar, Reduce, Tensor, TensorRead, compute_from_axes, topo_order
 
 LIFTED_TAG = "lifted"
@@ -103,12 +105,10 @@ class _LiftFromReduction:
         self.count = 0
 
     def lifted(self):
-        if self.body.where is not None:
-            return self.body
         source = self._visit(self.body.source)
         if source is self.body.source:
             return self.body
-        return Reduce(self.body.combiner, source, self.body.axes, None)
+        return Reduce(self.body.combiner, source, self.body.axes, self.body.where)
 
     def _visit(self, e):
         if isinstance(e, Select):
@@ -132,7 +132,24 @@ class _LiftFromReduction:
             return False
         reuse = math.prod(ax.extent for ax in self.op.axis if ax.var not in used)
         size = math.prod(self.extent[v] for v in used)
-        return reuse >= MIN_REUSE and size <= MAX_LIFTED_ELEMENTS
+        if reuse < MIN_REUSE or size > MAX_LIFTED_ELEMENTS:
+            return False
+        return self.body.where is None or self._safe_everywhere(nodes)
+
+    def _safe_everywhere(self, nodes) -> bool:
+        """Whether every read of `nodes` stays in bounds, and nothing traps, for every value of
+        the variables over their whole extents (what a `where` condition may have guarded)."""
+        for n in nodes:
+            if isinstance(n, Binary) and n.op in ("floordiv", "floormod"):
+                return False
+            if isinstance(n, TensorRead):
+                for index, dim in zip(n.indices, n.tensor.shape):
+                    if isinstance(index, Var):
+                        if index not in self.extent or self.extent[index] > dim:
+                            return False
+                    elif not (isinstance(index, Const) and 0 <= index.value < dim):
+                        return False
+        return True
 
     def _lift(self, e):
         used = free_vars(e)

@@ -70,10 +70,31 @@ def test_what_is_not_worth_lifting_or_not_safe_to_lift_stays(case):
         return
     elif case == "guarded":    # the read happens only where the condition holds
         body = lambda i, j: C.sum(C.if_then_else(k < 8, C.exp(A[i, k + 1]), 0.0) * B[j, k], axis=k)  # noqa: E731
-    else:
-        body = lambda i, j: C.sum(C.exp(A[i, k]) * B[j, k], axis=k, where=k > 2)  # noqa: E731
+    else:                      # the condition keeps the read in bounds: k + 1 < 9 only where k < 8
+        body = lambda i, j: C.sum(C.exp(A[i, k + 1]) * B[j, k], axis=k, where=k < 8)  # noqa: E731
     out = C.compute((8, 10), body, name="m")
     assert lift_recomputed_math(out) is out
+
+
+def test_a_masked_reduction_lifts_what_it_reads_in_bounds_everywhere():
+    """A cumulative product as the exp of a causal sum of logs: log(1 + x/4) is computed once
+    per element, not once per (j, k) pair, and the values the mask leaves out are never read."""
+    R, L = 13, 23
+    X = C.placeholder((R, L), "float32", "X")
+    k = C.reduce_axis(L, "k")
+    s = C.compute((R, L), lambda i, j: C.sum(C.log(1.0 + X[i, k] * 0.25), axis=k, where=k <= j), name="logsum")
+    out = C.compute((R, L), lambda i, j: C.exp(s[i, j]), name="cumprod")
+    op = custom_op("cumprod_log", [X], out)
+    (lift,) = lifted(op.output)
+    assert lift.shape == (R, L)
+    x = RNG.uniform(-1, 1, (R, L)).astype(np.float32)
+    got = poisoned(out.shape, "float32")
+    build_op(op)(x, got)
+    np.testing.assert_allclose(got, np.cumprod(1.0 + x.astype(np.float64) * 0.25, axis=1), rtol=2e-5)
+    # an index from data, guarded by the condition: not lifted
+    T, idx = C.placeholder((50, 7), "float32", "T"), C.placeholder((R, L), "int32", "idx")
+    g = C.compute((R, L), lambda i, j: C.sum(C.exp(T[idx[i, k], 0]), axis=k, where=k <= j), name="g")
+    assert lift_recomputed_math(g) is g
 
 
 def test_lifting_is_idempotent_and_survives_a_round_trip_through_json():
