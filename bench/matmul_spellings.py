@@ -5,7 +5,8 @@ MatMul of a Transpose of a constant, a batch of A over one weight (nn.MultiheadA
 in-projection runs over [S, 1, d], sequence first), attention's batched Q·Kᵀ and P·V over
 [B, H, S, D] (Kᵀ as a Transpose node, or as an operand already transposed), grouped-query
 attention whose K heads are broadcast or expanded, sizes that are no multiple of the register
-tile (197, 77, 1000) and the matrix-vector products of a decode step. Each spelling is a tiny
+tile (197, 77, 1000), the matrix-vector products of a decode step and the 8-row product of a
+batch-8 one. Each spelling is a tiny
 ONNX model of one or a few nodes (random non-zero weights and inputs, seeded), imported with
 `compiler.graph.from_onnx`, built with `build_model` (default schedules: no records), checked
 against numpy in float64 (relative error ‖ours − ref‖ / ‖ref‖) and against onnxruntime, then
@@ -15,7 +16,7 @@ time_interleaved, the ratio the median of the rounds' ratios) at `--threads` thr
 without run()'s copies of the inputs in and the outputs out), the schedules' share of the
 ratio: onnxruntime's time / theirs.
 
-The matrix-vector spellings are bound by memory, not FMAs: beside the ratio they report GB/s
+The decode-step spellings are bound by memory, not FMAs: beside the ratio they report GB/s
 (the weight's bytes over our time) and this machine's copy bandwidth, numpy copying a 256 MB
 array in the same process (read + write bytes per second), interleaved with the same rounds.
 The BLAS numpy runs is printed (bench/blas_info.py).
@@ -156,6 +157,11 @@ def spellings() -> list:
         x, w = _arr(r, 1, 1, K), _arr(r, K, N, scale=K ** -0.5)
         out.append(Spelling(name, [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
                             lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
+    # a batch-8 decode step: eight tokens through a projection (8 FMAs per weight: still memory bound)
+    r = _rng(17)
+    x, w = _arr(r, 8, 1, 2048), _arr(r, 2048, 5632, scale=2048 ** -0.5)
+    out.append(Spelling("gemm_8x1x2048_5632", [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
+                        lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
     return out
 
 

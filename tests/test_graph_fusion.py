@@ -268,6 +268,23 @@ def test_linear_layers_read_a_transposed_weight_packed_only_when_rows_reuse_it(b
     assert_close(y, np.maximum(x.astype(np.float64) @ w.T, 0))
 
 
+@pytest.mark.parametrize("rows", [2, 3, 5])
+def test_a_few_rows_read_a_constant_weight_in_panels(rows):
+    """A product of a few rows (a decode step of a small batch: one register tile of rows) reads
+    its constant weight in the column panels laid out at build time, zero-padded past N, not in
+    place (a row N floats long per k step)."""
+    K, N = 50, 37
+    w = rand(RNG, (K, N))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    m = model(nodes, {"x": ((rows, 1, K), "float32")}, {"y": (None, "float32")}, {"w": w})
+    graph = from_onnx(m)
+    (task,) = extract_tasks(graph)
+    assert product_schedule_kind(task.opdef) == "gemm-prepacked"
+    x = rand(RNG, (rows, 1, K))
+    (y,) = build_model(graph).run(x=x)
+    assert_close(y, x.astype(np.float64) @ w)
+
+
 def test_compile_time_constants_are_not_kernel_arguments():
     """A Slice's starts/ends/axes/steps are read at compile time only: two slices of the same
     shape with differently spelled arguments are one workload with one argument."""

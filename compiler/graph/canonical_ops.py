@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from .errors import ShapeError
+from .grouped_heads import group_query_heads
 from .ir import Graph, Node, Value
 from .ops import OPS
 from .ops.conv_transpose import geometry as conv_transpose_geometry
@@ -56,6 +57,7 @@ def canonicalize(graph: Graph) -> Graph:
     conv_transpose_to_conv(graph)
     spatial_reductions_to_global_pools(graph)
     einsum_to_matmul(graph)
+    group_query_heads(graph)
     return graph
 
 
