@@ -34,6 +34,7 @@ from test_farm import AGENT_TOKEN, FAST, MM, NAIVE, TUNER_TOKEN, Background, Pro
 from throttle import Throttle, children
 
 from compiler.ops import default_schedule
+from device_agent.agent import AgentConfig
 from device_agent.calibration import SLOW_RATIO
 from rpc_tracker.server import TrackerConfig, start_tracker
 from tuner.candidate import Candidate
@@ -101,8 +102,12 @@ def worker_of(agent) -> int | None:
 
 
 def healthy(address: str, name: str) -> None:
-    """Wait until the agent is healthy (a busy host can make an idle calibration read slow for a while)."""
-    wait_for(lambda: health(address, name).health == "healthy", 30, f"{name} to be healthy")
+    """Wait until the agent is healthy (a busy host can make an idle calibration read slow for a
+    while): two of the default agent's recheck periods and a margin, since a calibration that read
+    the host slow is redone only at the next idle recheck, 30 s later (on a slow 2-core host running
+    the suite's other half, one such reading ran the 30 s this waited before out)."""
+    wait_for(lambda: health(address, name).health == "healthy", 2 * AgentConfig.recheck_seconds + 15,
+             f"{name} to be healthy")
 
 
 def started(address: str, name: str, run: Background) -> None:

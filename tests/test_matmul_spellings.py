@@ -111,6 +111,18 @@ def test_shared_weight_product_is_one_matrix_of_all_rows():
     assert [tuple(t.shape) for t in step.group.opdef.inputs][0] == (13, 40)
 
 
+def test_gemm_tile_streams_the_weight_of_a_few_rows_in_as_few_passes_as_the_rate_allows():
+    """A product of at most MAX_MR rows reads B once per row tile: one tile of all rows where
+    that keeps the FMA rate (AVX-512's 32 registers hold 8 x 2 vectors), two where one would be
+    load-bound (8 x 1 vector on AVX2), never more to save a wasted row."""
+    assert gemm_tile(8, 5632, 16, 32, fmas_per_cycle=2) == (8, 32)
+    assert gemm_tile(8, 5632, 16, 32, fmas_per_cycle=1) == (8, 32)
+    assert gemm_tile(7, 2816, 16, 32, fmas_per_cycle=2) == (7, 32)
+    assert gemm_tile(8, 5632, 8, 16, fmas_per_cycle=2) == (4, 16)
+    assert gemm_tile(3, 512, 8, 16, fmas_per_cycle=2) == (3, 16)   # not 2 x 32 twice, a row wasted
+    assert gemm_tile(1, 1000, 8, 16, fmas_per_cycle=2) == (1, 32)
+
+
 def test_gemm_tile_keeps_two_pipes_busy():
     """A one-vector tile of 8 chains does not win over 6 x 2 vectors for its few wasted lanes
     (1000 columns on AVX2); the narrow tile still wins where the wide one wastes a quarter."""

@@ -53,6 +53,8 @@ def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = 
             return mr * nv * M / (-(-M // mr) * mr) / cycles
         best = max(rate(mr) for mr in range(1, most + 1))
         return max(mr for mr in range(1, most + 1) if rate(mr) >= 0.95 * best), columns
+    if M <= MAX_MR:
+        return _few_rows_tile(M, N, lanes, registers, fmas_per_cycle)
     tiles = []
     for nv in ROW_VECTORS:
         mr = min(MAX_MR, M, (registers - nv - 1) // nv)
@@ -63,6 +65,29 @@ def gemm_tile(M: int, N: int, lanes: int, registers: int, columns: int | None = 
             cycles = max(fmas / fmas_per_cycle, (mr + nv) / LOADS_PER_CYCLE, FMA_LATENCY)   # loads from L1
             tiles.append((round(fmas * used / cycles, 2), fmas / (mr + nv), mr, nr))
     *_, mr, nr = max(tiles)
+    return mr, nr
+
+
+def _few_rows_tile(M: int, N: int, lanes: int, registers: int, fmas_per_cycle: float) -> tuple:
+    """gemm_tile for M <= MAX_MR rows (a decode step of a small batch): each pass of a row tile
+    over a panel of B reads it again, from memory the first time, and such a product is bound by
+    memory more than by FMAs. Among the tiles within 5 % of the best rate (rows and columns past
+    M and N counted as waste), the fewest passes, then the most FMAs per load: 8 rows on
+    AVX-512 take one 8 x 2-vector tile (16 accumulators) at the rate of two passes of 4 x 4;
+    on AVX2's 16 registers one pass would be 8 x 1 vector, load-bound at 1.8 FMAs a cycle, so
+    two passes of 4 x 2 vectors."""
+    options = []
+    for nv in ROW_VECTORS:
+        nr = nv * lanes
+        if nr > MAX_VECTOR_LANES or (nv != 1 and nr > N):
+            continue
+        for mr in range(1, min(MAX_MR, M, (registers - nv - 1) // nv) + 1):
+            cycles = max(mr * nv / fmas_per_cycle, (mr + nv) / LOADS_PER_CYCLE, FMA_LATENCY)
+            passes = -(-M // mr)
+            used = N / (-(-N // nr) * nr) * M / (passes * mr)
+            options.append((mr * nv * used / cycles, -passes, mr * nv / (mr + nv), mr, nr))
+    best = max(o[0] for o in options)
+    *_, mr, nr = max(o[1:] for o in options if o[0] >= 0.95 * best)
     return mr, nr
 
 
