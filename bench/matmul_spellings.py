@@ -5,8 +5,8 @@ MatMul of a Transpose of a constant, a batch of A over one weight (nn.MultiheadA
 in-projection runs over [S, 1, d], sequence first), attention's batched Q·Kᵀ and P·V over
 [B, H, S, D] (Kᵀ as a Transpose node, or as an operand already transposed), grouped-query
 attention whose K heads are broadcast or expanded, sizes that are no multiple of the register
-tile (197, 77, 1000), the matrix-vector products of a decode step and the 8-row product of a
-batch-8 one. Each spelling is a tiny
+tile (197, 77, 1000), the matrix-vector products of a decode step and the 4- and 8-row products
+of batch-4 and batch-8 ones. Each spelling is a tiny
 ONNX model of one or a few nodes (random non-zero weights and inputs, seeded), imported with
 `compiler.graph.from_onnx`, built with `build_model` (default schedules: no records), checked
 against numpy in float64 (relative error ‖ours − ref‖ / ‖ref‖) and against onnxruntime, then
@@ -157,11 +157,12 @@ def spellings() -> list:
         x, w = _arr(r, 1, 1, K), _arr(r, K, N, scale=K ** -0.5)
         out.append(Spelling(name, [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
                             lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
-    # a batch-8 decode step: eight tokens through a projection (8 FMAs per weight: still memory bound)
-    r = _rng(17)
-    x, w = _arr(r, 8, 1, 2048), _arr(r, 2048, 5632, scale=2048 ** -0.5)
-    out.append(Spelling("gemm_8x1x2048_5632", [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
-                        lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
+    # decode steps of batch 4 and 8: a few tokens through a projection (a few FMAs per weight: memory bound)
+    for rows, seed in ((4, 18), (8, 17)):
+        r = _rng(seed)
+        x, w = _arr(r, rows, 1, 2048), _arr(r, 2048, 5632, scale=2048 ** -0.5)
+        out.append(Spelling(f"gemm_{rows}x1x2048_5632", [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
+                            lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
     return out
 
 

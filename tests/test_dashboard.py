@@ -43,7 +43,6 @@ from tuner.service.api import create_app
 from tuner.service.dashboard import STATIC
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 SEEDED = 10_000
@@ -159,20 +158,6 @@ def seed_records(store, n: int, n_workloads: int, tmp_dir) -> list:
 
 # ----------------------------------------------------------------------------- the browser
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install -e '.[test]')")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
-    pw = sync_api.sync_playwright().start()
-    try:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-dev-shm-usage", "--disable-gpu"])
-    except Exception as e:  # noqa: BLE001 - a chromium that cannot start here is a skip, not a failure
-        pw.stop()
-        pytest.skip(f"{CHROMIUM} does not start: {e}")
-    yield b
-    b.close()
-    pw.stop()
 
 
 @pytest.fixture(scope="module")

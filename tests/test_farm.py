@@ -238,9 +238,14 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
     assert sum(r.result.ok for r in farm_records) >= 4
     assert {r.result.measured_by for r in local_records} == {"local"}
     # the same fields, the same kinds of values: only who measured differs
-    farm_ok = next(r.result for r in farm_records if r.result.ok)
+    # (a window an agent found slow on a busy host carries its slow_index, set only then: compare
+    # an unmarked result where there is one)
+    ok = [r.result for r in farm_records if r.result.ok]
+    farm_ok = next((r for r in ok if not (r.slow_window or r.remeasured)), ok[0])
     local_ok = next(r.result for r in local_records if r.result.ok)
-    assert {k: type(v) for k, v in vars(farm_ok).items()} == {k: type(v) for k, v in vars(local_ok).items()}
+    marked = {"slow_index"} if farm_ok.slow_window or farm_ok.remeasured else set()
+    assert ({k: type(v) for k, v in vars(farm_ok).items() if k not in marked}
+            == {k: type(v) for k, v in vars(local_ok).items() if k not in marked})
 
 
 @pytest.mark.slow

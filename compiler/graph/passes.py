@@ -116,8 +116,9 @@ def prepack_matmul_weights(graph: Graph, target) -> Graph:
       tiles share a panel, schedule_gemm copied B into that layout on every call: 9.4 MB for each
       of BERT's FFN layers, a fifth of their time. Where one row tile reads each panel once (a
       decode step of batch 2-6), B in place gave each k step the tile's columns of a row N floats
-      long, lines a page apart that no prefetcher follows: 2048 x 5632 at 4 rows streamed
-      9.7 GB/s, 17.2 in panels (one row: 19; Zen 3, 2 threads);
+      long, lines a page apart that no prefetcher follows: 4 x 2048 x 5632 streamed 8 GB/s in
+      place, 16-20 in panels (bench/matmul_spellings.py, 0.41-0.45x -> 1.07-1.11x onnxruntime;
+      Zen 3, 2 threads);
     - one row (a batch-1 layer, schedule_gemv): NB the columns each core streams, so a core's
       part of B is one contiguous block. In place, a core read half of every row of a 512-wide
       B, lines whose address bit 10 is always the same: half of the L2's sets, and an MLP's
