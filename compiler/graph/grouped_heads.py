@@ -34,7 +34,7 @@ import numpy as np
 from .ir import Graph, Node
 
 LAYOUT_NODES = ("Unsqueeze", "Squeeze", "Expand", "Reshape", "Transpose", "Identity")
-MAX_REPLAY_ELEMENTS = 1 << 24   # element numbers replayed per operand at most (int64: 128 MB)
+MAX_REPLAY_ELEMENTS = 1 << 24   # elements of B whose sources are replayed at most (int64: 128 MB)
 
 
 def group_query_heads(graph: Graph) -> Graph:
@@ -65,7 +65,7 @@ def _grouped(graph: Graph, n: Node, producer: dict) -> list | None:
         return None
     source, chain, scales = traced
     x = graph.values[source]
-    if not any(m.op_type == "Expand" for m in chain) or math.prod(x.shape) > MAX_REPLAY_ELEMENTS:
+    if not any(m.op_type == "Expand" for m in chain) or math.prod(vb.shape) > MAX_REPLAY_ELEMENTS:
         return None
     index = _replay(np.arange(math.prod(x.shape), dtype=np.int64).reshape(x.shape), chain, graph)
     if index is None or index.shape != tuple(vb.shape):
