@@ -1,5 +1,4 @@
-"""Shared fixtures: real databases for the store and the tuner (SQLite files and PostgreSQL), and
-the headless browser the dashboard's pages are tested in."""
+"""Shared fixtures: real databases for the store and the tuner (SQLite files and PostgreSQL)."""
 
 import os
 import uuid
@@ -7,30 +6,6 @@ import uuid
 import pytest
 
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="session")
-def browser():
-    """Debian's chromium through Playwright's sync API, one per test process: a second Playwright
-    started in a process whose first one is still up (a module's fixture not yet torn down when
-    the next module's starts) refuses ("Sync API inside the asyncio loop")."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install -e '.[test]')")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
-    pw = sync_api.sync_playwright().start()
-    try:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-dev-shm-usage", "--disable-gpu"])
-    except Exception as e:  # noqa: BLE001 - a chromium that cannot start here is a skip, not a failure
-        pw.stop()
-        pytest.skip(f"{CHROMIUM} does not start: {e}")
-    try:
-        yield b
-    finally:
-        try:
-            b.close()
-        finally:
-            pw.stop()
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ from tuner.service.api import create_app
 from tuner.service.dashboard import STATIC
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 SEEDED = 10_000
@@ -158,6 +159,24 @@ def seed_records(store, n: int, n_workloads: int, tmp_dir) -> list:
 
 # ----------------------------------------------------------------------------- the browser
 
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install -e '.[test]')")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+    pw = sync_api.sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-dev-shm-usage", "--disable-gpu"])
+    except Exception as e:  # noqa: BLE001 - a chromium that cannot start here is a skip, not a failure
+        pw.stop()
+        pytest.skip(f"{CHROMIUM} does not start: {e}")
+    try:
+        yield b
+    finally:   # a Playwright left running refuses the next one in this process ("Sync API inside the asyncio loop")
+        try:
+            b.close()
+        finally:
+            pw.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from processes import wait_for
-from test_dashboard import DESKTOP, check_page, free_port, spawn, start_serve, stop
+from test_dashboard import DESKTOP, browser, check_page, free_port, spawn, start_serve, stop  # noqa: F401 - browser is a fixture
 from throttle import Throttle, children
 
 from rpc_tracker.client import farm_summary
@@ -89,7 +89,7 @@ def farm_site(tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser, farm_site):
+def page(browser, farm_site):  # noqa: F811 - browser is test_dashboard's fixture
     context = browser.new_context(viewport=DESKTOP)
     context.set_default_timeout(20_000)
     p = context.new_page()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_dashboard import DESKTOP, check_page, start_serve, stop, wait_job
+from test_dashboard import DESKTOP, browser, check_page, start_serve, stop, wait_job  # noqa: F401 - browser is a fixture
 from test_graph_models import mlp
 
 
@@ -28,7 +28,7 @@ def model_site(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_model_job_page_shows_tasks_allocation_and_latency_curve(browser, model_site):
+def test_a_model_job_page_shows_tasks_allocation_and_latency_curve(browser, model_site):  # noqa: F811
     m, _ = mlp(batch=4, sizes=(24, 16, 16, 10))
     r = model_site["api"].post("/jobs/model", content=m.SerializeToString(),
                                params={"trials": 12, "batch_size": 3, "top_k": 1, "file_name": "mlp.onnx"},
