@@ -38,10 +38,9 @@ import math
 
 import numpy as np
 
-from .errors import ShapeError
 from .grouped_heads import group_query_heads
 from .ir import Graph, Node, Value
-from .ops import OPS
+from .node_builder import NodeBuilder
 from .ops.conv_transpose import geometry as conv_transpose_geometry
 from .ops.einsum import parse
 from .ops.nn import reduce_axes
@@ -75,7 +74,7 @@ def spatial_reductions_to_global_pools(graph: Graph) -> Graph:
             continue
         if reduce_axes(n, ins, graph.opset) != tuple(range(2, len(x.shape))):
             continue
-        b = _Builder(graph, n)
+        b = NodeBuilder(graph, n)
         keep = int(n.attrs.get("keepdims", 1))
         pooled = b.emit(GLOBAL_POOL_OF[n.op_type], [n.inputs[0]], {}, n.outputs[0] if keep else None)
         if not keep:
@@ -108,76 +107,6 @@ def resize_constant_inputs(graph: Graph) -> Graph:
     return graph
 
 
-class _Builder:
-    """New values and nodes for a rewrite of `node`, named after it."""
-
-    def __init__(self, graph: Graph, node: Node):
-        self.graph, self.node = graph, node
-        self.nodes: list[Node] = []
-        self.count = 0
-
-    def name(self, what: str) -> str:
-        self.count += 1
-        name = f"{self.node.name}/{what}{self.count}"
-        while name in self.graph.values:
-            self.count += 1
-            name = f"{self.node.name}/{what}{self.count}"
-        return name
-
-    def const(self, what: str, array: np.ndarray) -> str:
-        name = self.name(what)
-        self.graph.values[name] = Value(name, tuple(array.shape), str(array.dtype), np.ascontiguousarray(array))
-        return name
-
-    def value(self, what: str, shape: tuple, dtype: str) -> str:
-        name = self.name(what)
-        self.graph.values[name] = Value(name, tuple(shape), dtype)
-        return name
-
-    def reshape(self, src: str, shape: tuple, out: str | None = None) -> str:
-        v = self.graph.values[src]
-        if tuple(v.shape) == tuple(shape) and out is None:
-            return src
-        if v.const is not None and out is None:
-            return self.const("reshaped", v.const.reshape(shape))
-        target = self.const("shape", np.array(shape, np.int64))
-        out = out or self.value("reshaped", shape, v.dtype)
-        self.nodes.append(Node("Reshape", self.name("reshape"), [src, target], [out]))
-        return out
-
-    def emit(self, op_type: str, inputs: list, attrs: dict, out: str | None = None) -> str:
-        """A node of `op_type`, its output's shape and dtype inferred by the operator's own rule."""
-        node = Node(op_type, self.name(op_type.lower()), list(inputs), [out or ""], dict(attrs))
-        ins = [self.graph.values[i] if i else None for i in inputs]
-        ((shape, dtype),) = OPS[op_type].infer(node, ins, self.graph.opset)
-        if out is None:
-            out = self.value(op_type.lower(), shape, dtype)
-            node.outputs = [out]
-        elif tuple(self.graph.values[out].shape) != tuple(shape):
-            raise ShapeError(f"{self.node.op_type} node {self.node.name!r}: rewritten to {shape}, inferred "
-                             f"{self.graph.values[out].shape}")
-        self.nodes.append(node)
-        return out
-
-    def slice(self, src: str, starts: list, ends: list, axes: list, out: str | None = None) -> str:
-        if self.graph.opset < 10:
-            return self.emit("Slice", [src], {"starts": starts, "ends": ends, "axes": axes}, out)
-        ins = [self.const(what, np.array(v, np.int64)) for what, v in (("starts", starts), ("ends", ends),
-                                                                          ("axes", axes))]
-        return self.emit("Slice", [src, *ins], {}, out)
-
-    def transpose(self, src: str, perm: list, out: str | None = None) -> str:
-        v = self.graph.values[src]
-        if list(perm) == list(range(len(perm))) and out is None:
-            return src
-        if v.const is not None and out is None:
-            return self.const("transposed", np.transpose(v.const, perm))
-        shape = tuple(v.shape[p] for p in perm)
-        out = out or self.value("transposed", shape, v.dtype)
-        self.nodes.append(Node("Transpose", self.name("transpose"), [src], [out], {"perm": list(perm)}))
-        return out
-
-
 def _replace(graph: Graph, rewrites: dict) -> None:
     """Each node of `rewrites` (by id) replaced by its list of nodes, in place."""
     graph.nodes = [m for n in graph.nodes for m in rewrites.get(id(n), [n])]
@@ -191,7 +120,7 @@ def flatten_norm_spatial(graph: Graph) -> Graph:
         x = graph.values[n.inputs[0]]
         if len(x.shape) <= 3 or x.const is not None:
             continue
-        b = _Builder(graph, n)
+        b = NodeBuilder(graph, n)
         flat = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))
         x3 = b.reshape(n.inputs[0], flat)
         y3 = b.value("flat", flat, x.dtype)
@@ -214,7 +143,7 @@ def conv_transpose_to_conv(graph: Graph) -> Graph:
         strides, dil, begin, out = conv_transpose_geometry(n, x.shape, w.shape)
         if dil != (1, 1) or strides[0] != strides[1] or min(begin) < 0:
             continue
-        b = _Builder(graph, n)
+        b = NodeBuilder(graph, n)
         s = strides[0]
         groups = int(n.attrs.get("group", 1))
         weight, taps = phase_weights(w.const, s, groups)
@@ -306,7 +235,7 @@ def einsum_to_matmul(graph: Graph) -> Graph:
             continue    # a size-1 axis broadcast against a larger one
         batch, m, nn, k = form
         size = spec.sizes
-        b = _Builder(graph, n)
+        b = NodeBuilder(graph, n)
         a2 = b.transpose(n.inputs[0], [labels_a.index(lab) for lab in batch + m + k])
         b2 = b.transpose(n.inputs[1], [labels_b.index(lab) for lab in batch + k + nn])
         bshape = tuple(size[lab] for lab in batch)

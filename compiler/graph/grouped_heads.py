@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from .ir import Graph, Node
+from .node_builder import NodeBuilder
 
 LAYOUT_NODES = ("Unsqueeze", "Squeeze", "Expand", "Reshape", "Transpose", "Identity")
 MAX_REPLAY_ELEMENTS = 1 << 24   # elements of B whose sources are replayed at most (int64: 128 MB)
@@ -53,8 +54,6 @@ def group_query_heads(graph: Graph) -> Graph:
 
 
 def _grouped(graph: Graph, n: Node, producer: dict) -> list | None:
-    from .canonical_ops import _Builder
-
     va, vb = graph.values[n.inputs[0]], graph.values[n.inputs[1]]
     shapes = (va.shape, vb.shape, graph.values[n.outputs[0]].shape)
     if (va.dtype not in ("float32", "float64") or vb.const is not None or len(va.shape) < 3
@@ -87,7 +86,7 @@ def _grouped(graph: Graph, n: Node, producer: dict) -> list | None:
     *batch, M, K = va.shape
     N = vb.shape[-1]
     groups = heads // repeat
-    b = _Builder(graph, n)
+    b = NodeBuilder(graph, n)
     g_shape = tuple(grouped.shape)
     g = b.reshape(source, g_shape[:-2] + ((N, K) if swap else (K, N)))
     if swap:
