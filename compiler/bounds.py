@@ -138,20 +138,26 @@ def _scales(lin, g) -> set:
 
 
 def _narrowed(ranges: dict, guards: tuple):
-    """The variable ranges with every single-variable guard (c·v + k >= 0) applied; None when
-    some range becomes empty."""
+    """The variable ranges with every single-variable guard (c·v + k >= 0, or c·(v // b) + k >= 0)
+    applied; None when some range becomes empty."""
     out = dict(ranges)
     for g in guards:
         if len(g.terms) != 1:
             continue
         ((atom, c),) = g.terms.values()
+        block = 1
+        if (isinstance(atom, Binary) and atom.op == "floordiv" and isinstance(atom.b, Const)
+                and atom.b.value > 0 and atom.a in out):
+            # a guard on a block number bounds the variable itself: c // 8 >= 6 is c >= 48 (a
+            # Concat's branch test on a channel block, read back through a clamp of the channel)
+            atom, block = atom.a, atom.b.value
         if atom not in out:
             continue
         lo, hi = out[atom]
         if c > 0:
-            lo = max(lo, -(g.const // c))       # v >= ceil(-k / c)
+            lo = max(lo, -(g.const // c) * block)              # v // b >= ceil(-k / c)
         else:
-            hi = min(hi, g.const // -c)         # v <= floor(k / -c)
+            hi = min(hi, (g.const // -c) * block + block - 1)  # v // b <= floor(k / -c)
         if lo > hi:
             return None
         out[atom] = (lo, hi)

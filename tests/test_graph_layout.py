@@ -670,3 +670,22 @@ def test_other_reductions_keep_their_meaning(axes, keepdims):
     want = np.maximum(x.astype(np.float64), 0).mean(axis=tuple(axes), keepdims=bool(keepdims))
     assert y.shape == want.shape
     assert_close(y, want)
+
+
+@pytest.mark.parametrize("channels", [3, B // 2 + 1])
+def test_a_blocked_concat_of_an_nchw_last_part_read_back_as_nchw(channels):
+    """A conv's whole blocks and an activation not yet blocked, concatenated and read back as
+    NCHW (a graph output): one kernel in which the last part's channel is the blocked concat's
+    (block - k)·B + lane, clamped to the part, under the branch test block >= k; the bounds
+    check reads that test as a bound on the channel itself (the model fuzzer's finding on
+    8-lane targets: 'the read in0[i0, min(((i1 // 8) - 6) * 8 + i1 % 8, 4), ...] can leave the
+    tensor')."""
+    p = {"w0": rand(RNG, (3 * B, channels, 3, 3)), "w1": rand(RNG, (2 * B, 3 * B, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["x"], ["xr"]),
+             helper.make_node("Concat", ["b", "xr"], ["y"], axis=1)]
+    graph = from_onnx(model(nodes, {"x": ((1, channels, 5, 6), "float32")}, {"y": (None, "float32")}, p))
+    x = rand(RNG, (1, channels, 5, 6))
+    ref = np.concatenate([np_conv(np_conv(x, p["w0"], pads=(1, 1, 1, 1)), p["w1"]), np.maximum(x, 0)], axis=1)
+    assert_close(build_model(graph).run(x=x)[0], ref)

@@ -278,6 +278,28 @@ def test_reads_proven_in_bounds_through_scaled_and_one_variable_guards():
         C.build(C.create_schedule(bad), [A, bad])
 
 
+def test_a_guard_on_a_block_number_bounds_the_index_it_blocks():
+    """`c // 8 >= 6` is `c >= 48`: a concat's branch test on a channel block guards a read at
+    `min(c - 48, 4)` (the model fuzzer's finding on 8-lane targets); the bound is not widened
+    past the block, so a read that the block's last lanes take outside stays refused."""
+    A = C.placeholder((5,), "float32", "A")
+    a = np.arange(1, 6, dtype=np.float32)
+    got = np.full(53, np.nan, np.float32)
+    out = C.compute((53,), lambda c: C.if_then_else(c // 8 >= 6, A[C.min(c - 48, 4)], 0.0), name="out")
+    C.build(C.create_schedule(out), [A, out])(a, got)
+    np.testing.assert_array_equal(got, np.r_[np.zeros(48, np.float32), a])
+    got = np.full(53, np.nan, np.float32)
+    out = C.compute((53,), lambda c: C.if_then_else(c // 8 < 6, 0.0, A[C.min(c - 48, 4)]), name="out")
+    C.build(C.create_schedule(out), [A, out])(a, got)
+    np.testing.assert_array_equal(got, np.r_[np.zeros(48, np.float32), a])
+    low = C.compute((53,), lambda c: C.if_then_else(c // 8 <= 0, A[c], 0.0), name="low")
+    with pytest.raises(LoweringError, match="can leave the tensor"):   # c in 0..7, A has 5
+        C.build(C.create_schedule(low), [A, low])
+    wide = C.compute((56,), lambda c: C.if_then_else(c // 8 >= 6, A[c - 48], 0.0), name="wide")
+    with pytest.raises(LoweringError, match="can leave the tensor"):   # c - 48 in 0..7
+        C.build(C.create_schedule(wide), [A, wide])
+
+
 def test_a_conjunction_reads_its_right_side_only_where_the_left_side_holds():
     """`i < 7 && A[i + 1] > 0` is a guard; rfactor of a split reduction puts its bound first, so a
     `where` that reads with the reduction index never reads past the tensor (found by the fuzzer)."""
