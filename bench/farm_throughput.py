@@ -175,7 +175,7 @@ def sleep_copy_kernel(sleep_us: int, target: Target) -> Kernel:
 def preflight(kernel_bytes: bytes, sleep_us: int) -> dict:
     """Run measure_one in this process with the bench's options; count the kernel's calls exactly."""
     import compiler.runtime as rt
-    from device_agent.options import MeasureOptions
+    from compiler.measure_options import MeasureOptions
     from device_agent.worker import MeasureRequest, measure_one
 
     calls = [0]
@@ -566,7 +566,7 @@ def fake_agent(address: str, key: str) -> int:
 
 def breakdown(farm: Farm, client: Client, kernel_bytes: bytes, samples: int) -> dict:
     """Split the unloaded overhead: the tracker path with a no-op agent, and the agent→worker pipe."""
-    from device_agent.options import MeasureOptions
+    from compiler.measure_options import MeasureOptions
     from device_agent.worker import MeasureRequest, WorkerProcess
 
     out = {}

@@ -150,7 +150,8 @@ def _narrowed(ranges: dict, guards: tuple):
                 and atom.b.value > 0 and atom.a in out):
             # a guard on a block number bounds the variable itself: c // 8 >= 6 is c >= 48 (a
             # Concat's branch test on a channel block, read back through a clamp of the channel)
-            atom, block = atom.a, atom.b.value
+            block = atom.b.value
+            atom = atom.a
         if atom not in out:
             continue
         lo, hi = out[atom]

@@ -69,13 +69,13 @@ from dataclasses import dataclass, replace
 
 import grpc
 
-from rpc_tracker.client import make_channel, tls_problem
+from compiler.measure_options import MeasureOptions
+from rpc_tracker.client import make_tracker_channel, tls_problem
 from rpc_tracker.protocol import PROTOCOL_VERSION, auth_metadata, pb, pb_grpc
 
 from .calibration import CalibratedWorker
 from .health import AgentHealth, calibration_dict
 from .host import describe_host, target_problem
-from .options import MeasureOptions
 from .worker import RUNNER_ERROR, UNSUPPORTED_TARGET, MeasureRequest, WorkerProcess
 
 log = logging.getLogger("tunefarm.agent")
@@ -135,20 +135,6 @@ class AgentConfig:
             raise ValueError(f"max_replacements must be at least 1, got {self.max_replacements}")
 
 
-# gRPC's own reconnect backoff grows to 120 s by default; a channel still backing off answers every
-# call with UNAVAILABLE at once, so a tracker back after a restart would go unnoticed for minutes.
-# Keep the channel's reconnect attempts at least as frequent as the agent's own backoff.
-# grpc.min_reconnect_backoff_ms is, despite its name, the least time gRPC gives one connection
-# attempt (TCP, TLS, HTTP/2 settings): at 200 ms every attempt over a 100 ms-RTT link with TLS timed
-# out ("timed out before receiving SETTINGS frame") until the backoff had grown. 2 s covers a slow
-# link and a lost SYN; a link that is down is still retried every 2 s, not every 20 s (the default).
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 2000),
-                     ("grpc.max_reconnect_backoff_ms", 2000)]
-
-
-def make_tracker_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
-    """The channel to the tracker (message limits and TLS as every client, quick reconnects)."""
-    return make_channel(address, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
 
 
 class _ReportStream:

@@ -38,10 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.measure_options import MeasureOptions
 from compiler.timing import FAR_BEHIND, single_call_timing
 from compiler.verify import as_comparable, compare_output, poisoned, same_as_poison
-
-from .options import MeasureOptions
 
 # Same values as tuner.candidate.ErrorCode (checked by the tests).
 NO_ERROR = 0

@@ -1,7 +1,8 @@
 """Small helpers for whoever dials the tracker: agents, the tuner's RPC runner, `tunefarm farm status`.
 
 `make_channel` applies the protocol's message limits and keepalive (and TLS when given a CA file) so
-every client talks to the tracker the same way; `tls_problem` tells a certificate the client does
+every client talks to the tracker the same way, and `make_tracker_channel` adds quick reconnects for
+the clients that stay connected; `tls_problem` tells a certificate the client does
 not trust from a network that is down; `farm_summary` / `format_summary` are the status view.
 """
 
@@ -21,6 +22,23 @@ def make_channel(address: str, tls_ca: str | None = None, options: list | None =
         creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
         return grpc.secure_channel(address, creds, options=opts)
     return grpc.insecure_channel(address, options=opts)
+
+
+# gRPC's own reconnect backoff grows to 120 s by default; a channel still backing off answers every
+# call with UNAVAILABLE at once, so a tracker back after a restart would go unnoticed for minutes.
+# Keep the channel's reconnect attempts at least as frequent as the agent's own backoff.
+# grpc.min_reconnect_backoff_ms is, despite its name, the least time gRPC gives one connection
+# attempt (TCP, TLS, HTTP/2 settings): at 200 ms every attempt over a 100 ms-RTT link with TLS timed
+# out ("timed out before receiving SETTINGS frame") until the backoff had grown. 2 s covers a slow
+# link and a lost SYN; a link that is down is still retried every 2 s, not every 20 s (the default).
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 2000),
+                     ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+def make_tracker_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
+    """The channel of a long-lived client (an agent, the tuner's RPC runner): message limits and
+    TLS as every client's, and quick reconnects after the tracker restarts."""
+    return make_channel(address, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
 
 
 def tls_problem(details: str | None, tls_ca: str | None) -> str:

@@ -33,6 +33,8 @@ from typing import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from compiler.measure_options import MeasureOptions
+
 from . import state as st
 from .health import report_of
 from .protocol import (
@@ -366,9 +368,10 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             if r.reference_index and r.reference_kernel:
                 return f"request {rid!r}: give its reference either as reference_kernel or by reference_index, not both"
             o = r.options
-            for name in ("timeout_seconds", "min_repeat_ms", "cooldown_ms", "rtol", "atol"):
-                if not _finite_nonneg(getattr(o, name)):
-                    return f"request {rid!r}: options.{name} must be finite and non-negative, got {getattr(o, name)}"
+            try:
+                MeasureOptions.from_proto(o)   # the bounds every edge checks (compiler.option_fields)
+            except ValueError as e:
+                return f"request {rid!r}: options.{e}"
             if o.timeout_seconds > MAX_TIMEOUT_SECONDS:
                 return f"request {rid!r}: options.timeout_seconds {o.timeout_seconds:g} is over {MAX_TIMEOUT_SECONDS:g}"
         return None

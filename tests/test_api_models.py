@@ -98,6 +98,9 @@ def test_model_uploads_that_cannot_run_are_422_naming_what_and_store_nothing(sql
     assert r.status_code == 422 and "raw request body" in r.json()["detail"]
     assert upload(env, dyn, scope="read", input_shape="x=3,4").status_code == 403
     assert upload(env, dyn, trials=0, input_shape="x=3,4").status_code == 422
+    for bad in (dict(repeat=0), dict(timeout=601), dict(strategy="annealing"), dict(min_repeat_ms="nan")):
+        r = upload(env, dyn, input_shape="x=3,4", **bad)   # the measurement and tuning options' bounds, the API's caps
+        assert r.status_code == 422 and next(iter(bad)) in str(r.json()), (bad, r.json())
     assert env.n_jobs() == 0 and env.store.count() == 0
     r = upload(env, dyn, input_shape="x=3,4")         # pinned, it goes
     assert r.status_code == 201 and r.json()["model"]["input_shapes"] == {"x": [3, 4]}
@@ -133,7 +136,10 @@ def test_the_openapi_document_describes_the_upload(sqlite_env):
     op = doc["paths"][URL]["post"]
     assert "application/octet-stream" in op["requestBody"]["content"]
     assert {"413", "422"} <= set(op["responses"])
-    assert {p["name"] for p in op["parameters"]} >= {"trials", "input_shape", "target", "device_key"}
+    params = {p["name"]: p for p in op["parameters"]}
+    assert set(params) >= {"trials", "input_shape", "target", "device_key", "strategy", "repeat", "timeout"}
+    assert params["trials"]["schema"]["default"] == 2000 and params["trials"]["schema"]["maximum"] == 100_000
+    assert params["repeat"]["description"] == "clean samples a figure needs at least"
     assert "model" in doc["components"]["schemas"]["JobOut"]["properties"]
 
 
@@ -160,11 +166,14 @@ def test_tunefarm_submit_model_sends_the_file_and_shows_the_reason_of_a_refusal(
     m, _ = two_layer_repeat()
     good = tmp_path / "two.onnx"
     good.write_bytes(m.SerializeToString())
-    assert main(["submit", "--model", str(good), "--trials", "6", "--name", "cli model"]) == 0
+    assert main(["submit", "--model", str(good), "--trials", "6", "--name", "cli model", "--strategy", "random",
+                 "--repeat", "3", "--min-repeat-ms", "5"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"job \d+ queued: 2 task\(s\), 6 trials", out)
     (job,) = env.store.list_jobs()
     assert job.name == "cli model" and job.spec["model"]["file_name"] == "two.onnx" and job.trials == 6
+    assert job.spec["strategy"] == "random" and job.strategy == "random"
+    assert job.spec["measure"]["repeat"] == 3 and job.spec["measure"]["min_repeat_ms"] == 5
     dyn = tmp_path / "dyn.onnx"
     dyn.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], {"x": ((1, 4), "float32")},
                           {"y": (None, "float32")}, dynamic={"x": 0}).SerializeToString())

@@ -14,9 +14,9 @@ import llvmlite
 import numpy as np
 import pytest
 
+from compiler.measure_options import MeasureOptions
 from compiler.ops import build_op, get_op
 from device_agent import host
-from device_agent.options import MeasureOptions
 from device_agent.worker import UNSUPPORTED_TARGET, MeasureRequest, measure_one
 from rpc_tracker import state as st
 from rpc_tracker.client import make_channel

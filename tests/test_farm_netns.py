@@ -244,7 +244,7 @@ def test_tls_and_tokens_refuse_a_wrong_token_or_certificate_clearly_on_both_side
         return hosts.run(hosts.service, [
             sys.executable, "-m", "tuner.cli", "tune", "matmul", "--param", "M=16", "--param", "N=16",
             "--param", "K=16", "--space", "template", "--strategy", "random", "--trials", "2", "--batch", "2",
-            "--repeat", "1", "--top-k", "1", "--plain", "--key", KEY, "--db", f"sqlite:///{tmp_path / db}",
+            "--compare-repeat", "1", "--top-k", "1", "--plain", "--key", KEY, "--db", f"sqlite:///{tmp_path / db}",
             "--tracker", hosts.tracker_address, "--token", token, "--tls-ca", str(ca)], timeout=90)
 
     # the agents' side: a refusal exits 3 and says what to fix

@@ -134,7 +134,7 @@ class FakeAgent:
 
     def measure(self, work: pb.Work) -> pb.MeasureResult:
         """Measure the work for real, with the measuring worker's own code."""
-        from device_agent.options import MeasureOptions
+        from compiler.measure_options import MeasureOptions
         from device_agent.worker import MeasureRequest, measure_one
         r = work.request
         out = measure_one(MeasureRequest(r.kernel, r.reference_kernel or None, r.num_inputs,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from compiler.measure_options import MeasureOptions
 from compiler.ops import OpDef
 
 from .engine import Callbacks, SchedulerResult, TuningOptions, tuning_options
@@ -175,12 +176,13 @@ def estimate_callbacks(estimate: LatencyEstimate, on_estimate=None) -> Callbacks
 
 
 def tune_model(tasks: list[ModelTuningTask], store, options: TuningOptions | None = None, *,
-               scheduler: str = "gradient", builder=None, runner=None, callbacks: Callbacks | None = None,
+               builder=None, runner=None, callbacks: Callbacks | None = None,
+               measure: MeasureOptions | None = None,
                on_estimate=None, **overrides) -> ModelTuneResult:
     """Tune the model's tasks under one budget of `options.trials` new measurements (the gradient
     task scheduler by default, one shared cost model); every measurement goes to `store`.
-    `options`: TuningOptions, or keyword overrides of its fields, as tune_tasks takes them.
-    `on_estimate(LatencyEstimate)` is called whenever the estimated latency changes, and once more
+    `options`: TuningOptions, or keyword overrides of its fields, and `measure`, as tune_tasks
+    takes them. `on_estimate(LatencyEstimate)` is called whenever the estimated latency changes, and once more
     with the re-measured figures at the end."""
     from .tune import tune_tasks
 
@@ -191,7 +193,7 @@ def tune_model(tasks: list[ModelTuningTask], store, options: TuningOptions | Non
     if callbacks is not None:
         hooks.extra.append(callbacks)
     out = tune_tasks([t.task for t in tasks], store, tuning_options(options, overrides),
-                     weights=[t.weight for t in tasks], scheduler=scheduler, builder=builder, runner=runner,
+                     weights=[t.weight for t in tasks], builder=builder, runner=runner, measure=measure,
                      callbacks=hooks)
     if not out.stopped and estimate.finish(out.results) and on_estimate is not None:
         on_estimate(estimate)

@@ -100,14 +100,38 @@ def check_runs_here(args, target) -> None:
                          "machine, or measure on agents that can run it (--tracker HOST:PORT --key KEY)") from None
 
 
-def farm_runner(args):
-    """An RPCRunner when --tracker is given (measure on the farm's agents of --key), else None (local)."""
+def add_tuning_flags(parser, names=None, **defaults) -> None:
+    """The tuning and measurement flags of `tune`, `model tune` and `submit`, made from
+    TuningOptions' fields (`names`, default option_forms.TUNING_FLAGS) and MeasureOptions'
+    (tuner/option_forms.py); `defaults` replaces a field's default."""
+    from compiler.measure_options import MeasureOptions
+
+    from ..engine.options import TuningOptions
+    from ..option_forms import MEASURE_FLAGS, TUNING_FLAGS, add_option_flags
+    add_option_flags(parser, TuningOptions, TUNING_FLAGS if names is None else names, defaults)
+    timing = parser.add_argument_group("measurement", "how each candidate is checked and timed")
+    add_option_flags(timing, MeasureOptions, MEASURE_FLAGS)
+
+
+def tuning_from_flags(args):
+    """(TuningOptions, MeasureOptions) of the flags `add_tuning_flags` added."""
+    from compiler.measure_options import MeasureOptions
+
+    from ..engine.options import TuningOptions
+    from ..option_forms import MEASURE_FLAGS, TUNING_FLAGS, values_from_flags
+    return (TuningOptions(**values_from_flags(args, TUNING_FLAGS)),
+            MeasureOptions(**values_from_flags(args, MEASURE_FLAGS)))
+
+
+def farm_runner(args, measure=None):
+    """An RPCRunner timing with `measure` (MeasureOptions) when --tracker is given (measure on the
+    farm's agents of --key), else None (local)."""
     if not args.tracker:
         return None
     from ..measure import RPCRunner
     if args.key == "local":
         raise UsageError("--tracker needs --key: the device key of the agents to measure on")
-    return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca)
+    return RPCRunner(args.tracker, args.key, token=args.token, tls_ca=args.tls_ca, options=measure)
 
 
 def run_tuning(command: str, body, *, progress, runner, store=None) -> tuple:

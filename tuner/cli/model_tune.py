@@ -17,6 +17,7 @@ from .common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    add_tuning_flags,
     check_runs_here,
     farm_runner,
     load_graph,
@@ -24,6 +25,7 @@ from .common import (
     resolve_target,
     run_tuning,
     start_progress,
+    tuning_from_flags,
 )
 
 
@@ -36,13 +38,11 @@ def _ms(seconds: float) -> str:
 def cmd_tune(args) -> int:
     from compiler.graph import GraphError
 
-    from ..engine import TuningOptions
     from ..model_tuning import ModelTuningError, model_tasks, tune_model
 
-    if args.trials < 0:
-        raise UsageError(f"--trials must be >= 0, got {args.trials}")
     target = resolve_target(args.target)
     check_runs_here(args, target)
+    options, measure = tuning_from_flags(args)
     graph = load_graph(args.model, args.input_shape, args.dim)
     try:
         tasks = model_tasks(graph, target, args.key)
@@ -51,15 +51,13 @@ def cmd_tune(args) -> int:
     if not tasks:
         raise UsageError(f"{args.model}: the model computes nothing to tune (its outputs are inputs or constants)")
     print(f"{graph.name}: {len(tasks)} unique workloads, {sum(t.weight for t in tasks)} kernels per run; "
-          f"tuning with {args.trials} trials ({args.scheduler} scheduler)")
+          f"tuning with {options.trials} trials ({options.scheduler} scheduler)")
     store = open_store(args.db)
-    runner = farm_runner(args)
-    progress = _EstimateProgress(tasks, args.trials, plain=args.plain)
+    runner = farm_runner(args, measure)
+    progress = _EstimateProgress(tasks, options.trials, plain=args.plain)
 
     def run():
-        options = TuningOptions(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
-                                batch_size=args.batch, seed=args.seed, top_k=args.top_k)
-        return tune_model(tasks, store, options, scheduler=args.scheduler, runner=runner,
+        return tune_model(tasks, store, options, runner=runner, measure=measure,
                           on_estimate=progress.estimate, callbacks=progress.callbacks())
 
     status, out = run_tuning("model tune", run, progress=progress, runner=runner, store=store)
@@ -139,21 +137,11 @@ def register(msub, common) -> None:
                                     "measurement, and show the estimated end-to-end latency as it falls. "
                                     "`tunefarm model run` then uses the records.")
     common(q)
-    q.add_argument("--trials", type=int, default=2000, help="new measurements for the whole model")
-    q.add_argument("--seconds", type=float, default=None, help="time budget in seconds")
     q.add_argument("--target", default=None, help="target string (default: host)")
     q.add_argument("--key", default="local", help="device key the measurements belong to")
     q.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
                                               "sqlite:///~/.tunefarm/records.db)")
-    q.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
-                   help="how the tasks share the budget (default: gradient, Ansor's rule)")
-    q.add_argument("--space", choices=("sketch", "template"), default="sketch")
-    q.add_argument("--strategy", default=None, help="search strategy (default: evolutionary for sketches, "
-                                                     "model for templates)")
-    q.add_argument("--batch", type=int, default=8, help="candidates built and measured per round")
-    q.add_argument("--top-k", type=int, default=5, metavar="K",
-                   help="candidates re-measured at the end of each task (with the default schedule)")
-    q.add_argument("--seed", type=int, default=0)
+    add_tuning_flags(q, trials=2000)
     q.add_argument("--plain", action="store_true", help="plain progress lines instead of a bar")
     q.add_argument("--tracker", default=None, metavar="HOST:PORT",
                    help="measure on the farm's agents of --key through this tracker (default: this machine)")

@@ -19,7 +19,8 @@ import os
 import re
 import sys
 
-from .common import DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, check_op_names, parse_param
+from ..option_forms import JOB_TUNING, MEASURE_FLAGS, values_from_flags
+from .common import DEFAULT_PARAMS, EXIT_FAIL, EXIT_OK, UsageError, add_tuning_flags, check_op_names, parse_param
 
 
 def _client(args):
@@ -50,12 +51,16 @@ def _spec_from_args(args) -> dict:
             workloads.append({"compute": w.definition, "name": w.name})
     except WorkloadError as e:
         raise UsageError(str(e)) from None
-    spec = {"workloads": workloads, "trials": args.trials, "space": args.space, "scheduler": args.scheduler,
-            "batch_size": args.batch, "top_k": args.top_k, "priority": args.priority, "device_key": args.key}
-    for name in ("strategy", "target", "name"):
+    spec = {"workloads": workloads, "priority": args.priority, "device_key": args.key, **_job_options(args)}
+    for name in ("target", "name"):
         if getattr(args, name) is not None:
             spec[name] = getattr(args, name)
     return spec
+
+
+def _job_options(args) -> dict:
+    """The job's tuning fields and its `measure` section, from the flags made from the options."""
+    return {**values_from_flags(args, JOB_TUNING), "measure": values_from_flags(args, MEASURE_FLAGS)}
 
 
 def _model_bytes(args) -> bytes:
@@ -69,9 +74,10 @@ def _model_bytes(args) -> bytes:
 
 
 def _submit_model(c, args, data: bytes) -> dict:
-    params = {"trials": args.trials, "space": args.space, "scheduler": args.scheduler, "batch_size": args.batch,
-              "top_k": args.top_k, "priority": args.priority, "device_key": args.key, "target": args.target,
-              "name": args.name, "file_name": os.path.basename(args.model)}
+    options = _job_options(args)
+    params = {**{k: v for k, v in options.items() if k != "measure"}, **options["measure"], "priority": args.priority,
+              "device_key": args.key, "target": args.target, "name": args.name,
+              "file_name": os.path.basename(args.model)}
     return c.submit_model(data, input_shape=args.input_shape, **params)
 
 
@@ -220,12 +226,6 @@ def register(sub) -> None:
                    help="a whole ONNX model: its fused workloads under one budget (a model job)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="with --model: pin an input the model leaves dynamic")
-    p.add_argument("--trials", type=int, default=64, help="new measurements for the whole job")
-    p.add_argument("--space", choices=("sketch", "template"), default="sketch")
-    p.add_argument("--strategy", default=None, help="random, grid, genetic, model or evolutionary")
-    p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient")
-    p.add_argument("--batch", type=int, default=8, help="candidates per measured batch")
-    p.add_argument("--top-k", type=int, default=5, help="candidates re-measured at the end of every task")
     p.add_argument("--priority", type=int, default=0, help="higher runs first")
     p.add_argument("--target", default=None, help="LLVM target string (default: the server's host)")
     p.add_argument("--key", default="local", help="device key ('local': the worker's own machine)")
@@ -233,6 +233,7 @@ def register(sub) -> None:
     p.add_argument("--watch", action="store_true", help="follow the job until it ends")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls with --watch")
     _server_args(p)
+    add_tuning_flags(p, JOB_TUNING)   # a model job's --trials is the budget of the whole model
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("jobs", help="list, show, watch, cancel or resume jobs on a tunefarm server")

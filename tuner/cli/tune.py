@@ -17,6 +17,7 @@ from .common import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
+    add_tuning_flags,
     check_op_names,
     check_output,
     check_runs_here,
@@ -28,6 +29,7 @@ from .common import (
     resolve_target,
     run_tuning,
     start_progress,
+    tuning_from_flags,
 )
 from .remote import disturbed_note
 
@@ -79,27 +81,20 @@ def _tasks_from_args(args):
 
 
 def cmd_tune(args) -> int:
-    from dataclasses import replace
-
-    from ..engine import TuningOptions
     from ..tune import tune, tune_tasks
 
-    if args.trials < 0:
-        raise UsageError(f"--trials must be >= 0, got {args.trials}")
     entries, target = _tasks_from_args(args)
     check_runs_here(args, target)
+    options, measure = tuning_from_flags(args)
     store = open_store(args.db)
-    progress = _Progress([(t, o) for t, o, _ in entries], args.trials, plain=args.plain)
-    runner = farm_runner(args)
+    progress = _Progress([(t, o) for t, o, _ in entries], options.trials, plain=args.plain)
+    runner = farm_runner(args, measure)
 
     def run():
-        options = TuningOptions(space=args.space, strategy=args.strategy, trials=args.trials, seconds=args.seconds,
-                                batch_size=args.batch, seed=args.seed, top_k=args.top_k)
         if len(entries) == 1:
-            return [tune(entries[0][0], store, replace(options, early_stopping=args.early_stopping),
-                         on_batch=progress.update, runner=runner)]
+            return [tune(entries[0][0], store, options, on_batch=progress.update, runner=runner, measure=measure)]
         return tune_tasks([t for t, _, _ in entries], store, options, weights=[w for _, _, w in entries],
-                          scheduler=args.scheduler, on_batch=progress.update, runner=runner).results
+                          on_batch=progress.update, runner=runner, measure=measure).results
 
     status, results = run_tuning("tune", run, progress=progress, runner=runner)
     if status != EXIT_OK:
@@ -110,7 +105,7 @@ def cmd_tune(args) -> int:
     for (task, opdef, weight), result in zip(entries, results):
         status = max(status, _summarize(task, opdef, weight, result, len(entries) > 1))
         if result.best_candidate is not None:
-            status = max(status, _report_best(store, opdef, target, args.repeat))
+            status = max(status, _report_best(store, opdef, target, args.compare_repeat))
     if len(entries) > 1:
         total = sum(w * r.best_cost for (_, _, w), r in zip(entries, results))
         print(f"weighted latency of the {len(entries)} tasks: {1e3 * total:.3f} ms ({args.scheduler} scheduler)")
@@ -284,22 +279,9 @@ def register(sub):
     p.add_argument("--key", default="local", help="device key the measurements belong to")
     p.add_argument("--db", default=None, help="records database URL (default: $TUNEFARM_DB_URL or "
                                               "sqlite:///~/.tunefarm/records.db)")
-    p.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
-                   help="how several tasks share the budget (default: gradient, Ansor's rule)")
-    p.add_argument("--top-k", type=int, default=5, metavar="K",
-                   help="candidates re-measured at the end of each task (with the default schedule)")
-    p.add_argument("--space", choices=("sketch", "template"), default="sketch")
-    p.add_argument("--strategy", default=None,
-                   help="random, grid, genetic, model, evolutionary (default: model for templates, "
-                        "evolutionary for sketches)")
-    p.add_argument("--trials", type=int, default=64,
-                   help="new measurements of this run (earlier records are reused, never measured again)")
-    p.add_argument("--seconds", type=float, default=None, help="time budget in seconds")
-    p.add_argument("--batch", type=int, default=8, help="candidates built and measured per round")
-    p.add_argument("--early-stopping", type=int, default=None, metavar="TRIALS",
-                   help="stop after this many trials without improvement")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=5, help="timing repeats of the final comparison")
+    p.add_argument("--compare-repeat", type=int, default=5, metavar="N",
+                   help="timing rounds of the closing comparison of the best kernel with numpy")
+    add_tuning_flags(p)
     p.add_argument("--plain", action="store_true", help="plain progress lines instead of a bar")
     p.add_argument("--tracker", default=None, metavar="HOST:PORT",
                    help="measure on the farm's agents of --key through this tracker (default: this machine)")

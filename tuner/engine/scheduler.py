@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .callbacks import Callbacks
-
-SCHEDULERS = ("round-robin", "gradient")
+from .options import SCHEDULERS
 
 
 @dataclass

@@ -4,12 +4,12 @@
         results = runner.run(task, builder.build(task, candidates))
 
 `RPCRunner(tracker, device_key, options=...)` is a drop-in for LocalRunner that measures on
-device agents through the farm's tracker; both take one MeasureOptions (device_agent/options.py).
+device agents through the farm's tracker; both take one MeasureOptions (compiler/measure_options.py).
 
 The measuring code itself lives in `device_agent.worker` so that device agents run exactly it.
 """
 
-from device_agent.options import MeasureOptions
+from compiler.measure_options import MeasureOptions
 
 from .builder import BuilderPool, BuildResult
 from .rpc_runner import FarmAuthError, FarmError, FarmRequestError, FarmTLSError, RPCRunner

@@ -31,9 +31,8 @@ import uuid
 
 import grpc
 
-from device_agent.agent import RECONNECT_OPTIONS
-from device_agent.options import MeasureOptions
-from rpc_tracker.client import make_channel, tls_problem
+from compiler.measure_options import MeasureOptions
+from rpc_tracker.client import make_tracker_channel, tls_problem
 from rpc_tracker.protocol import SHARED_BATCH_FIELDS_PROTOCOL, auth_metadata, pb, pb_grpc, unpack_results
 
 from ..candidate import ErrorCode, MeasureResult
@@ -91,7 +90,7 @@ class RPCRunner(Runner):
         self._emulated: bool | None = None  # the key's agents' kind, once known
         self.tls_ca = tls_ca
         self.backoff_initial, self.backoff_max = float(backoff_initial), float(backoff_max)
-        self._channel = make_channel(tracker, tls_ca=tls_ca, options=RECONNECT_OPTIONS)
+        self._channel = make_tracker_channel(tracker, tls_ca=tls_ca)
         self._stub = pb_grpc.TrackerStub(self._channel)
         self._metadata = auth_metadata(self.token)
 

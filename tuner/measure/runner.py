@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from compiler.measure_options import MeasureOptions
 from device_agent.calibration import CalibratedWorker, SpeedHistory
 from device_agent.host import is_emulated
-from device_agent.options import MeasureOptions
 from device_agent.worker import MeasureRequest, WorkerProcess
 
 from ..candidate import ErrorCode, MeasureResult

@@ -57,7 +57,8 @@ class ServiceClient:
     def submit_model(self, data: bytes, input_shape: list[str] | None = None, **params) -> dict:
         """Queue a model job: `data` is the ONNX file as it is on disk, `input_shape` pins dynamic
         inputs ("input=1,3,224,224"), `params` are POST /jobs/model's other query parameters
-        (trials, file_name, target, device_key, scheduler, space, batch_size, top_k, priority, seed, name)."""
+        (trials, file_name, target, device_key, scheduler, space, strategy, batch_size, top_k, priority, seed,
+        name, and the measurement options: number, repeat, min_repeat_ms, max_repeat_ms, attempts, timeout)."""
         query = list(_params(**params).items()) + [("input_shape", s) for s in input_shape or []]
         return self._call("POST", "/jobs/model", content=data, params=query,
                           headers={"Content-Type": "application/octet-stream"})

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from device_agent.options import MeasureOptions as RunOptions
+from compiler.measure_options import MeasureOptions
 
-_MEASURE = RunOptions()   # the defaults of every measurement, stated in device_agent/options.py
+from ..engine.options import TuningOptions
+from ..option_forms import JOB_TUNING, MEASURE_FLAGS, request_fields
 
 MAX_TRIALS = 100_000
 MAX_WORKLOADS = 256
-SPACES = ("sketch", "template")
+MODEL_TRIALS = 2000   # a model job's default budget, for all of its workloads (as `tunefarm model tune`'s)
+
+# what one request may ask for: the API's own limits, tighter than the options' bounds
+TUNING_LIMITS = {"trials": {"ge": 1, "le": MAX_TRIALS}, "batch_size": {"le": 256}, "top_k": {"le": 64},
+                 "seed": {"le": 2**31 - 1}}
+MEASURE_LIMITS = {"number": {"le": 1000}, "repeat": {"le": 100}, "min_repeat_ms": {"le": 10_000},
+                  "max_repeat_ms": {"ge": 1, "le": 60_000}, "attempts": {"le": 10}, "timeout": {"le": 600}}
 
 
 class SpecError(ValueError):
@@ -60,24 +67,32 @@ class WorkloadSpec(BaseModel):
         return v
 
 
-class MeasureOptions(BaseModel):
-    """How candidates are timed (the measurement protocol's settings, compiler/timing.py): the
-    API's bounds on device_agent.options.MeasureOptions, whose defaults these are."""
+class _OptionFields(BaseModel):
+    """A request model some of whose fields are made from an options dataclass
+    (tuner/option_forms.py): to the type checker those fields are Any."""
 
     model_config = ConfigDict(extra="forbid")
-    number: int = Field(_MEASURE.number, ge=1, le=1000, description="calls per timing sample at least (more when a call is short)")
-    repeat: int = Field(_MEASURE.repeat, ge=1, le=100, description="clean samples a figure needs at least")
-    min_repeat_ms: float = Field(_MEASURE.min_repeat_ms, ge=0, le=10_000, description="sampling time per attempt at least")
-    max_repeat_ms: float = Field(_MEASURE.max_repeat_ms, ge=1, le=60_000,
-                                 description="sampling time per attempt at most (sampling stops earlier once the median is stable)")
-    attempts: int = Field(_MEASURE.attempts, ge=1, le=10, description="tries, with back-off, when other processes keep the kernel waiting")
-    timeout: float = Field(_MEASURE.timeout, gt=0, le=600, description="seconds before a run is a timeout")
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+
+class _MeasureSettings(_OptionFields):
     build_timeout: float = Field(20.0, gt=0, le=600, description="seconds before a build is a timeout")
 
-    def measure_options(self) -> RunOptions:
+    def measure_options(self) -> MeasureOptions:
         """The runners' options these settings make (the build timeout is the builder's)."""
-        return RunOptions(number=self.number, repeat=self.repeat, min_repeat_ms=self.min_repeat_ms,
-                          max_repeat_ms=self.max_repeat_ms, attempts=self.attempts, timeout=self.timeout)
+        return MeasureOptions(**{name: getattr(self, name) for name in MEASURE_FLAGS})
+
+
+if TYPE_CHECKING:
+    MeasureSettings = _MeasureSettings
+else:
+    MeasureSettings = create_model(
+        "MeasureSettings", __base__=_MeasureSettings, __module__=__name__,
+        __doc__="How candidates are timed (the measurement protocol's settings, compiler/timing.py): "
+                "compiler.measure_options.MeasureOptions' fields, defaults and help, within the API's limits.",
+        **request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
 
 
 class ModelSource(BaseModel):
@@ -96,27 +111,50 @@ class ModelSource(BaseModel):
     input_shapes: dict[str, list[int]] = Field(default_factory=dict, description="the inputs' static shapes")
 
 
-class JobSpec(BaseModel):
-    """A tuning job: workloads under one trial budget on one target and device key."""
-
-    model_config = ConfigDict(extra="forbid")
+class _JobSpec(_OptionFields):
     name: str | None = Field(None, max_length=200)
     workloads: list[WorkloadSpec] = Field(min_length=1, max_length=MAX_WORKLOADS)
     target: str | None = Field(None, max_length=1000, description="LLVM target string; default: the server's host")
     device_key: str = Field("local", min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:-]+$",
                             description="'local': measured by the worker's own machine; else a farm device key")
-    space: Literal["sketch", "template"] = "sketch"
-    strategy: Literal["random", "grid", "genetic", "model", "evolutionary"] | None = Field(
-        None, description="search strategy; default: model for template, evolutionary for sketch")
-    scheduler: Literal["gradient", "round-robin"] = "gradient"
-    trials: int = Field(64, ge=1, le=MAX_TRIALS, description="new measurements for the whole job")
-    batch_size: int = Field(8, ge=1, le=256)
-    top_k: int = Field(5, ge=0, le=64, description="candidates re-measured at the end of every task")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    measure: MeasureOptions = Field(default_factory=lambda: MeasureOptions())
+    measure: MeasureSettings = Field(default_factory=lambda: MeasureSettings())
     model: ModelSource | None = Field(None, description="set for a model job (POST /jobs/model): the ONNX model "
                                                         "its workloads came from")
+
+    def tuning_options(self, **engine) -> TuningOptions:
+        """The engine's options of this job (`engine`: the fields a job does not set, e.g. job_id)."""
+        return TuningOptions(**{name: getattr(self, name) for name in JOB_TUNING}, **engine)
+
+
+if TYPE_CHECKING:
+    JobSpec = _JobSpec
+else:
+    JobSpec = create_model(
+        "JobSpec", __base__=_JobSpec, __module__=__name__,
+        __doc__="A tuning job: workloads under one trial budget on one target and device key; its tuning "
+                "fields are TuningOptions' (defaults, help, bounds), within the API's limits.",
+        **request_fields(TuningOptions, JOB_TUNING, limits=TUNING_LIMITS))
+
+
+class _ModelJobQuery(BaseModel):
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+    def job_fields(self) -> dict:
+        """The JobSpec fields these query parameters set (the measurement ones as `measure`)."""
+        return {**{name: getattr(self, name) for name in JOB_TUNING},
+                "measure": {name: getattr(self, name) for name in MEASURE_FLAGS}}
+
+
+if TYPE_CHECKING:
+    ModelJobQuery = _ModelJobQuery
+else:
+    ModelJobQuery = create_model(
+        "ModelJobQuery", __base__=_ModelJobQuery, __module__=__name__,
+        __doc__="POST /jobs/model's tuning and measurement query parameters: a job's fields, a whole model's budget.",
+        **request_fields(TuningOptions, JOB_TUNING, defaults={"trials": MODEL_TRIALS}, limits=TUNING_LIMITS),
+        **request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ class _JobRun:
 
     def execute(self) -> JobState | None:
         """Run the engine; the state to end the job in (None: it is not ours to end)."""
-        from ..engine import Callbacks, TuningOptions
+        from ..engine import Callbacks
         from ..tune import tune_tasks
 
         m = self.spec.measure
@@ -178,9 +178,7 @@ class _JobRun:
             owned.callback(heartbeat.join)
             owned.callback(self._done.set)
             spec = self.spec
-            options = TuningOptions(space=spec.space, strategy=spec.strategy, trials=spec.trials,
-                                    batch_size=spec.batch_size, seed=spec.seed, job_id=self.job.id, top_k=spec.top_k)
-            out = tune_tasks(self.tasks, self.store, options, weights=self.weights, scheduler=spec.scheduler,
+            out = tune_tasks(self.tasks, self.store, spec.tuning_options(job_id=self.job.id), weights=self.weights,
                              builder=builder, runner=runner,
                              callbacks=Callbacks(on_batch=self._on_batch, on_heartbeat=self._on_heartbeat))
             if self.lost is not None:

@@ -1,7 +1,8 @@
 """Model jobs: an ONNX file uploaded as the request body becomes a job over its fused workloads.
 
 `POST /jobs/model?trials=2000&input_shape=input=1,3,224,224` with the file as the body
-(Content-Type: application/octet-stream). The body has its own size limit (the app's
+(Content-Type: application/octet-stream; the tuning and measurement parameters are a job's,
+spec.ModelJobQuery). The body has its own size limit (the app's
 `max_model_bytes`; 413 with the reason over it, enforced by limits.BodyLimit before the body is
 buffered). The file is read and its tasks extracted in the thread pool (service/model_job.py): a
 file that is not ONNX, an unsupported operator or an unpinned dynamic shape is a 422 naming the
@@ -11,13 +12,13 @@ weights) with a `model` section; `GET /jobs/{id}` shows its allocation and laten
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ...model_job import model_job_spec, parse_input_shapes
-from ...spec import MAX_TRIALS, SpecError, resolve
+from ...spec import ModelJobQuery, SpecError, resolve
 from .. import auth
 from ..deps import Settings, Store
 from ..errors import ApiError, responses
@@ -36,27 +37,21 @@ ONNX_BODY = {"requestBody": {"required": True, "description": "the ONNX model fi
              summary="Submit a model job: an ONNX file, its fused workloads tuned under one budget")
 async def submit_model_job(
         request: Request, response: Response, store: Store, settings: Settings,
-        trials: Annotated[int, Query(ge=1, le=MAX_TRIALS, description="new measurements for the whole model")] = 2000,
+        options: Annotated[ModelJobQuery, Query()],
         input_shape: Annotated[list[str] | None, Query(max_length=64, description="NAME=D0,D1,... pins an input the "
                                                                                   "model leaves dynamic (repeatable)")] = None,
         name: Annotated[str | None, Query(max_length=200)] = None,
         file_name: Annotated[str | None, Query(max_length=255, description="the file's name, for people")] = None,
         target: Annotated[str | None, Query(max_length=1000, description="default: the server's host")] = None,
         device_key: Annotated[str, Query(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:-]+$")] = "local",
-        scheduler: Literal["gradient", "round-robin"] = "gradient",
-        space: Literal["sketch", "template"] = "sketch",
-        batch_size: Annotated[int, Query(ge=1, le=256)] = 8,
-        top_k: Annotated[int, Query(ge=0, le=64)] = 5,
-        priority: Annotated[int, Query(ge=-1000, le=1000)] = 0,
-        seed: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobOut:
+        priority: Annotated[int, Query(ge=-1000, le=1000)] = 0) -> JobOut:
     """The model is read, checked and its tasks extracted now; a worker tunes them like
     `tunefarm model tune` (gradient task scheduler, one shared cost model)."""
     if request.headers.get("content-type", "").startswith("multipart/"):
         raise ApiError(422, "send the ONNX file as the raw request body (Content-Type: application/octet-stream), "
                             "not as a form", field="model")
     data = await request.body()        # limits.BodyLimit refuses a body over max_model_bytes with 413
-    job: dict[str, object] = dict(trials=trials, scheduler=scheduler, space=space, batch_size=batch_size,
-                                  top_k=top_k, priority=priority, seed=seed)
+    job: dict[str, object] = dict(priority=priority, **options.job_fields())
     if name is not None:
         job["name"] = name
     try:
