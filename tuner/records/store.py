@@ -40,39 +40,107 @@ MAX_MEASUREMENTS = 5000     # a job's measurements per page: compact rows for ch
 
 
 class RecordsStore(ABC):
-    """What the tuner, the job service and the compiler need from stored measurements."""
+    """What the tuner, the job service and the compiler need from stored measurements.
+
+    The contract every implementation keeps (SQLRecordsStore is the one here):
+    - A task is (workload, target, device key); a record is one measured candidate of a task,
+      unique by (task, candidate fingerprint). Records are never changed once added, except by a
+      re-measurement (`set_retimed`), and never deleted.
+    - Every method is one transaction: it happens entirely or not at all, and what it returns is
+      what was committed. Writers in other threads or processes may interleave between two calls;
+      a reader sees each call's writes whole, never half a batch.
+    - Any failure of the storage itself (unreachable, refused, corrupt input) raises StoreError
+      (values.py) with a message naming the database, and nothing is written.
+    - Costs are seconds per call; "valid" means measured without an error code. The ranking by
+      speed ("best"): records re-measured at the end of their task (and not found slower than
+      the default there) first, by their re-measured cost, since the fastest of many noisy
+      measurements is biased low; then the others by their tuning-time cost; last, those timed in
+      a window whose calibration found the measuring worker slow; ties by insertion order.
+      `best`, `baseline_record` and the tuner's running best all rank this way.
+    """
 
     @abstractmethod
-    def ensure_task(self, task: Task) -> int: ...
+    def ensure_task(self, task: Task) -> int:
+        """The id of `task`'s row, made if it is new. Idempotent; concurrent calls for one new task
+        from several processes all return the same id."""
+
     @abstractmethod
     def add_records(self, task: Task, measured: Iterable[tuple[Candidate, MeasureResult]],
-                    job_id: int | None = None) -> list[int]: ...
+                    job_id: int | None = None) -> list[int]:
+        """Store a measured batch of `task` (made if new), tagged with the service job `job_id`.
+        A candidate already stored for the task is skipped, not duplicated or updated (so a batch
+        sent twice adds nothing the second time). Returns the ids of the rows actually added, in
+        input order; ids grow with insertion."""
+
     @abstractmethod
     def set_retimed(self, task: Task, costs: dict[str, float], spreads: dict[str, float] | None = None,
-                    beats_default: dict[str, bool] | None = None) -> int: ...
+                    beats_default: dict[str, bool] | None = None) -> int:
+        """Record the end-of-task re-measurement: `costs` (fingerprint -> seconds) of records of
+        `task`, with the spread of their per-round figures and whether each beat the default
+        beyond the noise (absent: unknown, as for the default itself). Fingerprints the task does
+        not hold are ignored. Returns how many records were updated; a later call overwrites."""
+
     @abstractmethod
-    def measured_fingerprints(self, task: Task) -> set[str]: ...
+    def measured_fingerprints(self, task: Task) -> set[str]:
+        """Fingerprints of every record of `task`, valid or not: what a resumed run must not
+        measure again."""
+
     @abstractmethod
-    def task_sample(self, task: Task, newest: int = SAMPLE_NEWEST, fastest: int = SAMPLE_FASTEST) -> list[Record]: ...
+    def task_sample(self, task: Task, newest: int = SAMPLE_NEWEST, fastest: int = SAMPLE_FASTEST) -> list[Record]:
+        """What a resumed run's strategy and cost model learn from, bounded however many records the
+        task holds: its `newest` most recent records and its `fastest` valid ones, oldest first,
+        each once; every record when the task holds fewer; [] for an unknown task."""
+
     @abstractmethod
-    def best(self, workload_key: str, target: str, k: int = 1, device_key: str | None = None) -> list[Record]: ...
+    def best(self, workload_key: str, target: str, k: int = 1, device_key: str | None = None) -> list[Record]:
+        """The k best valid records (the class's ranking) of `workload_key` on `target`, over all
+        device keys unless `device_key` is given; fewer (or []) when fewer exist; [] for k < 1."""
+
+    @abstractmethod
+    def baseline_record(self, workload_key: str, target: str, device_key: str | None = None) -> Record | None:
+        """The best valid record (the same ranking) of the workload's default schedule on
+        `target` (over all device keys unless `device_key`), or None: what a speed-up is against."""
+
     @abstractmethod
     def history(self, target: str | None = None, workload_key: str | None = None,
-                limit: int | None = None) -> list[Record]: ...
+                limit: int | None = None) -> list[Record]:
+        """Valid and error records, filtered by target and workload when given, oldest first;
+        with `limit`, the most recent `limit` of them (still oldest first)."""
+
     @abstractmethod
     def history_of_structure(self, target: str, structures: list, exclude_keys=(),
-                             limit: int = 2000) -> list[Record]: ...
+                             limit: int = 2000) -> list[Record]:
+        """The most recent valid records (up to `limit`, oldest first) on `target` of workloads
+        other than `exclude_keys` whose candidates have one of `structures` ((candidate kind,
+        payload field, values), see SearchSpace.structure): a cost model's warm start."""
+
     @abstractmethod
     def count(self, task: Task | None = None, job_id: int | None = None, search_only: bool = False,
-              kind: str | None = None) -> int: ...
+              kind: str | None = None) -> int:
+        """Records, of one task and/or one job when given; `search_only` leaves out the default
+        schedule's records (no trial budget counts them); `kind` counts only candidates of that
+        kind ("config", "trace"). 0 for an unknown task."""
+
     @abstractmethod
-    def export_jsonl(self, fileobj: IO[str], workload_key: str | None = None, target: str | None = None) -> int: ...
+    def export_jsonl(self, fileobj: IO[str], workload_key: str | None = None, target: str | None = None) -> int:
+        """Write the records (filtered when asked) to `fileobj` as JSON lines, oldest first, one
+        self-contained line each (its task and workload in it); returns how many. Memory stays flat
+        however many records there are."""
+
     @abstractmethod
-    def import_jsonl(self, fileobj: IO[str]) -> int: ...
+    def import_jsonl(self, fileobj: IO[str]) -> int:
+        """Add the records of JSON lines as `export_jsonl` writes them (tasks and workloads made as
+        named); returns how many were new. Idempotent: records already stored are skipped. All or
+        nothing: a bad line raises StoreError naming its line number and nothing is added."""
+
     @abstractmethod
-    def upsert_agent(self, name: str, device_key: str, info: dict | None = None) -> None: ...
+    def upsert_agent(self, name: str, device_key: str, info: dict | None = None) -> None:
+        """Record that farm agent `name` (of `device_key`) was seen now; `info=None` keeps the
+        device description it had. Idempotent by name."""
+
     @abstractmethod
-    def list_agents(self) -> list[Agent]: ...
+    def list_agents(self) -> list[Agent]:
+        """Every agent ever seen, by name."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release connections; the store is unusable afterwards."""
