@@ -11,8 +11,8 @@ import json
 import statistics
 import time
 
-import numpy as np
 from blas_info import blas_line, blas_report
+from matmul_check import checked_square_matmul
 
 import compiler
 from compiler.ops import get_op
@@ -49,14 +49,7 @@ def main():
         kernel.load()
         build_ms.append((time.perf_counter() - t0) * 1e3)
 
-    rng = np.random.default_rng(0)
-    a = rng.uniform(0.1, 1.0, (n, n)).astype(np.float32)
-    b = rng.uniform(0.1, 1.0, (n, n)).astype(np.float32)
-    c = np.full((n, n), np.nan, np.float32)
-    kernel(a, b, c)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    rel_err = float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
-    assert rel_err < 1e-5, rel_err
+    a, b, c, rel_err = checked_square_matmul(kernel, n)
 
     flops = 2.0 * n ** 3
     number = max(1, int(2e9 / flops))

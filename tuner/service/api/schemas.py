@@ -10,6 +10,7 @@ never echoed in lists (it can be large): `is_compute` says it has one.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
@@ -238,16 +239,21 @@ class JobOut(BaseModel):
         """`retaken`: the store's job_retakes (a job's own view)."""
         progress = min(1.0, job.trials_done / job.trials) if job.trials > 0 else 0.0
         per_task = retaken["tasks"] if retaken else None
-        return cls(id=job.id, name=job.name, state=JobState(job.state).value, target=job.target, device_key=job.device_key,
-                   space=job.space, strategy=job.strategy, scheduler=job.scheduler, priority=job.priority,
-                   trials=job.trials, trials_done=job.trials_done, progress=progress, attempts=job.attempts,
-                   error=job.error, lease_owner=job.lease_owner, lease_expires_at=job.lease_expires_at,
-                   created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
-                   finished_at=job.finished_at, heartbeat_at=job.heartbeat_at,
+        return cls(**_stored_as_shown(job), state=JobState(job.state).value, progress=progress,
                    tasks=[JobTaskOut.of(t, per_task) for t in job.tasks], spec=job.spec if with_spec else None,
-                   errors=job.errors, model=ModelJobOut.of(job, curve),
+                   model=ModelJobOut.of(job, curve),
                    retaken=[RetakenOut.of(w) for w in retaken["windows"]] if retaken else None,
                    retaken_capped=bool(retaken and retaken["capped"]))
+
+
+_SHOWN_OTHERWISE = frozenset({"state", "tasks", "spec"})   # JobOut.of converts these
+
+
+def _stored_as_shown(job: Job) -> dict:
+    """The stored job's fields that JobOut shows as they are (by name: a field added to both is
+    shown without another line here)."""
+    return {f.name: getattr(job, f.name) for f in fields(job)
+            if f.name in JobOut.model_fields and f.name not in _SHOWN_OTHERWISE}
 
 
 class JobPage(BaseModel):
