@@ -85,14 +85,18 @@ class _MeasureSettings(_OptionFields):
         return MeasureOptions(**{name: getattr(self, name) for name in MEASURE_FLAGS})
 
 
+def _made(name: str, base: type, doc: str, *parts: dict) -> Any:
+    """`base` with the fields `parts` made from an options dataclass (option_forms.request_fields)."""
+    fields = {k: v for part in parts for k, v in part.items()}
+    return create_model(name, __base__=base, __module__=__name__, __doc__=doc, **fields)
+
+
 if TYPE_CHECKING:
     MeasureSettings = _MeasureSettings
 else:
-    MeasureSettings = create_model(
-        "MeasureSettings", __base__=_MeasureSettings, __module__=__name__,
-        __doc__="How candidates are timed (the measurement protocol's settings, compiler/timing.py): "
-                "compiler.measure_options.MeasureOptions' fields, defaults and help, within the API's limits.",
-        **request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
+    MeasureSettings = _made("MeasureSettings", _MeasureSettings, "How candidates are timed (the measurement protocol's "
+                            "settings, compiler/timing.py): MeasureOptions' fields within the API's limits.",
+                            request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
 
 
 class ModelSource(BaseModel):
@@ -130,11 +134,9 @@ class _JobSpec(_OptionFields):
 if TYPE_CHECKING:
     JobSpec = _JobSpec
 else:
-    JobSpec = create_model(
-        "JobSpec", __base__=_JobSpec, __module__=__name__,
-        __doc__="A tuning job: workloads under one trial budget on one target and device key; its tuning "
-                "fields are TuningOptions' (defaults, help, bounds), within the API's limits.",
-        **request_fields(TuningOptions, JOB_TUNING, limits=TUNING_LIMITS))
+    JobSpec = _made("JobSpec", _JobSpec, "A tuning job: workloads under one trial budget on one target and device key; "
+                    "its tuning fields are TuningOptions' within the API's limits.",
+                    request_fields(TuningOptions, JOB_TUNING, limits=TUNING_LIMITS))
 
 
 class _ModelJobQuery(BaseModel):
@@ -150,11 +152,11 @@ class _ModelJobQuery(BaseModel):
 if TYPE_CHECKING:
     ModelJobQuery = _ModelJobQuery
 else:
-    ModelJobQuery = create_model(
-        "ModelJobQuery", __base__=_ModelJobQuery, __module__=__name__,
-        __doc__="POST /jobs/model's tuning and measurement query parameters: a job's fields, a whole model's budget.",
-        **request_fields(TuningOptions, JOB_TUNING, defaults={"trials": MODEL_TRIALS}, limits=TUNING_LIMITS),
-        **request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
+    ModelJobQuery = _made("ModelJobQuery", _ModelJobQuery, "POST /jobs/model's tuning and measurement query "
+                          "parameters: a job's fields, a whole model's budget.",
+                          request_fields(TuningOptions, JOB_TUNING, defaults={"trials": MODEL_TRIALS},
+                                         limits=TUNING_LIMITS),
+                          request_fields(MeasureOptions, MEASURE_FLAGS, limits=MEASURE_LIMITS))
 
 
 @dataclass(frozen=True)
