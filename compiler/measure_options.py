@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .option_fields import check_options, option, options_of
+from .option_fields import check_options, option
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,11 @@ class MeasureOptions:
                       timeout=o.timeout_seconds if o.timeout_seconds != 0 else d.timeout,
                       rtol=o.rtol, atol=o.atol, seed=o.seed, num_threads=o.num_threads or None,
                       slow_cutoff_s=max(0.0, o.slow_cutoff_s))
-        for name, info in options_of(MeasureOptions).items():
-            bad = info.problem(values[name])
-            if bad is not None:
-                raise ValueError(f"{_PROTO_NAMES.get(name, name)} {bad}")
-        return MeasureOptions(**values)
+        try:
+            return MeasureOptions(**values)
+        except ValueError as e:   # "name must be ...": named as the message names the field
+            name, _, rest = str(e).partition(" ")
+            raise ValueError(f"{_PROTO_NAMES.get(name, name)} {rest}") from None
 
 
 _PROTO_NAMES = {"timeout": "timeout_seconds"}   # where the message's field is named otherwise

@@ -12,8 +12,11 @@ all read MeasureOptions, and the tracker imports nothing of the tuner or the age
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 METADATA_KEY = "option"
@@ -58,14 +61,17 @@ def option(default, help: str, *, ge: float | None = None, gt: float | None = No
     return field(default=default, metadata={METADATA_KEY: info})
 
 
-def options_of(cls) -> dict[str, OptionInfo]:
-    """{field name: OptionInfo} of a dataclass's option fields, in declaration order."""
-    return {f.name: f.metadata[METADATA_KEY] for f in fields(cls) if METADATA_KEY in f.metadata}
+@functools.cache
+def options_of(cls: type) -> Mapping[str, OptionInfo]:
+    """{field name: OptionInfo} of a dataclass's option fields, in declaration order; made once
+    per class (the tracker checks a request's options thousands of times a second)."""
+    return MappingProxyType({f.name: f.metadata[METADATA_KEY] for f in fields(cls) if METADATA_KEY in f.metadata})
 
 
 def check_options(obj) -> None:
     """ValueError naming the first field of `obj` whose value its OptionInfo does not allow."""
-    for name, info in options_of(type(obj)).items():
+    cls: type = type(obj)
+    for name, info in options_of(cls).items():
         bad = info.problem(getattr(obj, name))
         if bad is not None:
             raise ValueError(f"{name} {bad}")
