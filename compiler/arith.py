@@ -69,7 +69,7 @@ def struct_key(e: Expr):
     head: tuple = (type(e).__name__, getattr(e, "op", None), getattr(e, "func", None), e.dtype,
             id(getattr(e, "buffer", None)) if hasattr(e, "buffer") else None)
     if type(e) is CheckedIndex:   # two checks of one value against other ranges are other atoms
-        head += (e.lo, e.hi, e.site)
+        head += (e.lo, e.hi, e.site, e.wrap)
     return head + tuple(struct_key(c) for c in children(e))
 
 
@@ -100,7 +100,7 @@ def _atom_range(atom: Expr, ranges: dict):
     if isinstance(atom, Var):
         return ranges.get(atom)
     if isinstance(atom, CheckedIndex):   # the kernel stops where it is not in [lo, hi)
-        return (atom.lo, atom.hi - 1)
+        return atom.result_range
     if isinstance(atom, Binary):
         if atom.op in ("floordiv", "floormod") and isinstance(atom.b, Const) and atom.b.value > 0:
             c = atom.b.value
@@ -357,17 +357,50 @@ def _simplify_compare(e: Compare, ranges) -> Expr:
 
 
 def _simplify_checked(e: CheckedIndex, ranges) -> Expr:
-    """The check dropped where the ranges prove the value inside [lo, hi) (a constant index)."""
+    """The check dropped where the ranges prove the value inside [lo, hi) (a constant index),
+    and with a wrap, on one side of 0."""
     v = simplify(e.value, ranges)
     r = expr_range(v, ranges)
-    if r is not None and e.lo <= r[0] and r[1] < e.hi:
+    if r is not None and e.lo <= r[0] and r[1] < e.hi and (not e.wrap or r[0] >= 0):
         return v
-    return e if v is e.value else CheckedIndex(v, e.lo, e.hi, e.site)
+    if r is not None and e.lo <= r[0] and r[1] < 0 and e.wrap:
+        return simplify(Binary("add", v, Const(e.hi, INDEX_DTYPE), INDEX_DTYPE), ranges)
+    return e if v is e.value else CheckedIndex(v, e.lo, e.hi, e.site, e.wrap)
 
 
-_SIMPLIFY: dict[type, Callable[[Any, dict], Expr]] = {Var: _leaf, Const: _leaf, Binary: _simplify_binary, Cast: _simplify_cast,
-             Compare: _simplify_compare, Logical: _simplify_logical,
-             Not: _simplify_not, Select: _simplify_select, CheckedIndex: _simplify_checked}
+def _check_keys(e: Expr) -> set:
+    """The run-time index checks in `e` (expr.CheckedIndex), by what they check and where."""
+    found, stack = set(), [e]
+    while stack:
+        n = stack.pop()
+        if type(n) is CheckedIndex:
+            found.add((n.site, n.lo, n.hi, n.wrap))
+        stack.extend(children(n))
+    return found
+
+
+def _keeps_checks(rule: Callable[[Any, dict], Expr]) -> Callable[[Any, dict], Expr]:
+    """`rule`, except where its result would lose a run-time index check of the expression: then
+    only the children are simplified. A rule may decide what a checked index's range settles (a
+    comparison of an index into a one-element axis with 0, `i % 1`, a term that cancels), but the
+    check itself is what stops a bad index: dropping it let ScatterND write index 1 of a
+    one-element axis into element 0."""
+    def guarded(e, ranges) -> Expr:
+        out = rule(e, ranges)
+        if out is e:
+            return out
+        checks = _check_keys(e)
+        if not checks or checks <= _check_keys(out):
+            return out
+        return _simplify_children(e, ranges)
+    guarded.__doc__ = rule.__doc__
+    return guarded
+
+
+_SIMPLIFY: dict[type, Callable[[Any, dict], Expr]] = {
+    Var: _leaf, Const: _leaf, Binary: _keeps_checks(_simplify_binary), Cast: _simplify_cast,
+    Compare: _keeps_checks(_simplify_compare), Logical: _keeps_checks(_simplify_logical),
+    Not: _simplify_not, Select: _keeps_checks(_simplify_select), CheckedIndex: _simplify_checked}
 
 
 def _cast_value(v, dtype):
@@ -460,7 +493,8 @@ def _atom_bound(atom: Expr, relax: dict, ranges: dict) -> tuple[Lin, Lin] | None
         lo, hi = relax[atom]
         return Lin({}, lo), Lin({}, hi)
     if isinstance(atom, CheckedIndex):
-        return Lin({}, atom.lo), Lin({}, atom.hi - 1)
+        lo, hi = atom.result_range
+        return Lin({}, lo), Lin({}, hi)
     if isinstance(atom, Binary) and isinstance(atom.b, Const) and atom.op in ("floordiv", "floormod"):
         c = atom.b.value
         inner = bound(atom.a, relax, ranges)

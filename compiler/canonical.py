@@ -58,7 +58,7 @@ def _expr_text(e, var_names, op_names) -> str:
         Select: lambda n, k: f"select({k[0]},{k[1]},{k[2]})",
         Cast: lambda n, k: f"cast<{n.dtype}>({k[0]})",
         Call: lambda n, k: f"{n.func}({','.join(k)})",
-        CheckedIndex: lambda n, k: f"checked<{n.lo},{n.hi},{n.site!r}>({k[0]})",
+        CheckedIndex: lambda n, k: f"checked<{n.lo},{n.hi},{n.site!r}{',wrap' if n.wrap else ''}>({k[0]})",
         TensorRead: lambda n, k: f"{op_names[id(n.tensor.op)]}[{','.join(k)}]",
         Reduce: reduce_text,
     }

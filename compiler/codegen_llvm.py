@@ -717,9 +717,12 @@ class FunctionEmitter:
         def c(x):
             return ir.Constant(v.type, [x] * v.type.count) if vector else ir.Constant(I64, x)
 
-        def clamped():
+        def clamped():   # with a wrap, a negative value counted from the end first
             smax, smin = _intrinsic_call("llvm.smax"), _intrinsic_call("llvm.smin")
-            return smin(self, smax(self, v, c(e.lo)), c(e.hi - 1))
+            if not e.wrap:
+                return smin(self, smax(self, v, c(e.lo)), c(e.hi - 1))
+            wrapped = b.select(b.icmp_signed("<", v, c(0)), b.add(v, c(e.hi)), v)
+            return smin(self, smax(self, wrapped, c(0)), c(e.hi - 1))
         if not self.mb.index_checks:   # clamped, for the cost comparison only
             return clamped()
         number = self.mb.check_number(e)

@@ -236,18 +236,29 @@ class CheckedIndex(Expr):
     `site` says where the index is read, in words the runtime shows: a stage's read
     (`embed: table[i0] dimension 0`, made by bounds.py) or a model node's input (made by
     compiler.graph.ops.base.node_site). It is part of the expression (its canonical text), so it
-    must not name anything a workload key may not depend on (value names, graph positions)."""
+    must not name anything a workload key may not depend on (value names, graph positions).
 
-    __slots__ = ("value", "lo", "hi", "site")
+    `wrap` (ONNX's negative indices, lo = -hi): the node evaluates to the checked value plus `hi`
+    where it is negative, so to [0, hi). The wrap is part of the node, not a `% hi` around it,
+    because index arithmetic is free to drop what it proves constant: `i % 1` is 0 whatever i
+    is, and with it went the check of a gather from a one-row table (index 1 read row 0)."""
 
-    def __init__(self, value: Expr, lo: int, hi: int, site: str):
+    __slots__ = ("value", "lo", "hi", "site", "wrap")
+
+    def __init__(self, value: Expr, lo: int, hi: int, site: str, wrap: bool = False):
         self.value, self.lo, self.hi, self.site, self.dtype = value, lo, hi, site, INDEX_DTYPE
+        self.wrap = wrap
+
+    @property
+    def result_range(self) -> tuple:
+        """The inclusive range of what the node evaluates to (the kernel stops on anything else)."""
+        return (0, self.hi - 1) if self.wrap else (self.lo, self.hi - 1)
 
     def children(self) -> tuple:
         return (self.value,)
 
     def rebuild(self, kids: tuple) -> Expr:
-        return CheckedIndex(kids[0], self.lo, self.hi, self.site)
+        return CheckedIndex(kids[0], self.lo, self.hi, self.site, self.wrap)
 
 
 # ----------------------------------------------------------------------------- constructors
@@ -364,11 +375,12 @@ def cast(dtype, value) -> Expr:
     return Cast(dtype, value)
 
 
-def checked_index(value, lo: int, hi: int, site: str) -> Expr:
+def checked_index(value, lo: int, hi: int, site: str, wrap: bool = False) -> Expr:
     """`value` (an integer expression computed from data), checked at run time to lie in
     [lo, hi): a kernel that meets a value outside stops with KernelRuntimeError naming `site`,
-    the value and the range (see CheckedIndex). The one way a data-dependent index enters an
-    expression; int8/int32 values are widened to int64 first."""
+    the value and the range (see CheckedIndex); with `wrap` (lo must be -hi), a negative value
+    counts from the end. The one way a data-dependent index enters an expression; int8/int32
+    values are widened to int64 first."""
     value = as_expr(value)
     if not is_int(value.dtype):
         raise DTypeError(f"a checked index must be an integer, got {value.dtype}")
@@ -376,11 +388,13 @@ def checked_index(value, lo: int, hi: int, site: str) -> Expr:
         raise ExprError(f"checked index bounds must be ints, got {lo!r} and {hi!r}")
     if lo >= hi:
         raise ExprError(f"checked index range [{lo}, {hi}) is empty")
+    if wrap and lo != -hi:
+        raise ExprError(f"a wrapped checked index needs the range [-n, n), got [{lo}, {hi})")
     if not isinstance(site, str) or not site or len(site) > 200:
         raise ExprError("a checked index needs a site: a short text naming where it is read")
     if value.dtype != INDEX_DTYPE:
         value = cast(INDEX_DTYPE, value)
-    return CheckedIndex(value, lo, hi, site)
+    return CheckedIndex(value, lo, hi, site, bool(wrap))
 
 
 def _math(func: str, x, int_ok: bool = False) -> Expr:

@@ -153,7 +153,7 @@ FORMAT_TABLE = {
     Cast: lambda n, k: f"{n.dtype}({k[0]})",
     Call: lambda n, k: f"{n.func}({', '.join(k)})",
     Load: lambda n, k: f"{n.buffer.name}[{k[0]}]",
-    CheckedIndex: lambda n, k: f"checked({k[0]} in [{n.lo}, {n.hi}))",
+    CheckedIndex: lambda n, k: f"{'wrapped' if n.wrap else 'checked'}({k[0]} in [{n.lo}, {n.hi}))",
 }
 _FORMAT_VISIT = by_kind(FORMAT_TABLE, lambda n, k: f"<{type(n).__name__}>")
 

@@ -31,7 +31,9 @@ EXPR is an object whose "node" says what it is:
     {"node": "call", "op": "exp", "args": [a]}
     {"node": "read", "tensor": index, "indices": [EXPR, ...]}
     {"node": "checked_index", "lo": int, "hi": int, "site": text, "args": [a]}
-                                                        a data-dependent index checked at run time
+                                                        a data-dependent index checked at run time;
+                                                        "wrap": true (optional, lo = -hi): negative
+                                                        values count from the end
     {"node": "reduce", "op": "sum" | "max" | "min", "axes": [{"name": "k", "lo": 0, "hi": 16}],
      "source": EXPR, "where": EXPR}                     only as a whole body; "where" optional
 
@@ -77,7 +79,7 @@ _FIELDS = {
     "cast": ({"node", "dtype", "args"}, set()),
     "call": ({"node", "op", "args"}, set()),
     "read": ({"node", "tensor", "indices"}, set()),
-    "checked_index": ({"node", "lo", "hi", "site", "args"}, set()),
+    "checked_index": ({"node", "lo", "hi", "site", "args"}, {"wrap"}),
     "reduce": ({"node", "op", "axes", "source"}, {"where"}),
 }
 _ARITY = {"binary": 2, "compare": 2, "logical": 2, "not": 1, "select": 3, "cast": 1, "call": 1, "checked_index": 1}
@@ -199,7 +201,8 @@ class _Writer:
         if isinstance(e, E.Call):
             return {"node": "call", "op": e.func, "args": kids(e.args)}
         if isinstance(e, E.CheckedIndex):
-            return {"node": "checked_index", "lo": e.lo, "hi": e.hi, "site": e.site, "args": kids((e.value,))}
+            out = {"node": "checked_index", "lo": e.lo, "hi": e.hi, "site": e.site, "args": kids((e.value,))}
+            return {**out, "wrap": True} if e.wrap else out
         if isinstance(e, TensorRead):
             return {"node": "read", "tensor": self.index[id(e.tensor.op)],
                     "indices": [self.expr(x, env, f"{path}.indices[{n}]", depth + 1) for n, x in enumerate(e.indices)]}
@@ -453,7 +456,10 @@ class _Reader:
             lo, hi = (_int(d[k], f"{path}.{k}", -(1 << 62), 1 << 62) for k in ("lo", "hi"))
             if not isinstance(d["site"], str):
                 _fail(f"{path}.site", f"expected a string, got {_what(d['site'])}")
-            return _build(path, E.checked_index, a[0], lo, hi, d["site"])
+            wrap = d.get("wrap", False)
+            if not isinstance(wrap, bool):
+                _fail(f"{path}.wrap", f"expected true or false, got {_what(wrap)}")
+            return _build(path, E.checked_index, a[0], lo, hi, d["site"], wrap)
         return _build(path, getattr(E, d["op"]), *a)  # call: one of MATH_FUNCS, checked above
 
     def const(self, d, path: str):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from graph_models import assert_close, model, rand, run
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler.errors import KernelRuntimeError
-from compiler.graph import ShapeError, UnsupportedModelError, build_model, from_onnx
+from compiler.graph import ShapeError, UnsupportedModelError, build_model, compile_onnx, from_onnx
 
 RNG = np.random.default_rng(11)
 
@@ -150,3 +150,60 @@ def test_an_index_outside_its_axis_stops_the_run_naming_the_node(op):
         module.run(**feeds)
     good = dict(feeds, i=np.zeros_like(bad))
     module.run(**good)
+
+
+@pytest.mark.parametrize("op", ["Gather", "GatherND", "GatherElements", "ScatterND"])
+def test_an_index_into_an_axis_of_one_element_is_checked(op):
+    """An axis of one element takes the indices 0 and -1 only; the index arithmetic that wraps a
+    negative index must not fold the check away with the wrap (`i % 1` is 0 for any i): index 1
+    read element 0 without a word."""
+    x = rand(RNG, (1, 3)) if op != "GatherElements" else rand(RNG, (3, 1))
+    shape = {"Gather": (2,), "GatherND": (2, 1), "GatherElements": (3, 1), "ScatterND": (1, 1)}[op]
+    ins = {"x": (x.shape, "float32"), "i": (shape, "int64")}
+    inputs, attrs = ["x", "i"], ({"axis": 1} if op == "GatherElements" else {})
+    if op == "ScatterND":
+        ins["u"], inputs = ((1, 3), "float32"), ["x", "i", "u"]
+    m = model([helper.make_node(op, inputs, ["y"], name="unit_axis", **attrs)], ins, {"y": (None, "float32")},
+              opset=13)
+    module = build_model(from_onnx(m))
+    u = rand(RNG, (1, 3))
+    for value in (1, -2, 7):
+        feeds = {"x": x, "i": np.full(shape, value, np.int64)}
+        if op == "ScatterND":
+            feeds["u"] = u
+        with pytest.raises(KernelRuntimeError, match=rf"{op} node 'unit_axis'.*index {value}\b.*out of range \[-1, 1\)"):
+            module.run(**feeds)
+    ref = ReferenceEvaluator(m)
+    for value in (0, -1):
+        feeds = {"x": x, "i": np.full(shape, value, np.int64)}
+        if op == "ScatterND":
+            feeds["u"] = u
+        (got,) = module.run(**feeds)
+        np.testing.assert_array_equal(got, ref.run(None, feeds)[0])
+
+
+def test_indices_made_from_shapes_are_checked_against_the_data_they_index():
+    """A decoder's mask gathered at positions 0..past (a Range over a shape): where the mask is
+    shorter than past + 1, the run fails naming the node, as onnxruntime's does, and never
+    reads past the mask, whatever shape the model is specialised for."""
+    nodes = [helper.make_node("Shape", ["past"], ["ps"], start=2, end=3),
+             helper.make_node("Add", ["ps", "one"], ["tot"]),
+             helper.make_node("Squeeze", ["tot"], ["tots"]),
+             helper.make_node("Range", ["zero", "tots", "step"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "ax1"], ["r1"]),
+             helper.make_node("Mul", ["r1", "zero"], ["b0"]),
+             helper.make_node("Concat", ["b0", "r1"], ["idx"], axis=1),
+             helper.make_node("GatherND", ["mask", "idx"], ["g"], name="mask_at_positions"),
+             helper.make_node("Cast", ["g"], ["y"], to=TensorProto.FLOAT)]
+    consts = {"one": np.array([1], np.int64), "zero": np.array(0, np.int64), "step": np.array(1, np.int64),
+              "ax1": np.array([1], np.int64)}
+    m = model(nodes, {"mask": (("b", "s"), "int64"), "past": (("b", 1, "p", 4), "float32")},
+              {"y": (None, "float32")}, consts, opset=18)
+    compiled = compile_onnx(m)
+    for s, p in ((1, 1), (2, 2), (3, 7)):
+        feeds = {"mask": np.arange(1, s + 1, dtype=np.int64)[None], "past": rand(RNG, (1, 1, p, 4))}
+        with pytest.raises(KernelRuntimeError, match=rf"GatherND node 'mask_at_positions'.*index {s}\b"):
+            compiled.run(**feeds)
+    feeds = {"mask": np.arange(1, 5, dtype=np.int64)[None], "past": rand(RNG, (1, 1, 3, 4))}
+    (got,) = compiled.run(**feeds)
+    np.testing.assert_array_equal(got, [1.0, 2.0, 3.0, 4.0])

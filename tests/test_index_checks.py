@@ -64,6 +64,28 @@ def test_an_index_out_of_range_is_an_error_naming_the_read(embed):
     np.testing.assert_array_equal(out, table[ids])
 
 
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_a_gather_from_a_one_row_table_checks_its_index(vectorized):
+    """A table of one row takes index 0 only, which the index arithmetic can prove of any index
+    it lets through; the check must stay all the same (a row 1 or 10^9 is an error, not row 0)."""
+    T = C.placeholder((1, 16), "float32", "T")
+    idx = C.placeholder((40,), "int64", "idx")
+    out = C.compute((40, 16), lambda i, j: T[idx[i], j] * 2.0, name="one_row")
+    s = C.create_schedule(out)
+    if vectorized:
+        s[out].vectorize(out.op.axis[1])
+    kernel = C.build(s, [T, idx, out])
+    assert [(c.lo, c.hi) for c in kernel.checks] == [(0, 1)]
+    table, ids = rand(RNG, (1, 16)), np.zeros(40, np.int64)
+    for bad in (1, 10**9, -1):
+        wrong = ids.copy()
+        wrong[RNG.integers(0, 40)] = bad
+        _raises(lambda: kernel(table, wrong, _poisoned((40, 16))), rf"index {bad} is out of range \[0, 1\)$")
+    got = _poisoned((40, 16))
+    kernel(table, ids, got)
+    np.testing.assert_array_equal(got, np.repeat(table * 2.0, 40, axis=0))
+
+
 def test_several_threads_failing_at_once_report_one_of_their_indices(embed):
     """Bad indices in every chunk of the parallel loop: one is reported, none lost."""
     C.set_num_threads(2)

@@ -59,7 +59,7 @@ class _Tokens:
             elif isinstance(n, Load):
                 out.append(f"ld:{self.buf(n.buffer)}:{n.dtype}")
             elif isinstance(n, CheckedIndex):
-                out.append(f"chk:{n.lo}:{n.hi}:{n.site}")
+                out.append(f"chk:{n.lo}:{n.hi}:{n.site}:{int(n.wrap)}")
             else:
                 raise _Unknown(type(n).__name__)
             stack.extend(reversed(n.children()))

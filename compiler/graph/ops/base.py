@@ -158,8 +158,8 @@ def data_index(node: Node, index: E.Expr, n: int, what: str = "indices", negativ
     `node` and `what`, the value and the range, never a wrong element. Returns the index in [0, n)."""
     if index.dtype != "int64":
         index = index.astype("int64")
-    checked = E.checked_index(index, -n if negative else 0, n, node_site(node, what))
-    return checked % n if negative else checked   # floormod: [-n, 0) -> [0, n), and provably in [0, n)
+    # wrapped in the node, not by `% n`, which index arithmetic drops where n is 1 (expr.CheckedIndex)
+    return E.checked_index(index, -n if negative else 0, n, node_site(node, what), wrap=negative)
 
 
 # ----------------------------------------------------------------------------- attributes and checks
