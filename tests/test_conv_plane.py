@@ -96,7 +96,7 @@ def test_the_recipe_sketch_starts_with_a_plane_tile_that_replays_from_its_record
     from test_spaces import check_builds_and_computes
 
     from tuner.space import SketchSpace
-    from tuner.space.sketch_recipe import RECIPE_PARAMS, RECIPE_SKETCH_ID
+    from tuner.space.sketch.recipe import RECIPE_PARAMS, RECIPE_SKETCH_ID
     op = get_op("conv2d_nchw", N=1, C=32, H=7, W=7, F=4 * VL, KH=3, KW=3, padding=1)
     starts = [c for c in SketchSpace(op).starting_points() if c.payload["sketch"] == RECIPE_SKETCH_ID]
     planes = [c for c in starts if c.payload["params"][RECIPE_PARAMS]["tile"][0] == "plane"]

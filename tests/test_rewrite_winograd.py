@@ -24,7 +24,7 @@ from compiler.schedule_steps import apply_steps, steps_to_json
 from compiler.target import resolve_target
 from compiler.tensor import max as te_max
 from compiler.verify import poisoned
-from tuner.space.sketch_recipe import starting_points
+from tuner.space.sketch.recipe import starting_points
 
 TARGET = resolve_target(None)
 B = TARGET.vector_lanes("float32")

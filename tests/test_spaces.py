@@ -171,6 +171,28 @@ def test_sketch_candidates_build_and_compute(name):
 
 # ----------------------------------------------------------------------------- sketch rules
 
+def test_each_rule_is_a_class_and_its_name_is_said_only_there():
+    """A sketch maps each stage to a rule object, which knows when it applies, what it samples
+    and how it schedules; no module of the space names a rule by its text but the rule's own."""
+    import ast
+    from pathlib import Path
+
+    from tuner.space.sketch import rules
+    names = {r.name for r in rules.STAGE_RULES}
+    assert len(names) == len(rules.STAGE_RULES) == 9
+    for sk in generate_sketches(OPS["conv2d_nchw"]()):
+        assert all(isinstance(r, rules.StageRule) for r in sk.rules.values())
+        assert sk.id == "|".join(f"{st}:{sk.rules[i].label(sk.vec.get(i))}"
+                                 for i, st in enumerate(SketchSpace(OPS["conv2d_nchw"]()).dag.names))
+    root = Path(rules.__file__).parents[1]   # the sketch package (templates have knobs of their own)
+    texts = names - {"tile"}   # (also the key of a tiled stage's tile in its parameters)
+    for path in root.rglob("*.py"):
+        said = {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)} & texts
+        if said:
+            owner = {r.name for r in rules.STAGE_RULES if path.name == f"{r.name}.py"}
+            assert said <= owner, (path, said - owner)
+
+
 def test_sketch_rules_follow_the_compute_definition():
     ids = lambda op: {sk.id for sk in generate_sketches(op)}  # noqa: E731
     # the epilogue is fused into the reduction's tile; no cache_write is needed
@@ -340,7 +362,7 @@ def test_sketch_space_starts_from_the_default_schedule():
     sketch adds the default's nearest alternatives after it. Where the default's loop order is
     not a sketch rule (a grouped conv), only the recipe's alternatives start."""
     from tuner.search import EvolutionarySearch
-    from tuner.space.sketch_recipe import RECIPE_SKETCH_ID
+    from tuner.space.sketch.recipe import RECIPE_SKETCH_ID
     rng = np.random.default_rng(3)
     cases = [(get_op("matmul", M=50, N=64, K=36), "matmul:tile_cache_write"),
              (get_op("conv2d_nchw", N=1, C=32, H=9, W=10, F=32, KH=3, KW=3, padding=1),
@@ -421,7 +443,7 @@ def test_sketch_of_matmul_can_walk_column_panels_outermost():
 def test_a_fused_convolution_carries_its_default_recipe_as_a_sketch():
     """The recipe sketch's knobs are the default's choices; its starting points are the
     default's nearest alternatives (one knob changed), and mutation and crossover stay in it."""
-    from tuner.space.sketch_recipe import RECIPE_PARAMS, RECIPE_SKETCH_ID
+    from tuner.space.sketch.recipe import RECIPE_PARAMS, RECIPE_SKETCH_ID
     space = SketchSpace(fused_conv_nchwc())
     recipe = space.sketch(RECIPE_SKETCH_ID)
     assert len(recipe.choices["tile"]) > 1
@@ -650,12 +672,12 @@ def test_space_modules_import_no_sibling_but_the_base():
 
     import tuner.space as pkg
     root = Path(pkg.__file__).parent
-    allowed = {"base.py": set(), "sketch_defaults.py": {"base"}, "sketch_recipe.py": set(), "template.py": {"base"}}
-    # the sketch package's modules import each other, and of their siblings outside it only these
-    allowed.update({f"sketch/{p.name}": {"base", "sketch_defaults", "sketch_recipe"} for p in (root / "sketch").glob("*.py")})
+    allowed = {"base.py": set(), "template.py": {"base"}}
+    # the sketch package's modules import each other, and of their siblings outside it only the base
+    allowed.update({str(p.relative_to(root)): {"base"} for p in (root / "sketch").rglob("*.py")})
     for name, ok in allowed.items():
         tree = ast.parse((root / name).read_text())
-        level = 2 if name.startswith("sketch/") else 1
+        level = name.count("/") + 1
         siblings = {(n.module or "").split(".")[0] or n.names[0].name for n in ast.walk(tree)
                     if isinstance(n, ast.ImportFrom) and n.level == level}
         assert siblings <= ok, (name, siblings - ok)

@@ -304,7 +304,7 @@ RECIPES = {"conv2d_nchwc": (conv2d_nchwc_choices, schedule_conv_nchwc),
 def anchor_recipe_choices(opdef, target=None) -> dict | None:
     """The knobs of the default schedule of `opdef`'s anchor (RECIPES), each with its values,
     the default first; None when the DAG's default is not such a recipe. The tuner samples them
-    (tuner/space/sketch_recipe.py), so a search starts where the default is, not from scratch."""
+    (tuner/space/sketch/recipe.py), so a search starts where the default is, not from scratch."""
     target = resolve_target(target)
     if is_winograd_gemm(opdef):
         return winograd_gemm_choices(opdef, target)

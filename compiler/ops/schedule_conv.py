@@ -241,7 +241,7 @@ MAX_NCHW_TILE_CHOICES = 6  # register tiles of each vector axis the tuner tries 
 
 def conv2d_nchw_choices(opdef, target) -> dict:
     """The choices schedule_conv_nchw takes, each knob's values with the default first (the
-    tuner's recipe sketch samples them, tuner/space/sketch_recipe.py): `tile`, the default's
+    tuner's recipe sketch samples them, tuner/space/sketch/recipe.py): `tile`, the default's
     register tile, then the other tiles of its vector axis that fit the registers as pick_tile
     ranks them, then the best of the other axis (MAX_NCHW_TILE_CHOICES each); the walk order of
     the tiles; for channel tiles, the NCHWc input copy, the taps' unrolling and packing the

@@ -17,7 +17,7 @@ stages. The rules here fit any DAG a user writes, whatever its operator:
   results in vector lanes (rfactor) along its unit-stride reduced axis.
 
 Each rule's knobs (`rule_choices`, the default first) are the recipe sketch of the tuner's sketch
-space for such a DAG (tuner/space/sketch_recipe.py), so the zero-trial schedule is the search's
+space for such a DAG (tuner/space/sketch/recipe.py), so the zero-trial schedule is the search's
 first point and the search moves from it one knob at a time.
 """
 

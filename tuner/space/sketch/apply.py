@@ -1,5 +1,5 @@
 """Applying a sketch with its params: the schedule built primitive by primitive (recorded as the
-candidate's trace), and replaying a trace on a workload.
+candidate's trace), each stage by its rule (rules/), and replaying a trace on a workload.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from compiler.schedule import Schedule, Stage, create_schedule
 
 from ...candidate import Candidate
 from ..base import SpaceError, register_space_kind, replay_trace
-from .rules import Sketch
-from .sampling import loop_outer, outer_order
+from .generate import Sketch
+from .sampling import outer_order
 
 MAX_UNROLLED_BODY = 128   # statements of an unrolled micro-kernel step
 
@@ -27,7 +27,7 @@ class SketchApplier:
         self.orig = list(self.s.stages)
         if len(self.orig) != space.dag.n or [st.name for st in self.orig] != space.dag.names:
             raise SpaceError("the definition's stages differ from the space's")
-        self.lanes = {i: space._lanes(i) for i in range(space.dag.n)}
+        self.lanes = {i: space.lanes(i) for i in range(space.dag.n)}
         self.inlined_into_copy: set = set()   # producers that block_input copied through
 
     def p(self, i) -> dict:
@@ -35,27 +35,12 @@ class SketchApplier:
 
     def run(self) -> Schedule:
         rules = self.sk.rules
-        for i, r in rules.items():
-            if r == "inline":
-                self.orig[i].compute_inline()
+        for i, rule in rules.items():
+            if rule.applied_first:
+                rule.apply(self, i)
         for i in reversed(range(len(self.orig))):
-            r = rules[i]
-            if r == "tile":
-                self.tile_root(i)
-            elif r == "tile_cache_write":
-                n = len(self.orig[i].op.axis)
-                vec = self.sk.vec.get(i, n - 1)
-                order = [d for d in range(n) if d != vec] + [vec]   # accumulators: the vector axis last
-                acc = self.s[self.s.cache_write(self.orig[i].tensor, "local", order=order)]
-                self.tile_attached(i, acc, self.orig[i], order)
-            elif r == "tile_fused":
-                self.tile_attached(i, self.orig[i], self.orig[self.sk.consumer[i]])
-            elif r == "reduce":
-                self.reduce(i)
-            elif r == "rfactor":
-                self.rfactor(i)
-            elif r in ("elementwise", "root") and i not in self.inlined_into_copy:
-                self.elementwise(i)
+            if not rules[i].applied_first:
+                rules[i].apply(self, i)
         return self.s
 
     # -- helpers
@@ -142,7 +127,7 @@ class SketchApplier:
             self.inlined_into_copy.add(j)
         schedule_block_copy(copy_stage, lambda work: bool(p.get("parallel")))
 
-    # -- rules
+    # -- what the rules share
     def outer_first(self, i, sp: list, p: dict) -> list:
         """The spatial axes' split loops in the order of the outer (S0, S1) levels: the last axis
         first when `last_outer` (a matmul's column panels outermost, so a packed B panel stays in
@@ -162,44 +147,6 @@ class SketchApplier:
             raise SpaceError(f"red_perm {perm!r} is not a permutation of the {len(rd)} reduction axes")
         return [rd[k] for k in perm]
 
-    def tile_root(self, i):
-        st, p = self.orig[i], self.p(i)
-        sp = [self.split_levels(st, ax, self.tile_of(i, f"s{d}", 3)) for d, ax in enumerate(st.op.axis)]
-        rd = [self.split_levels(st, ax, self.tile_of(i, f"r{d}", 1)) for d, ax in enumerate(st.op.reduce_axis)]
-        outer = self.outer_first(i, sp, p)
-        rd = self.red_order(p, rd)
-        order = [l[0] for l in outer] + [l[1] for l in outer] + [l[0] for l in rd] + [l[2] for l in sp] + \
-            [l[1] for l in rd] + [l[3] for l in sp]
-        st.reorder(*order)
-        self.micro_kernel(i, st, [l[3] for l in sp], [l[1] for l in rd], p)
-        self.parallel_prefix(st, [l[0] for l in outer], p.get("parallel", 0))
-        self.pack(i, st)
-
-    def tile_attached(self, i, red: Stage, out: Stage, order=None):
-        """`out` (the output copy or the fused consumer) tiled S0 S1 S2 S3 and stored along its
-        last axis; the reduction `red` computed at its last S1 loop as R0 S2 R1 S3. `order`: the
-        cache's dimensions (red's axes) as dimensions of `out`, its vector axis last."""
-        p = self.p(i)
-        n_sp = len(out.op.axis)
-        order = order or list(range(n_sp))
-        tiles = [self.tile_of(i, f"s{d}", 3) for d in range(n_sp)]
-        sp = [self.split_levels(out, ax, t) for ax, t in zip(out.op.axis, tiles)]
-        outer = self.outer_first(i, sp, p)
-        out.reorder(*[l[k] for k in range(2) for l in outer], *[l[k] for k in range(2, 4) for l in sp])
-        if sp[-1][3].extent > 1:
-            out.vectorize(sp[-1][3])
-        if i in self.sk.vec:
-            self.unroll_store(out, [l[3] for l in sp[:-1]])
-        red.compute_at(out, outer[-1][1])
-        self.parallel_prefix(out, [l[0] for l in outer], p.get("parallel", 0))
-        inner = [red.split(red.op.axis[k], factor=tiles[d][2]) for k, d in enumerate(order)]
-        rd = self.red_order(p, [red.split(ax, factor=self.tile_of(i, f"r{d}", 1)[0])
-                                for d, ax in enumerate(red.op.reduce_axis)])
-        red.reorder(*[r[0] for r in rd], *[x[0] for x in inner], *[r[1] for r in rd], *[x[1] for x in inner])
-        self.micro_kernel(i, red, [x[1] for x in inner], [r[1] for r in rd], p)
-        self.block_input(i, red)
-        self.pack(i, red)
-
     @staticmethod
     def unroll_store(out: Stage, loops: list):
         """Unroll the store of a tile cached across another vector axis (its rows, innermost
@@ -212,61 +159,6 @@ class SketchApplier:
             if loop.extent > 1 and body * loop.extent <= MAX_UNROLLED_BODY:
                 out.unroll(loop)
                 body *= loop.extent
-
-    def reduce(self, i):
-        st, p = self.orig[i], self.p(i)
-        axes, red = list(st.op.axis), list(st.op.reduce_axis)
-        last = axes[-1]
-        inner, f = p.get("inner", "none"), int(p.get("split", 1))
-        outer = loop_outer(axes, "reduce", inner, f)
-        if inner != "none" and last.extent > 1 and f > 1:
-            outer, li = self.split_last(st, axes, f)
-            st.reorder(*outer, *red, li)
-            if inner == "vec":
-                st.vectorize(li)
-            else:
-                st.unroll(li)
-        self.parallel_prefix(st, outer, p.get("parallel", 0))
-        if p.get("auto_unroll"):
-            st.auto_unroll(int(p["auto_unroll"]))
-
-    def rfactor(self, i):
-        st, p = self.orig[i], self.p(i)
-        f = int(p.get("factor", self.lanes[i]))
-        r = st.op.reduce_axis[-1]
-        _, ri = st.split(r, factor=f)
-        rf = self.s[self.s.rfactor(st.tensor, ri, factor_axis=len(st.op.axis))]
-        *sp, lane = rf.op.axis
-        rf.reorder(*sp, *rf.op.reduce_axis, lane)
-        if lane.extent > 1:
-            rf.vectorize(lane)
-        if p.get("parallel"):
-            live = [a for a in sp]
-            if live and math.prod(a.extent for a in live) > 1:
-                loop = live[0] if len(live) == 1 else rf.fuse(*live)
-                rf.parallel(loop)
-
-    def elementwise(self, i):
-        st, p = self.orig[i], self.p(i)
-        axes = list(st.op.axis)
-        last = axes[-1]
-        inner, f = p.get("inner", "none"), int(p.get("split", 1))
-        outer = loop_outer(axes, "elementwise", inner, f)
-        if inner == "vec" and last.extent > 1 and f > 1:
-            outer, li = self.split_last(st, axes, f)
-            st.vectorize(li)
-        self.parallel_prefix(st, outer, p.get("parallel", 0))
-
-    @staticmethod
-    def split_last(st, axes: list, f: int) -> tuple:
-        """(the outer loops, the inner loop) of the last axis split by `f` (whole when it is no
-        longer than f): what a reduce or elementwise stage vectorizes or unrolls."""
-        outer, last = list(axes[:-1]), axes[-1]
-        if f < last.extent:
-            lo, li = st.split(last, factor=f)
-            return outer + [lo], li
-        return outer, last
-
 
 def replay_checked(opdef, cand: Candidate):
     """`instantiate` for traces: the recorded steps replayed on `opdef`, after checking that the

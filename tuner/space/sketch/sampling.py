@@ -50,7 +50,7 @@ def sample_levels(rng, rest: int, n: int, caps) -> list:
     return list(reversed(out))
 
 
-def loop_outer(axes, rule, inner, split) -> list:
+def loop_outer(axes, reduction: bool, inner, split) -> list:
     """The loops in front of a reduce/elementwise stage's inner part, which a parallel prefix
     fuses: the spatial axes but the last, plus the last one's outer part when it is split; with
     no inner annotation, a reduction's spatial loops all (they precede its reduction loops), an
@@ -59,7 +59,7 @@ def loop_outer(axes, rule, inner, split) -> list:
     last = axes[-1]
     if inner != "none" and last.extent > 1 and split > 1:
         return axes[:-1] + ([OuterLoop(-(-last.extent // split))] if split < last.extent else [])
-    if rule == "reduce" or len(axes) == 1:
+    if reduction or len(axes) == 1:
         return axes
     return axes[:-1]
 

@@ -13,22 +13,19 @@ from compiler.lower import lower
 from compiler.schedule import Schedule
 
 from ...candidate import Candidate, copy_json
-from .. import sketch_recipe as recipe
 from ..base import SearchSpace, SpaceError, resolve_task
+from . import recipe
 from .apply import SketchApplier, replay_checked
 from .dag import SketchDag
-from .rules import TILE_RULES, Sketch, generate_sketches
-from .sampling import loop_outer, move_factor, outer_order, pick, sample_factor, sample_levels, vector_sizes
+from .generate import Sketch, generate_sketches
+from .sampling import move_factor, pick, sample_factor, sample_levels, vector_sizes
 
-AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 MAX_INNER = 16            # innermost tile of a non-vector spatial axis, inner reduction tile
 MAX_MIDDLE = 8            # the S2 level (register tiles per attached region)
 MAX_KEPT_LOWERED = 4096   # validated loop programs kept for the cost model's features
 MAX_MADE = 50_000         # candidates (or errors) remembered by their parameters (make_candidate)
 REGISTER_TILE_P = 0.8     # how often a sampled tile's accumulators are held to the target's
-MAX_SKETCHES = 16
 SWITCH_SKETCH_P = 0.1     # how often a mutation moves a candidate to another sketch
-RED_AS_DEFINED_P = 0.6    # how often a tile's reduction loops keep the definition's order
 MAX_TRIES = 24
 
 
@@ -62,7 +59,8 @@ class SketchSpace(SearchSpace):
                              f"{', '.join(self._by_id)}")
         return sk
 
-    def _lanes(self, i) -> int:
+    def lanes(self, i) -> int:
+        """The vector width stage i's rules sample and apply with (at least 4)."""
         return max(4, self.target.vector_lanes(self.dag.op(i).dtype))
 
     # ------------------------------------------------------------------ parameters
@@ -71,21 +69,10 @@ class SketchSpace(SearchSpace):
             return recipe.sample(sketch.choices, rng)
         params = {}
         for i, rule in sketch.rules.items():
-            p = self._sample_stage(sketch, i, rule, rng)
+            p = rule.sample(self, sketch, i, rng)
             if p is not None:
                 params[self.dag.names[i]] = p
         return params
-
-    def _sample_stage(self, sketch, i, rule, rng):
-        if rule in TILE_RULES:
-            return self._sample_tile_params(sketch, i, rng)
-        if rule in ("reduce", "elementwise", "root"):
-            return self._sample_loop_params(i, rule, rng)
-        if rule == "rfactor":
-            r = self.dag.op(i).reduce_axis[-1].extent
-            return {"factor": pick(rng, vector_sizes(r, self._lanes(i))),
-                    "parallel": bool(rng.random() < 0.7)}
-        return None
 
     def _vec_axis(self, i, vec: int | None) -> int:
         return len(self.dag.op(i).axis) - 1 if vec is None else vec
@@ -94,7 +81,7 @@ class SketchSpace(SearchSpace):
         op = self.dag.op(i)
         ext = op.axis[d].extent
         if d == self._vec_axis(i, vec):
-            sizes = vector_sizes(ext, self._lanes(i))
+            sizes = vector_sizes(ext, self.lanes(i))
             inner = 1 if rng.random() < 0.05 else pick(rng, sizes)
         else:
             inner = sample_factor(rng, ext, MAX_INNER)
@@ -102,7 +89,9 @@ class SketchSpace(SearchSpace):
         s1, s2 = sample_levels(rng, rest, 2, [rest, 1 if rng.random() < 0.5 else MAX_MIDDLE])
         return [s1, s2, inner]
 
-    def _sample_tile(self, i, rng, vec: int | None = None) -> dict:
+    def sample_tile(self, i, rng, vec: int | None = None) -> dict:
+        """A random tile of stage i: per spatial axis [S1, S2, S3] factors (the vector axis's
+        innermost a whole vector length), per reduction axis its inner factor."""
         op = self.dag.op(i)
         # mostly register-sized micro-kernels: no more vector accumulators than the target
         # has registers for
@@ -113,16 +102,16 @@ class SketchSpace(SearchSpace):
                 break
         for d, ax in enumerate(op.reduce_axis):
             tile[f"r{d}"] = [sample_factor(rng, ax.extent, MAX_INNER)]
-        self._fit_region(i, tile)
+        self.fit_region(i, tile)
         return tile
 
     def _acc_regs(self, i, tile, vec: int | None = None) -> int:
         n = len(self.dag.op(i).axis)
         v = self._vec_axis(i, vec)
-        regs = -(-tile[f"s{v}"][2] // self._lanes(i))
+        regs = -(-tile[f"s{v}"][2] // self.lanes(i))
         return regs * math.prod(tile[f"s{d}"][2] for d in range(n) if d != v)
 
-    def _fit_region(self, i, tile: dict):
+    def fit_region(self, i, tile: dict):
         """Shrink the S2 levels until the local accumulator region of stage i fills at most half
         of the target's L1 data cache (it stays there beside the operands streaming through)."""
         op = self.dag.op(i)
@@ -136,7 +125,7 @@ class SketchSpace(SearchSpace):
             tile[f"s{d}"] = [tile[f"s{d}"][0], 1, tile[f"s{d}"][2]]
             d += 1
 
-    def _sample_parallel(self, extents: list, rng) -> int:
+    def sample_parallel(self, extents: list, rng) -> int:
         """How many outer loops (of the given extents) are fused and run in parallel."""
         if self.target.num_cores < 2 or not extents:
             return 0
@@ -149,50 +138,6 @@ class SketchSpace(SearchSpace):
                     break
             return k
         return int(rng.integers(0, len(extents) + 1))
-
-    def _sample_tile_params(self, sketch, i, rng) -> dict:
-        op = self.dag.op(i)
-        tile = self._sample_tile(i, rng, sketch.vec.get(i))
-        outer = [-(-ax.extent // math.prod(tile[f"s{d}"])) for d, ax in enumerate(op.axis)]
-        last_outer = bool(rng.random() < 0.5)
-        vec = sketch.vec.get(i)
-        vec_last = vec is not None and bool(rng.random() < 0.5)
-        outer = outer_order(outer, last_outer, vec if vec_last else None)
-        p = {"tile": tile, "last_outer": last_outer, "parallel": self._sample_parallel(outer, rng),
-             "unroll_inner": bool(rng.random() < 0.7), "auto_unroll": pick(rng, AUTO_UNROLL_STEPS)}
-        if vec is not None:
-            p["vec_last"] = vec_last
-        n_red = len(op.reduce_axis)
-        if n_red > 1:  # mostly as defined; else one reduction axis moved innermost
-            perm = list(range(n_red))
-            if rng.random() >= RED_AS_DEFINED_P:
-                perm.append(perm.pop(int(rng.integers(n_red - 1))))
-            p["red_perm"] = perm
-        if i in sketch.pack:
-            p["pack"] = bool(rng.random() < 0.5)
-        if i in sketch.block_in:
-            p["block_input"] = bool(rng.random() < 0.5)
-        return p
-
-    def _sample_loop_params(self, i, rule, rng) -> dict:
-        op = self.dag.op(i)
-        last = op.axis[-1].extent
-        lanes = self._lanes(i)
-        if rule == "reduce":
-            inner = pick(rng, ["vec", "unroll", "none"])
-        else:
-            inner = "vec" if rng.random() < 0.8 else "none"
-        if inner == "vec":
-            split = pick(rng, vector_sizes(last, lanes))
-        elif inner == "unroll":
-            split = pick(rng, [f for f in (2, 4, 8, 16) if f < last] + ([last] if last <= MAX_INNER else []) or [1])
-        else:
-            split = 1
-        outer = [ax.extent for ax in loop_outer(op.axis, rule, inner, split)]
-        p = {"inner": inner, "split": split, "parallel": self._sample_parallel(outer, rng)}
-        if rule == "reduce":
-            p["auto_unroll"] = pick(rng, AUTO_UNROLL_STEPS)
-        return p
 
     # ------------------------------------------------------------------ applying a sketch
     def apply(self, sketch_id: str, params: dict, opdef=None) -> Schedule:
@@ -277,7 +222,7 @@ class SketchSpace(SearchSpace):
         return self._first_valid(gen, "sample")
 
     def starting_points(self) -> list:
-        from ..sketch_defaults import default_sketch_candidate
+        from .defaults import default_sketch_candidate
         cand = default_sketch_candidate(self)
         out = [cand] if cand is not None else []
         for sk in self.sketches:
@@ -331,10 +276,10 @@ class SketchSpace(SearchSpace):
                 if axis.startswith("s") and rng.random() < 0.5:
                     p["tile"][axis] = move_factor(p["tile"][axis], rng)
                 else:
-                    p["tile"][axis] = self._sample_tile(i, rng, sk.vec.get(i))[axis]
-                self._fit_region(i, p["tile"])
+                    p["tile"][axis] = self.sample_tile(i, rng, sk.vec.get(i))[axis]
+                self.fit_region(i, p["tile"])
             else:
-                fresh = self._sample_stage(sk, i, sk.rules[i], rng)
+                fresh = sk.rules[i].sample(self, sk, i, rng)
                 if key in ("inner", "split"):  # the vector/unroll choice and its length go together
                     p["inner"], p["split"] = fresh["inner"], fresh["split"]
                 else:
@@ -366,7 +311,7 @@ class SketchSpace(SearchSpace):
             for name, p in fresh.items():
                 old = params.get(name)
                 i = self.dag.names.index(name)
-                if not isinstance(old, dict) or (sk.rules.get(i) in TILE_RULES) != (new_sk.rules[i] in TILE_RULES):
+                if not isinstance(old, dict) or getattr(sk.rules.get(i), "tiled", False) != new_sk.rules[i].tiled:
                     continue
                 for key, value in old.items():
                     if key == "tile" and "tile" in p:
@@ -375,7 +320,7 @@ class SketchSpace(SearchSpace):
                             d = int(axis[1:]) if axis.startswith("s") else None
                             if d is None or (d != v_old and d != v_new) or v_old == v_new:
                                 p["tile"][axis] = copy_json(t)
-                        self._fit_region(i, p["tile"])
+                        self.fit_region(i, p["tile"])
                     elif key in p and key != "tile":
                         p[key] = copy_json(value)
             return new_sk.id, fresh
@@ -398,7 +343,7 @@ class SketchSpace(SearchSpace):
                     if key == "tile":
                         c["tile"] = {ax: copy_json((x if rng.random() < 0.5 else y)["tile"][ax])
                                      for ax in x["tile"]}
-                        self._fit_region(self.dag.names.index(name), c["tile"])
+                        self.fit_region(self.dag.names.index(name), c["tile"])
                     elif key in ("inner", "split"):
                         src = x if rng.random() < 0.5 else y
                         c["inner"], c["split"] = src["inner"], src["split"]

@@ -3,7 +3,7 @@
 Tuning starts from the best schedule we know. A template's config 0 is its operator's default
 schedule; in the sketch space the same recipe is one annotation of one sketch, and this module
 finds it, so a guided search measures it first and evolves from it instead of from random
-samples. Two recipes are rules of the sketch space:
+samples. Two recipes are annotations of the sketch space's rules:
 
 - GEMM (matmul, batch_matmul: compiler/ops/schedule_gemm.py): the output tiled mr x nr with the
   accumulators cached at the tile (`tile_cache_write`), k split by 4 and unrolled with the rows,
@@ -28,8 +28,9 @@ from compiler.ops.schedule_common import want_parallel
 from compiler.ops.schedule_conv import RED_UNROLL, channel_tile, channel_vectors_pay, input_channel_block, taps_unrolled, weights_dominate
 from compiler.ops.schedule_gemm import gemm_tile
 
-from ..candidate import Candidate
-from .base import SpaceError
+from ...candidate import Candidate
+from ..base import SpaceError
+from .rules import ROOT, TILE_CACHE_WRITE, StageRule
 
 GEMM_OPS = ("matmul", "batch_matmul")
 
@@ -54,7 +55,8 @@ def default_sketch_candidate(space) -> Candidate | None:
 
 
 def _find_sketch(space, rules: dict, vec: dict):
-    """The id of the sketch with these rules (by stage name) and vector axes, or None."""
+    """The id of the sketch with these rules (by stage name: a rules.StageRule) and vector axes,
+    or None."""
     names = space.dag.names
     for sk in space.sketches:
         if {names[i]: r for i, r in sk.rules.items()} == rules and sk.vec == vec:
@@ -67,7 +69,7 @@ def _gemm(space):
     out = space.dag.output
     if len(space.dag.names) != 1:   # an epilogue stage follows: another recipe
         return None
-    sketch_id = _find_sketch(space, {space.dag.names[out]: "tile_cache_write"}, {})
+    sketch_id = _find_sketch(space, {space.dag.names[out]: TILE_CACHE_WRITE}, {})
     if sketch_id is None:
         return None
     op = space.dag.op(out)
@@ -90,9 +92,9 @@ def _conv_channels(space):
         return None
     names, out = space.dag.names, space.dag.output
     pad = next((i for i, n in enumerate(names) if n == "pad"), None)
-    rules = {names[out]: "tile_cache_write"}
+    rules: dict[str, StageRule] = {names[out]: TILE_CACHE_WRITE}
     if pad is not None:
-        rules["pad"] = "root"
+        rules["pad"] = ROOT
     sketch_id = _find_sketch(space, rules, {out: 1})
     if sketch_id is None:
         return None

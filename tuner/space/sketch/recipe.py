@@ -20,7 +20,7 @@ from __future__ import annotations
 from compiler.errors import CompilerError
 from compiler.ops.schedule_anchor import anchor_recipe_choices, schedule_anchor_recipe
 
-from ..candidate import copy_json
+from ...candidate import copy_json
 
 RECIPE_SKETCH_ID = "recipe"
 RECIPE_PARAMS = "recipe"        # the params' one entry: {knob: value}
