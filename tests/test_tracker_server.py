@@ -347,6 +347,9 @@ def test_bad_batches_are_invalid_argument(tracker, clients, kernels):
          "target is empty (and the batch gives none)"),
         ([request("r1", kernels, target="cuda -arch=sm_80")], "x86-test", "unknown target kind"),
         ([request("r1", kernels, timeout=-1)], "x86-test", "timeout_seconds"),
+        # options shared by the first requests pass once; a later request's own are still checked
+        ([request("r1", kernels), request("r2", kernels), request("r3", kernels, timeout=-1)], "x86-test",
+         "request 'r3': options.timeout_seconds"),
         ([shared_request("r1", kernels, 2, own_target=True)], "x86-test",
          "reference_index 2 names no reference; the batch has 1"),
         ([shared_request("r1", kernels, own_target=True)], "x86-test", "references[0] is empty"),
