@@ -149,47 +149,6 @@ def test_a_stopped_run_waits_for_its_builds_ahead(tmp_path):
     assert tuner._ahead is None and len([e for e in log if e[0] == "run"]) == 2
 
 
-class LuckyFirstRunner(LoggingRunner):
-    """Times every candidate at its true cost (_cost), except its first timing: twice as fast."""
-
-    def __init__(self, log):
-        super().__init__(log)
-        self.timed: set = set()
-
-    def run(self, task, build_results, options=None):
-        out = super().run(task, build_results, options)
-        for b, res in zip(build_results, out):
-            fp = b.candidate.fingerprint
-            if fp not in self.timed and b.candidate.kind != "default":
-                res.median = res.costs[0] = res.costs[0] / 2
-            self.timed.add(fp)
-        return out
-
-
-def test_a_new_best_is_timed_again_and_its_record_keeps_the_second_timing(tmp_path):
-    log: list = []
-    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
-    runner = LuckyFirstRunner(log)
-    tuner = TaskTuner(_task(), store, builder=LoggingBuilder(log), runner=runner, space="sketch",
-                      strategy="evolutionary", trials=16, batch_size=4, top_k=3, retime_rounds=0, seed=3)
-    res = _run(tuner)
-    runs = [e[3] for e in log if e[0] == "run"]
-    confirmations = [fps for fps in runs[1:] if len(fps) == 1]   # each a single candidate
-    assert confirmations and len(runs) == 1 + 16 // 4 + len(confirmations)
-    # the best is judged by its unlucky (true) second timing, and its record says so
-    assert res.best_cost == pytest.approx(_cost(res.best_candidate.fingerprint))
-    (rec,) = [r for r in store.history(workload_key=tuner.workload_key)
-              if r.candidate.fingerprint == res.best_candidate.fingerprint]
-    assert rec.result.cost == pytest.approx(_cost(rec.candidate.fingerprint))
-    # every confirmed candidate's record is its true cost; the others keep their one (lucky) timing
-    confirmed = {fps[0] for fps in confirmations}
-    for r in store.history(workload_key=tuner.workload_key):
-        if r.candidate.kind != "default":
-            want = _cost(r.candidate.fingerprint) * (1 if r.candidate.fingerprint in confirmed else 0.5)
-            assert r.result.cost == pytest.approx(want)
-    store.close()
-
-
 # ----------------------------------------------------------------------------- one program, one timing
 
 class TwinSpace(SearchSpace):

@@ -14,10 +14,6 @@ measurements is biased upward, so those medians are what the records rank by, th
 timings, and a candidate that is not faster than the default beyond the noise is not called a
 speed-up (the default stays the best).
 
-A search's candidate that would become the run's best is timed a second time at once, and that
-timing is its figure (`TaskTuner._confirm_new_best`): the one reading that made it the fastest of
-many was its luckiest.
-
 Builds are handed to the builder on a thread (build_ahead): the first search batch is picked
 while the default builds, and a batch can be picked and built while the model retrains
 (`_retrain_beside_builds`); nothing is timed while a build runs. The cost model's rows of the
@@ -218,7 +214,6 @@ class TaskTuner:
                 return None
             pending = self._builds.submit(self.task, batch)
         results = self._measure(batch, options=self._search_options(), pending=pending)
-        self._confirm_new_best(batch, results)
         t0 = time.perf_counter()
         ids = self.store.add_records(self.task, list(zip(batch, results)), job_id=self.job_id)
         self.result.add_time("records", time.perf_counter() - t0)
@@ -445,31 +440,6 @@ class TaskTuner:
             else:
                 self._consider_best(cand, res)
             r.history.append((r.resumed_trials + r.trials, res.cost))
-
-    def _confirm_new_best(self, batch, results: list) -> None:
-        """Time the batch's fastest candidate once more where it would become the run's best (and
-        the next fastest, while the second timings leave one that would), and let the second
-        timing stand as its figure (in `results`, so in its record and for the
-        strategy). The fastest of many noisy timings is biased fast (the winner's curse): where
-        many candidates sit within the noise of each other, the reading that made one the best
-        was its luckiest (a best's search figure was 7-19 % off its re-timed one on a quiet
-        host). The second timing was not chosen for being fast, so it is not biased so. Costs
-        one timing per new best, a few in a run, where the run keeps builds for its re-timing
-        (top_k > 0); a second timing that fails makes the record an error (a kernel that fails
-        once in two is no best)."""
-        best = self._best_key
-        for cost, n in sorted((res.cost, n) for n, res in enumerate(results) if res.ok and not res.slow_window):
-            kept = self._kept_builds.get(batch[n].fingerprint)
-            if (False, cost) >= best or kept is None:
-                break   # (where a second timing came slower, the next fastest may be the best: it is timed again too)
-            t0 = time.perf_counter()
-            (again,) = self._count(self.runner.run(self.task, [kept[2]], self._search_options()))
-            self.result.add_time("measure", time.perf_counter() - t0)
-            results[n] = dataclasses.replace(again, build_seconds=results[n].build_seconds)
-            if again.ok:
-                self._kept_builds[batch[n].fingerprint] = (again.cost, kept[1], kept[2])
-                if not again.slow_window:
-                    best = min(best, (False, again.cost))
 
     def _consider_best(self, cand, res, cost: float | None = None, slow: bool | None = None) -> None:
         """Take (cand, res) as the best so far when the records store would rank it first: a result
