@@ -56,7 +56,7 @@ def _schedule_input_transform(s, st, target):
     """V's stage `st`: per (channel block, tile), rows into a local buffer, then columns, both
     unrolled, lanes one vector; the padding inlined into the rows' reads (one border test per
     vector of a block's channels). Materialized, the padded copy was one more pass over the
-    input: 16 % of the transforms' time at batch 1 and a quarter at batch 8 (DenseNet's 3x3
+    input: 16 % of the transforms' time at batch 1 and a fifth at batch 8 (DenseNet's 3x3
     layers, znver5)."""
     pad = next((p for p in s.stages if p.op.name == "pad"), None)
     if pad is not None:
