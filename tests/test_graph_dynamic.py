@@ -168,3 +168,23 @@ def test_cli_sets_symbols_by_name_and_runs_open_ones_at_one(tmp_path, capsys):
     assert main(["model", "tasks", str(path), "--dim", "batch=4"]) == 0
     assert main(["model", "run", str(path), "--dim", "batch=zero"]) == 2
     assert "expected SYMBOL=SIZE" in capsys.readouterr().err
+
+
+def test_a_run_whose_inputs_index_out_of_range_is_a_clear_error_of_the_cli(tmp_path, capsys):
+    """`model run` on random inputs at shapes where the model's positions outrun its mask: the
+    run's KernelRuntimeError is the command's error (exit 1), naming the node, not a traceback."""
+    from tuner.cli import main
+    nodes = [helper.make_node("Shape", ["past"], ["ps"], start=1, end=2),
+             helper.make_node("Squeeze", ["ps"], ["p"]),
+             helper.make_node("Range", ["zero", "p", "one"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "axes"], ["idx"]),
+             helper.make_node("GatherND", ["mask", "idx"], ["y"], name="mask_at_positions")]
+    consts = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "axes": np.array([1], np.int64)}
+    m = model(nodes, {"mask": (("s",), "float32"), "past": ((1, "p"), "float32")}, {"y": (None, "float32")},
+              consts, opset=18)
+    path = tmp_path / "positions.onnx"
+    path.write_bytes(m.SerializeToString())
+    assert main(["model", "run", str(path), "--no-records", "--repeat", "1", "--dim", "s=2", "--dim", "p=3"]) == 1
+    err = capsys.readouterr().err
+    assert "error: the run failed: GatherND node 'mask_at_positions': index 2" in err and "Traceback" not in err
+    assert main(["model", "run", str(path), "--no-records", "--repeat", "1", "--dim", "s=4", "--dim", "p=3"]) == 0

@@ -24,6 +24,8 @@ import argparse
 import os
 import sys
 
+from compiler.errors import KernelRuntimeError
+
 from . import farm, model, ops, remote, service, tune
 from .common import DEFAULT_PARAMS, DEMO_OPS, EXIT_FAIL, EXIT_OK, EXIT_USAGE, SMALL_PARAMS, UsageError, check_output
 
@@ -55,6 +57,9 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"tunefarm {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KernelRuntimeError as e:   # a run refused its inputs (an index out of range): what and where
+        print(f"tunefarm {args.command}: error: the run failed: {e}", file=sys.stderr)
+        return EXIT_FAIL
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `tunefarm lower ... | head`: the reader left, which is not an error
