@@ -67,7 +67,7 @@ def main():
         store = open_store(url, upgrade=True)
         with tempfile.TemporaryDirectory() as tmp:
             tasks, _, seed_s = sl.seed_records(store, args.records, tmp)
-        token, _ = store.create_token("apicpu", "submit")
+        token, _ = store.tokens.create("apicpu", "submit")
         print(f"seeded {store.count()} records over {len(tasks)} workloads in {seed_s:.1f} s", flush=True)
         port = sl.free_port()
         api = sl.start_api(url, port, "--api-processes", "1")   # one process: its CPU is one pid's

@@ -72,7 +72,7 @@ def one_store(browser, n_records: int, rounds: int) -> dict[str, list[float]]:
         store = open_store(url, upgrade=True)
         with tempfile.TemporaryDirectory() as tmp:
             tasks, _, seed_s = seed_records(store, n_records, tmp)
-        token, _ = store.create_token("dashboard bench", "read")
+        token, _ = store.tokens.create("dashboard bench", "read")
         store.close()
         print(f"{n_records} records seeded in {seed_s:.0f} s", flush=True)
         port = free_port()

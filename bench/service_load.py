@@ -427,7 +427,7 @@ def main():
         store = open_store(url, upgrade=True)
         with tempfile.TemporaryDirectory() as tmp:
             tasks, write_s, seed_s = seed_records(store, args.records, tmp)
-        token, _ = store.create_token("load", "submit")
+        token, _ = store.tokens.create("load", "submit")
         n_records = store.count()
         print(f"seeded {n_records} records over {len(tasks)} workloads: {seed_s:.1f} s to import them "
               f"({write_s:.0f} s to write the file)", flush=True)
@@ -456,7 +456,7 @@ def main():
             def when_busy():
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline:
-                    if any(j.lease_owner == "load-w0" for j in store.list_jobs(state="running", limit=20)):
+                    if any(j.lease_owner == "load-w0" for j in store.jobs.page(state="running", limit=20)):
                         break
                     time.sleep(0.02)
                 workers[0].send_signal(signal.SIGKILL)
@@ -482,7 +482,7 @@ def main():
         drain_start = time.monotonic()
         deadline, finished_before = drain_start + args.drain_timeout, -1
         while True:
-            states = [store.get_job(j).state for j in submitted]
+            states = [store.jobs.get(j).state for j in submitted]
             finished = sum(s in terminal for s in states)
             if finished == len(submitted) or time.monotonic() >= deadline:
                 break
@@ -496,7 +496,7 @@ def main():
         lost = late = duplicated = done = 0
         for jid in submitted:
             try:
-                job = store.get_job(jid)
+                job = store.jobs.get(jid)
             except Exception:  # noqa: BLE001 - an acknowledged job that is not stored is lost
                 lost += 1
                 continue
@@ -506,13 +506,13 @@ def main():
                 lost += 1
             else:
                 late += 1
-            events = [e.kind for e in store.job_events(jid)]
+            events = [e.kind for e in store.jobs.events(jid)]
             search = [r for r in store.records_page(job_id=jid, limit=100) if r.candidate.kind != "default"]
             if events.count("done") > 1 or len(search) > job.trials:
                 duplicated += 1
         surviving_workers = len(workers) - 1   # one was killed half-way
         jobs_per_worker_second = done / (elapsed + sat_elapsed + drain_s) / max(1, surviving_workers)
-        reclaimed = sum("reclaimed" in [e.kind for e in store.job_events(j)] for j in submitted)
+        reclaimed = sum("reclaimed" in [e.kind for e in store.jobs.events(j)] for j in submitted)
 
         print(f"load: {args.clients} clients offering {args.rate:g} requests/s for {elapsed:.0f} s "
               f"(latency from when each request was due)")

@@ -28,10 +28,10 @@ class Env:
         return self.client.post(url, headers=self.h(scope), **kw)
 
     def n_jobs(self) -> int:
-        return sum(self.store.count_jobs_by_state().values())
+        return sum(self.store.jobs.count_by_state().values())
 
 
 def make_env(url: str, **app_kw):
     store = open_store(url)
-    tokens = {scope: store.create_token(f"test-{scope}", scope)[0] for scope in SCOPES}
+    tokens = {scope: store.tokens.create(f"test-{scope}", scope)[0] for scope in SCOPES}
     return store, create_app(url, **app_kw), tokens

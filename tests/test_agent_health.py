@@ -119,8 +119,8 @@ def stored_job(tmp_path, task, candidates, results) -> tuple:
     """The results as a job's records in a SQLite store: (store URL, job id)."""
     url = f"sqlite:///{tmp_path / 'records.db'}"
     with open_store(url) as store:
-        job_id = store.submit_job([(task, 1.0, None)], {"device_key": task.device_key}, space="sketch", strategy="random",
-                                  scheduler="round_robin", trials=len(results))
+        job_id = store.jobs.submit([(task, 1.0, None)], {"device_key": task.device_key}, space="sketch", strategy="random",
+                                   scheduler="round_robin", trials=len(results))
         store.add_records(task, list(zip(candidates, results)), job_id=job_id)
     return url, job_id
 

@@ -93,10 +93,10 @@ def test_submit_list_show_events_cancel_resume(env):
 
 def test_job_progress_is_shown_per_task(env):
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
-    claimed = env.store.claim_job("worker-1", 60)
+    claimed = env.store.jobs.claim("worker-1", 60)
     assert claimed.id == job_id
-    env.store.record_progress(job_id, "worker-1", 0, trials=4, batches=1, best_cost=1e-5, best_record_id=None,
-                              baseline_cost=4e-5, trials_done=4, lease_seconds=60)
+    env.store.jobs.record_progress(job_id, "worker-1", 0, trials=4, batches=1, best_cost=1e-5, best_record_id=None,
+                                   baseline_cost=4e-5, trials_done=4, lease_seconds=60)
     job = env.get(f"/api/v1/jobs/{job_id}").json()
     assert job["state"] == "running" and job["progress"] == 0.5 and job["attempts"] == 1
     assert job["lease_owner"] == "worker-1" and job["started_at"] and job["heartbeat_at"]
@@ -108,9 +108,9 @@ def test_job_progress_is_shown_per_task(env):
 
 def test_a_job_measured_on_a_busy_machine_says_so(env):
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
-    env.store.claim_job("worker-1", 60)
-    env.store.record_progress(job_id, "worker-1", 0, trials=4, batches=1, best_cost=1e-5, best_record_id=None,
-                              baseline_cost=4e-5, trials_done=4, lease_seconds=60, timings=8, disturbed_timings=2)
+    env.store.jobs.claim("worker-1", 60)
+    env.store.jobs.record_progress(job_id, "worker-1", 0, trials=4, batches=1, best_cost=1e-5, best_record_id=None,
+                                   baseline_cost=4e-5, trials_done=4, lease_seconds=60, timings=8, disturbed_timings=2)
     job = env.get(f"/api/v1/jobs/{job_id}").json()
     (task,) = job["tasks"]
     assert task["timings"] == 8 and task["disturbed_fraction"] == pytest.approx(0.25)
@@ -179,14 +179,14 @@ def test_unknown_job_and_finished_job(env):
     for bad in ("0", "-1", "abc", str(2**70)):
         assert env.get(f"/api/v1/jobs/{bad}").status_code == 422
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
-    env.store.set_job_state(job_id, "running")
-    env.store.set_job_state(job_id, "done")
-    before = env.store.job_events(job_id)
+    env.store.jobs.set_state(job_id, "running")
+    env.store.jobs.set_state(job_id, "done")
+    before = env.store.jobs.events(job_id)
     for action in ("cancel", "resume"):
         r = env.post(f"/api/v1/jobs/{job_id}/{action}")
         assert r.status_code == 409 and r.json()["state"] == "done" and r.json()["field"] == "state"
         assert "job %d is done" % job_id in r.json()["detail"]
-    assert env.store.get_job(job_id).state == "done" and env.store.job_events(job_id) == before
+    assert env.store.jobs.get(job_id).state == "done" and env.store.jobs.events(job_id) == before
 
 
 # ---------------------------------------------------------------------------------- security
@@ -214,12 +214,12 @@ def test_tokens_and_scopes(env):
 
     job_id = env.post(url, scope="submit", json=MATMUL_JOB).json()["id"]
     assert env.post(f"/api/v1/jobs/{job_id}/cancel", scope="read").status_code == 403
-    assert env.store.get_job(job_id).state == "queued"
-    revoked = next(t for t in env.store.list_tokens() if t.name == "test-submit")
-    env.store.revoke_token(revoked.id)
+    assert env.store.jobs.get(job_id).state == "queued"
+    revoked = next(t for t in env.store.tokens.list_all() if t.name == "test-submit")
+    env.store.tokens.revoke(revoked.id)
     assert env.post(f"/api/v1/jobs/{job_id}/cancel", scope="submit").status_code == 401
-    assert env.store.get_job(job_id).state == "queued"
-    used = {t.name: t.last_used_at for t in env.store.list_tokens()}
+    assert env.store.jobs.get(job_id).state == "queued"
+    used = {t.name: t.last_used_at for t in env.store.tokens.list_all()}
     assert used["test-read"] is not None and used["test-admin"] is None     # touched after use, never an unused one
 
 
@@ -233,7 +233,7 @@ def test_public_read(tmp_path):
         assert client.post("/api/v1/jobs", json=MATMUL_JOB).status_code == 401
         r = client.post("/api/v1/jobs", json=MATMUL_JOB, headers={"Authorization": f"Bearer {tokens['read']}"})
         assert r.status_code == 403
-        assert sum(store.count_jobs_by_state().values()) == 0
+        assert sum(store.jobs.count_by_state().values()) == 0
 
 
 def test_body_too_large(tmp_path):
@@ -254,7 +254,7 @@ def test_body_too_large(tmp_path):
         assert client.post("/api/v1/records/import", content=lines, headers=headers).status_code == 413
         assert client.post("/api/v1/records/import", content=iter([lines]), headers=headers).status_code == 413
         assert client.post("/api/v1/jobs", json=MATMUL_JOB, headers=headers).status_code == 201   # a small one still goes
-        assert sum(store.count_jobs_by_state().values()) == 1 and store.count() == 0
+        assert sum(store.jobs.count_by_state().values()) == 1 and store.count() == 0
 
 
 # ---------------------------------------------------------------------------------- records
@@ -293,7 +293,7 @@ def test_a_jobs_view_says_when_and_why_its_measurements_were_retaken(env):
     calibration found slow (re-measured in a fresh worker, or kept but marked), newest first, with
     the speed index and the reason in words, and counts them per task; lists leave them out."""
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
-    task = env.store.get_job(job_id).tasks[0].task
+    task = env.store.jobs.get(job_id).tasks[0].task
 
     def slow(i, **marks):
         return cand(i), MeasureResult(costs=[1e-3], median=1e-3, minimum=1e-3, spread=0.0, samples=1,
@@ -457,7 +457,7 @@ def test_farm_from_the_store_and_an_unreachable_tracker(env, tmp_path):
 def test_metrics(env):
     job_id = env.post("/api/v1/jobs", json=MATMUL_JOB).json()["id"]
     env.post("/api/v1/jobs", json=MATMUL_JOB)
-    env.store.set_job_state(job_id, "running")
+    env.store.jobs.set_state(job_id, "running")
     env.store.add_records(TASK, [(cand(i), ok(1e-3)) for i in range(6)] + [(cand(100), err()), (cand(101), err(ErrorCode.RUN_TIMEOUT))])
     env.get(f"/api/v1/jobs/{job_id}")
     env.get("/api/v1/jobs/99999")
@@ -513,8 +513,8 @@ def test_numbers_json_cannot_carry_are_null():
 def test_database_down_is_503(tmp_path):
     store, app, tokens = make_env(f"sqlite:///{tmp_path / 'down.db'}", public_read=True)
     with store, TestClient(app) as client:
-        good = app.state.store._engine
-        app.state.store._engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none",
+        good = app.state.store.db.engine
+        app.state.store.db.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none",
                                                 connect_args={"connect_timeout": 1})
         try:
             for path in ("/api/v1/jobs", "/api/v1/records", "/api/v1/jobs/1", "/api/v1/workloads", "/readyz"):
@@ -525,8 +525,8 @@ def test_database_down_is_503(tmp_path):
             metrics = client.get("/metrics")
             assert metrics.status_code == 200 and "tunefarm_store_up 0.0" in metrics.text
         finally:
-            app.state.store._engine.dispose()
-            app.state.store._engine = good
+            app.state.store.db.engine.dispose()
+            app.state.store.db.engine = good
         assert client.get("/readyz").json() == {"status": "ready", "database": "sqlite"}
 
 
@@ -570,7 +570,7 @@ def test_real_server_over_http(db_url):
             r = http.post("/api/v1/records/import", content=b"x" * (100 << 10))
             assert r.status_code == 413
             assert "tunefarm_jobs" in http.get("/metrics").text
-        assert store.get_job(job_id).state == "cancelled"
+        assert store.jobs.get(job_id).state == "cancelled"
     finally:
         server.should_exit = True
         thread.join(timeout=20)
@@ -586,17 +586,17 @@ def test_read_token_checks_are_cached_briefly_and_writes_always_ask_the_database
     from tuner.records import SQLRecordsStore
     from tuner.service.api.auth import TokenCache
     with SQLRecordsStore(db_url) as store:
-        secret, info = store.create_token("cached", "submit")
+        secret, info = store.tokens.create("cached", "submit")
         cache = TokenCache(seconds=0.3)
         assert cache.verify(store, secret).id == info.id
-        store.revoke_token(info.id)
+        store.tokens.revoke(info.id)
         assert cache.verify(store, secret).id == info.id              # a read within the window
         assert cache.verify(store, secret, fresh=True) is None        # a write: refused, and forgotten
         assert cache.verify(store, secret) is None
-        other, other_info = store.create_token("cached-2", "read")
+        other, other_info = store.tokens.create("cached-2", "read")
         cache.verify(store, other)
         _time.sleep(0.35)
-        store.revoke_token(other_info.id)
+        store.tokens.revoke(other_info.id)
         assert cache.verify(store, other) is None                     # past the window: asked again
         assert cache.verify(store, "tf_unknown") is None
 

@@ -79,7 +79,7 @@ def test_job_lists_count_failed_measurements(env):
     by_id = {j["id"]: j for j in env.get("/api/v1/jobs").json()["items"]}
     assert by_id[job["id"]]["errors"] == 2 and by_id[quiet["id"]]["errors"] == 0
     assert env.get(f"/api/v1/jobs/{job['id']}").json()["errors"] == 2
-    assert env.store.get_job(job["id"]).errors == 2
+    assert env.store.jobs.get(job["id"]).errors == 2
 
 
 # ---------------------------------------------------------------------------------- record orders
@@ -245,7 +245,7 @@ def test_dashboard_reads_search_records_by_index(tmp_path):
         job = client.post("/api/v1/jobs", json=MATMUL_JOB, headers=headers).json()
         store.add_records(job_task(job), [(cand(i), ok(1e-3 + i * 1e-6) if i % 4 else err()) for i in range(200)], job_id=job["id"])
         store.add_records(Task(SMALL, TARGET, "local"), [(cand(i), ok(1e-3)) for i in range(200)])
-        engine = app.state.store._engine
+        engine = app.state.store.db.engine
 
         def plans(url: str, params: dict) -> list[str]:
             statements = []

@@ -121,7 +121,7 @@ def test_model_upload_over_the_model_limit_is_413_with_the_reason(tmp_path):
         assert "--max-model-bytes" in r.json()["detail"]
         r = client.post(URL, content=iter([data[:3000], data[3000:]]), headers=headers)   # chunked: counted
         assert r.status_code == 413 and "ONNX model" in r.json()["detail"]
-        assert sum(store.count_jobs_by_state().values()) == 0
+        assert sum(store.jobs.count_by_state().values()) == 0
     store, app, tokens = make_env(f"sqlite:///{tmp_path / 'limit2.db'}", max_body_bytes=4096,
                                   max_model_bytes=len(data))
     headers = {"Authorization": f"Bearer {tokens['submit']}", **OCTETS}
@@ -170,7 +170,7 @@ def test_tunefarm_submit_model_sends_the_file_and_shows_the_reason_of_a_refusal(
                  "--repeat", "3", "--min-repeat-ms", "5"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"job \d+ queued: 2 task\(s\), 6 trials", out)
-    (job,) = env.store.list_jobs()
+    (job,) = env.store.jobs.page()
     assert job.name == "cli model" and job.spec["model"]["file_name"] == "two.onnx" and job.trials == 6
     assert job.spec["strategy"] == "random" and job.strategy == "random"
     assert job.spec["measure"]["repeat"] == 3 and job.spec["measure"]["min_repeat_ms"] == 5
@@ -184,4 +184,4 @@ def test_tunefarm_submit_model_sends_the_file_and_shows_the_reason_of_a_refusal(
     assert "model test: 1 kernels per run" in capsys.readouterr().out
     assert main(["submit", "--model", str(tmp_path / "missing.onnx")]) == 2
     assert main(["submit", "relu", "--model", str(good)]) == 2
-    assert len(env.store.list_jobs()) == 2
+    assert len(env.store.jobs.page()) == 2

@@ -48,7 +48,7 @@ def _ndjson(ctx, value):
 def seed(url: str) -> None:
     store = open_store(url)
     try:
-        TOKENS["admin"] = store.create_token("schemathesis", "admin")[0]
+        TOKENS["admin"] = store.tokens.create("schemathesis", "admin")[0]
         target = str(resolve_target(None))
         workload = Workload("matmul", {"M": 16, "N": 16, "K": 16})
         task = Task(workload, target, "local")
@@ -62,12 +62,12 @@ def seed(url: str) -> None:
         for i, state in enumerate(["queued", "running", "done", "failed", "cancelled"]):
             spec = JobSpec(workloads=[{"op": "matmul", "params": {"M": 16, "N": 16, "K": 16 + i}}], trials=4, name=f"job-{i}")
             resolved = resolve(spec)
-            job_id = store.submit_job(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
-                                      strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials, name=spec.name)
+            job_id = store.jobs.submit(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
+                                       strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials, name=spec.name)
             if state != "queued":
-                store.set_job_state(job_id, "cancelled" if state == "cancelled" else "running")
+                store.jobs.set_state(job_id, "cancelled" if state == "cancelled" else "running")
             if state in ("done", "failed"):
-                store.set_job_state(job_id, state, error="boom" if state == "failed" else None)
+                store.jobs.set_state(job_id, state, error="boom" if state == "failed" else None)
         store.upsert_agent("agent-1", "x86", {"cpu": "znver4"})
     finally:
         store.close()

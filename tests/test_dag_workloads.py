@@ -131,7 +131,7 @@ def test_the_store_keeps_the_definition_and_hands_it_back(db_url, workload):
         best = store.best(workload.key, TARGET)[0]
         assert best.workload == workload and best.workload.definition == workload.definition
         assert best.workload.opdef().workload_key() == workload.key
-        job = store.get_job(store.submit_job([(task, 1.0, None)], {}, space="sketch", strategy="evolutionary",
+        job = store.jobs.get(store.jobs.submit([(task, 1.0, None)], {}, space="sketch", strategy="evolutionary",
                                              scheduler="gradient", trials=10))
         assert job.task.workload == workload
         assert store.best(plain.workload.key, TARGET)[0].workload.definition is None

@@ -187,7 +187,7 @@ def site(tmp_path_factory):
     t0 = time.monotonic()
     with open_store(db) as store:
         tasks = seed_records(store, SEEDED, 100, tmp)
-        read_token = store.create_token("dashboard read-only", "read")[0]
+        read_token = store.tokens.create("dashboard read-only", "read")[0]
         assert store.count() >= SEEDED
     print(f"seeded {SEEDED} records in {time.monotonic() - t0:.1f} s")
     proc, url, token = start_serve(db, tmp, "serve", "--workers", "1")

@@ -44,15 +44,15 @@ def seed_job(db: str) -> int:
         return MeasureResult(costs=[cost], median=cost, minimum=cost, spread=0.01, samples=8, measured_by="stuck-agent",
                              **marks)
     with open_store(db) as store:
-        job_id = store.submit_job([(task, 1.0, 2 * 64 ** 3)], {"device_key": KEY}, space="sketch", strategy="random",
-                                  scheduler="round_robin", trials=6, name="health-demo")
-        assert store.claim_job("dash-worker", 60.0, [KEY]).id == job_id
+        job_id = store.jobs.submit([(task, 1.0, 2 * 64 ** 3)], {"device_key": KEY}, space="sketch", strategy="random",
+                                   scheduler="round_robin", trials=6, name="health-demo")
+        assert store.jobs.claim("dash-worker", 60.0, [KEY]).id == job_id
         store.add_records(task, [(Candidate("config", {"i": i}), result(1e-4 * (i + 1))) for i in range(2)], job_id=job_id)
         store.add_records(task, [(Candidate("config", {"i": i}), result(1e-4 * (i + 1), remeasured=True, slow_index=0.47))
                                  for i in range(2, 5)], job_id=job_id)
         store.add_records(task, [(Candidate("config", {"i": 5}), result(9e-5, slow_window=True, slow_index=0.38))],
                           job_id=job_id)
-        assert store.finish_job(job_id, "dash-worker", "done")
+        assert store.jobs.finish(job_id, "dash-worker", "done")
     return job_id
 
 

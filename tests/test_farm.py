@@ -275,13 +275,13 @@ def test_a_job_worker_runs_a_farm_job_through_the_tracker(farm, tmp_path):
                    trials=4, batch_size=2,
                    space="template", strategy="random", top_k=1, measure=QUICK)
     job = resolve(spec)
-    jid = store.submit_job(job.store_rows(), spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
-                           scheduler=spec.scheduler, trials=spec.trials)
+    jid = store.jobs.submit(job.store_rows(), spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
+                            scheduler=spec.scheduler, trials=spec.trials)
     with JobWorker(store, name="local-only") as local:
         assert local.run_once() is None
     with JobWorker(store, name="farm-worker", tracker=address, tracker_token=TUNER_TOKEN, build_workers=1) as w:
         assert w.run_once() == jid
-    done = store.get_job(jid)
+    done = store.jobs.get(jid)
     assert done.state == "done" and done.trials_done == 4, done.error
     records = store.records_page(job_id=jid)
     assert len(records) == 4 + 1 and all(r.result.measured_by in agents and r.device_key == KEY for r in records)

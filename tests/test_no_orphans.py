@@ -77,8 +77,8 @@ def dead_pid() -> int:
 
 def submit(store, m: int) -> int:
     t = Task(Workload("matmul", {"M": m, "N": 16, "K": 16}), TARGET, "local")
-    return store.submit_job([(t, 1.0, 1e6)], {"trials": 4}, space="sketch", strategy="random", scheduler="gradient",
-                            trials=4)
+    return store.jobs.submit([(t, 1.0, 1e6)], {"trials": 4}, space="sketch", strategy="random", scheduler="gradient",
+                             trials=4)
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -111,19 +111,19 @@ def test_leases_of_dead_workers_of_this_host_end_at_once(tmp_path):
         jobs = {}
         for i, owner in enumerate(owners):
             jobs[owner] = submit(store, 16 + i)
-            assert store.claim_job(owner, 60).id == jobs[owner]
-        ended = store.reclaim_dead_local_leases()
+            assert store.jobs.claim(owner, 60).id == jobs[owner]
+        ended = store.jobs.reclaim_dead_local_leases()
         assert sorted(ended) == sorted(jobs[o] for o, dead in owners.items() if dead)
-        assert store.reclaim_dead_local_leases() == []                     # ended leases are not ended twice
+        assert store.jobs.reclaim_dead_local_leases() == []                     # ended leases are not ended twice
         for owner, dead in owners.items():
-            kinds = [e.kind for e in store.job_events(jobs[owner])]
+            kinds = [e.kind for e in store.jobs.events(jobs[owner])]
             assert ("owner_gone" in kinds) == dead, (owner, kinds)
-        rescued = {store.claim_job("rescuer", 60).id for _ in ended}
-        assert rescued == set(ended) and store.claim_job("rescuer", 60) is None
+        rescued = {store.jobs.claim("rescuer", 60).id for _ in ended}
+        assert rescued == set(ended) and store.jobs.claim("rescuer", 60) is None
         for jid in ended:
-            last = store.job_events(jid)[-1]
+            last = store.jobs.events(jid)[-1]
             assert last.kind == "reclaimed" and last.data["worker"] == "rescuer"
-            assert store.get_job(jid).attempts == 2
+            assert store.jobs.get(jid).attempts == 2
 
 
 CHILD = textwrap.dedent("""
@@ -182,7 +182,7 @@ def test_killed_serve_leaves_no_orphans_and_the_next_serve_resumes_its_job(tmp_p
         with ServiceClient(f"http://127.0.0.1:{port}", token=token) as c:
             jid = c.submit(JOB)["id"]
         with SQLRecordsStore(db) as store:
-            assert wait_for(lambda: store.get_job(jid).trials_done >= 4, timeout=240, step=0.2), store.get_job(jid)
+            assert wait_for(lambda: store.jobs.get(jid).trials_done >= 4, timeout=240, step=0.2), store.jobs.get(jid)
             tree = descendants(first.pid)
             # the job worker, its build processes and its measuring process (and multiprocessing's tracker)
             assert len(tree) >= 3, tree
@@ -190,17 +190,17 @@ def test_killed_serve_leaves_no_orphans_and_the_next_serve_resumes_its_job(tmp_p
             first.wait()
             assert wait_for(lambda: not any(alive(p) for p in tree), timeout=5), \
                 f"outlived the SIGKILLed serve: {sorted(p for p in tree if alive(p))}"
-            before = store.get_job(jid)
+            before = store.jobs.get(jid)
             assert before.state == JobState.RUNNING and before.trials_done < JOB["trials"], before
             assert before.lease_owner == f"serve-0@{HOST}:{first.pid}"
 
             second, _ = start_serve(db, port)
             started.append(second)
-            assert wait_for(lambda: store.get_job(jid).state != JobState.RUNNING, timeout=300, step=0.5)
-            job = store.get_job(jid)
+            assert wait_for(lambda: store.jobs.get(jid).state != JobState.RUNNING, timeout=300, step=0.5)
+            job = store.jobs.get(jid)
             assert job.state == JobState.DONE and job.attempts == 2, job.error
             assert job.trials_done == JOB["trials"]
-            events = store.job_events(jid)
+            events = store.jobs.events(jid)
             kinds = [e.kind for e in events]
             assert kinds.count("claimed") == 1 and kinds[-1] == "done", kinds
             assert kinds.index("owner_gone") < kinds.index("reclaimed"), kinds

@@ -125,7 +125,7 @@ def test_upgrade_from_0002_keeps_jobs_and_records(empty_db_url):
                 "INSERT INTO jobs (id, task_id, state, space, strategy, trials, created_at, updated_at) "
                 "VALUES (3, 7, 'done', 'sketch', 'model', 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
     with SQLRecordsStore(empty_db_url, upgrade=True) as s:
-        job = s.get_job(3)
+        job = s.jobs.get(3)
         assert (job.state, job.trials, len(job.tasks), job.tasks[0].workload_key, job.target) == ("done", 64, 1, "k1", "")
         assert job.tasks[0].task.target == "llvm"
 
@@ -268,7 +268,7 @@ RECORD_FIELDS = ("candidate_kind", "candidate", "fingerprint", "costs", "mean_co
 
 
 def _record_columns(store) -> list[tuple]:
-    with store._session() as s:
+    with store.db.session() as s:
         rows = s.execute(sa.select(*(getattr(RecordRow, c) for c in RECORD_FIELDS)).order_by(RecordRow.id)).all()
     return [tuple(row) for row in rows]
 
@@ -389,8 +389,8 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
     holds only marked records."""
     other = Task(Workload("relu", {"shape": [64]}), TARGET, "local")
     with SQLRecordsStore(db_url) as s:
-        job = s.submit_job([(TASK, 1.0, None), (other, 1.0, None)], {}, space="sketch", strategy="random",
-                           scheduler="round_robin", trials=8)
+        job = s.jobs.submit([(TASK, 1.0, None), (other, 1.0, None)], {}, space="sketch", strategy="random",
+                            scheduler="round_robin", trials=8)
         s.add_records(TASK, [(cand(1), marked(1e-3, remeasured=True, index=0.5)),
                              (cand(2), marked(1e-3, remeasured=True, index=0.5)),
                              (cand(3), marked(1e-3))], job_id=job)
@@ -404,9 +404,9 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
         assert windows[0]["measured_by"] == "agent-9" and windows[1]["first_at"] <= windows[1]["last_at"]
         assert got["tasks"] == {0: {"remeasured": 2, "slow_window": 0}, 1: {"remeasured": 0, "slow_window": 1}}
         assert s.job_retakes(job, limit=1)["windows"] == windows[:1]
-        empty = s.submit_job([(TASK, 1.0, None)], {}, space="sketch", strategy="random", scheduler="round_robin", trials=1)
+        empty = s.jobs.submit([(TASK, 1.0, None)], {}, space="sketch", strategy="random", scheduler="round_robin", trials=1)
         assert s.job_retakes(empty) == {"windows": [], "tasks": {}, "capped": False}
-        with s._session() as session:             # the plan: only the partial index's entries are read
+        with s.db.session() as session:             # the plan: only the partial index's entries are read
             postgres = session.bind.dialect.name == "postgresql"
             if postgres:
                 session.execute(sa.text("SET LOCAL enable_seqscan = off"))   # a tiny table: make it show its choice
@@ -558,7 +558,7 @@ def test_history_of_structure_selects_in_sql(store):
 # ---------------------------------------------------------------------------------- read path
 
 def _backend_pids(store) -> set[int]:
-    with store._session() as s:
+    with store.db.session() as s:
         return {s.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()}
 
 
@@ -586,7 +586,7 @@ def test_postgresql_connections_keep_the_apis_statements_prepared(pg_database):
     url = pg_schema_url(pg_database)
     with SQLRecordsStore(url) as store:
         store.add_records(TASK, [(cand(1), ok(1e-3))])
-        with store._engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             assert conn.connection.dbapi_connection.prepared_max == engine_mod.PREPARED_MAX > 100
         assert [r.candidate for r in store.best(MATMUL.key, TARGET)] == [cand(1)]
 
@@ -655,7 +655,7 @@ def test_best_ranks_remeasured_first_over_every_device_key(store):
 
 def _counted(store) -> dict[int, int]:
     """{task id: records} counted in SQL, to check the kept counts against."""
-    with store._session() as s:
+    with store.db.session() as s:
         return dict(s.execute(sa.text("SELECT task_id, COUNT(*) FROM records GROUP BY task_id")).all())
 
 

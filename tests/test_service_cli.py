@@ -100,7 +100,7 @@ def test_stopping_serve_revokes_its_token_and_stops_its_worker(server):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=90) == 0
     with open_store(db) as store:
-        assert store.verify_token(token) is None
+        assert store.tokens.verify(token) is None
     for pid in worker_pids:
         assert not _alive(int(pid))
 
@@ -155,7 +155,7 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         assert proc.wait(timeout=90) == 0
         assert not any(_alive(pid) for pid in api_pids)
         with open_store(db) as store:
-            assert store.verify_token(token) is None
+            assert store.tokens.verify(token) is None
         # a SIGKILLed serve takes its API processes with it: nothing keeps answering on its port
         proc = serve("--no-session-token", stdout=subprocess.DEVNULL)
         wait_ready(url)

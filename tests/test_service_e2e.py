@@ -82,7 +82,7 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout=60) -> None:
 def test_200_jobs_4_workers_one_killed_api_restarted(pg_database):
     url = pg_schema_url(pg_database)
     with SQLRecordsStore(url) as store:
-        token, _ = store.create_token("e2e", "submit")
+        token, _ = store.tokens.create("e2e", "submit")
     port = free_port()
     api = start_api(url, port)
     workers = {f"w{n}": start_worker(url, f"w{n}") for n in range(N_WORKERS)}
@@ -128,7 +128,7 @@ def test_200_jobs_4_workers_one_killed_api_restarted(pg_database):
         assert jobs[victim_job]["attempts"] == 2                          # reclaimed once
         assert all(j["attempts"] == 1 for jid, j in jobs.items() if jid != victim_job)   # every other job once
         with SQLRecordsStore(url) as store:
-            events = [e.kind for e in store.job_events(victim_job)]
+            events = [e.kind for e in store.jobs.events(victim_job)]
             assert "reclaimed" in events and events[-1] == "done"
             for jid in ids:
                 recs = store.records_page(job_id=jid, limit=50)

@@ -218,7 +218,7 @@ def test_job_trials_count_the_jobs_own_records(tmp_path, machinery):
     builder, runner = machinery
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     task = _task()
-    job = store.submit_job([(task, 1.0, None)], {}, space="sketch", strategy="random", scheduler="gradient", trials=6)
+    job = store.jobs.submit([(task, 1.0, None)], {}, space="sketch", strategy="random", scheduler="gradient", trials=6)
     tune(task, store, space="sketch", strategy="random", trials=4, batch_size=2, builder=builder,
          runner=runner, job_id=job, top_k=0)
     resumed = tune(task, store, space="sketch", strategy="random", trials=6, batch_size=2, builder=builder,
@@ -428,8 +428,8 @@ def test_a_resumed_multi_task_job_measures_only_what_its_budget_has_left(tmp_pat
     builder, runner = machinery
     store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
     tasks = [_task(), Task.create(Workload("relu", dict(shape=(64, 48))))]
-    job = store.submit_job([(t, 1.0, None) for t in tasks], {}, space="sketch", strategy="random",
-                           scheduler="round-robin", trials=9)
+    job = store.jobs.submit([(t, 1.0, None) for t in tasks], {}, space="sketch", strategy="random",
+                            scheduler="round-robin", trials=9)
     first = tune_tasks(tasks, store, scheduler="round-robin", strategy="random", trials=4, batch_size=2,
                        builder=builder, runner=runner, job_id=job, top_k=0)
     again = tune_tasks(tasks, store, scheduler="round-robin", strategy="random", trials=9, batch_size=2,

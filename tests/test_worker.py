@@ -28,8 +28,8 @@ def submit(store, trials=8, batch_size=4, workloads=(MATMUL,), **kw) -> int:
     spec = JobSpec(workloads=list(workloads), trials=trials, batch_size=batch_size, space="template",
                    strategy="random", top_k=2, measure={"number": 1, "repeat": 1, "min_repeat_ms": 0}, **kw)
     job = resolve(spec)
-    return store.submit_job(job.store_rows(), spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
-                            scheduler=spec.scheduler, trials=spec.trials, priority=spec.priority, name=spec.name)
+    return store.jobs.submit(job.store_rows(), spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
+                             scheduler=spec.scheduler, trials=spec.trials, priority=spec.priority, name=spec.name)
 
 
 def submit_unresolved(store, target: str) -> int:
@@ -39,8 +39,8 @@ def submit_unresolved(store, target: str) -> int:
                    measure={"number": 1, "repeat": 1, "min_repeat_ms": 0}, target=target)
     job = resolve(spec.model_copy(update={"target": None}))
     rows = [(Task.create(t.workload, target, t.device_key), w, f) for t, w, f in job.store_rows()]
-    return store.submit_job(rows, spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
-                            scheduler=spec.scheduler, trials=spec.trials, priority=spec.priority, name=spec.name)
+    return store.jobs.submit(rows, spec.model_dump(mode="json"), space=spec.space, strategy=job.strategy,
+                             scheduler=spec.scheduler, trials=spec.trials, priority=spec.priority, name=spec.name)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -72,7 +72,7 @@ def test_worker_runs_a_two_task_job_to_done(store):
     jid = submit(store, trials=12, workloads=(MATMUL, relu))
     with JobWorker(store, name="w1", build_workers=1) as worker:
         assert worker.run_once() == jid
-        job = store.get_job(jid)
+        job = store.jobs.get(jid)
     assert job.state == JobState.DONE, job.error
     assert job.trials_done == 12 and job.finished_at is not None and job.lease_owner is None
     recs = job_records(store, jid)
@@ -83,7 +83,7 @@ def test_worker_runs_a_two_task_job_to_done(store):
     for jt in job.tasks:
         assert jt.best_cost is not None and jt.baseline_cost is not None and jt.speedup > 0
         assert jt.best_gflops > 0 and jt.batches >= 1
-    events = store.job_events(jid)
+    events = store.jobs.events(jid)
     kinds = [e.kind for e in events]
     assert kinds[:2] == ["submitted", "claimed"] and kinds[-1] == "done" and kinds.count("baseline") == 2
     baseline = {e.data["position"]: e.data["cost"] for e in events if e.kind == "baseline"}
@@ -103,18 +103,18 @@ def test_cancel_is_seen_at_the_next_batch(store):
     with JobWorker(store, name="w1", build_workers=1) as worker:
         t = threading.Thread(target=worker.run_once)
         t.start()
-        assert wait_for(lambda: store.get_job(jid).trials_done >= 2)
-        store.cancel_job(jid)
+        assert wait_for(lambda: store.jobs.get(jid).trials_done >= 2)
+        store.jobs.cancel(jid)
         at_cancel = len(job_records(store, jid))
         t.join(timeout=60)
         assert not t.is_alive()
-    job = store.get_job(jid)
+    job = store.jobs.get(jid)
     assert job.state == JobState.CANCELLED and job.trials_done < 400
     assert len(job_records(store, jid)) <= at_cancel + 2                 # at most the batch in flight
-    assert [e.kind for e in store.job_events(jid)][-1] == "cancelled"
+    assert [e.kind for e in store.jobs.events(jid)][-1] == "cancelled"
     # resumed: the job continues where it stopped and keeps its budget of 400 over both attempts
-    store.resume_job(jid)
-    assert store.get_job(jid).state == JobState.QUEUED
+    store.jobs.resume(jid)
+    assert store.jobs.get(jid).state == JobState.QUEUED
 
 
 def test_a_job_that_cannot_run_here_fails_with_the_reason_and_the_worker_goes_on(store):
@@ -122,9 +122,9 @@ def test_a_job_that_cannot_run_here_fails_with_the_reason_and_the_worker_goes_on
     good = submit(store, trials=4)
     with JobWorker(store, name="w1", build_workers=1) as worker:
         assert worker.run_once() == bad
-        job = store.get_job(bad)
+        job = store.jobs.get(bad)
         assert job.state == JobState.FAILED and "aarch64" in job.error and job_records(store, bad) == []
-        assert worker.run_once() == good and store.get_job(good).state == JobState.DONE
+        assert worker.run_once() == good and store.jobs.get(good).state == JobState.DONE
 
 
 def test_farm_job_without_a_tracker_fails_clearly(store):
@@ -132,7 +132,7 @@ def test_farm_job_without_a_tracker_fails_clearly(store):
     with JobWorker(store, name="w1") as local, JobWorker(store, name="w2", device_keys=["rpi4"]) as farm:
         assert local.run_once() is None               # a local worker does not take it
         assert farm.run_once() == jid
-    job = store.get_job(jid)
+    job = store.jobs.get(jid)
     assert job.state == JobState.FAILED and "no tracker" in job.error
 
 
@@ -147,7 +147,7 @@ def test_killed_worker_job_is_reclaimed_and_finishes_without_duplicates(db_url):
                              "--lease", "3", "--once"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         with SQLRecordsStore(db_url) as store:
-            assert wait_for(lambda: store.get_job(jid).trials_done >= 4 or proc.poll() is not None, timeout=120)
+            assert wait_for(lambda: store.jobs.get(jid).trials_done >= 4 or proc.poll() is not None, timeout=120)
             assert proc.poll() is None, proc.stderr.read().decode()
             children = child_pids(proc.pid)          # its build processes and measuring worker
             assert len(children) >= 2
@@ -155,19 +155,19 @@ def test_killed_worker_job_is_reclaimed_and_finishes_without_duplicates(db_url):
             proc.wait(timeout=10)
             assert wait_for(lambda: not any(os.path.exists(f"/proc/{c}") for c in children), timeout=10), \
                 "the killed worker's build processes or measuring worker outlived it"
-            before = store.get_job(jid)
+            before = store.jobs.get(jid)
             assert before.state == JobState.RUNNING and before.lease_owner == "doomed"
-            assert wait_for(lambda: store.get_job(jid).lease_expires_at < utcnow(), timeout=10)
+            assert wait_for(lambda: store.jobs.get(jid).lease_expires_at < utcnow(), timeout=10)
             with JobWorker(store, name="rescuer", lease_seconds=10, build_workers=1) as rescuer:
                 assert rescuer.run_once() == jid
-            job = store.get_job(jid)
+            job = store.jobs.get(jid)
             assert job.state == JobState.DONE and job.attempts == 2, job.error
             recs = job_records(store, jid)
             fps = [r.candidate.fingerprint for r in recs]
             assert len(fps) == len(set(fps))                                       # nothing measured twice
             assert len([r for r in recs if r.candidate.kind != "default"]) == 24    # budget over both attempts
             assert job.trials_done == 24
-            kinds = [e.kind for e in store.job_events(jid)]
+            kinds = [e.kind for e in store.jobs.events(jid)]
             assert kinds.count("claimed") == 1 and "reclaimed" in kinds and kinds[-1] == "done"
     finally:
         if proc.poll() is None:

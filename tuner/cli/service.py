@@ -83,7 +83,7 @@ def cmd_serve(args) -> int:
     store = open_store(url)          # migrates SQLite, refuses a PostgreSQL schema that is behind
     session = None
     if not args.no_session_token:
-        secret, info = store.create_token(f"serve session pid {os.getpid()}", "admin")
+        secret, info = store.tokens.create(f"serve session pid {os.getpid()}", "admin")
         session = (secret, info.id)
     store.close()
     processes = args.api_processes if args.api_processes is not None else default_api_processes(url)
@@ -137,7 +137,7 @@ def cmd_serve(args) -> int:
                 p.kill()
         if session is not None:
             with open_store(url) as s:
-                s.revoke_token(session[1])
+                s.tokens.revoke(session[1])
     return status
 
 
@@ -211,7 +211,7 @@ def cmd_token_create(args) -> int:
     from ..records import StoreError
     with open_store(args.db) as store:
         try:
-            secret, info = store.create_token(args.name, args.scope)
+            secret, info = store.tokens.create(args.name, args.scope)
         except StoreError as e:
             raise UsageError(str(e)) from None
     print(secret)
@@ -222,7 +222,7 @@ def cmd_token_create(args) -> int:
 
 def cmd_token_list(args) -> int:
     with open_store(args.db) as store:
-        tokens = store.list_tokens()
+        tokens = store.tokens.list_all()
     for t in tokens:
         state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
         used = f"last used {t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "never used"
@@ -234,7 +234,7 @@ def cmd_token_revoke(args) -> int:
     from ..records import StoreError
     with open_store(args.db) as store:
         try:
-            info = store.revoke_token(args.id)
+            info = store.tokens.revoke(args.id)
         except StoreError as e:
             raise UsageError(str(e)) from None
     print(f"token {info.id} ({info.name}) revoked")

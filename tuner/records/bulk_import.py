@@ -69,7 +69,7 @@ def staged_row(line: str, lineno: int, workloads: dict) -> tuple:
 def import_lines(s: Session, fileobj: IO[str], task_id: Callable) -> dict[int, int]:
     """Add the records of the JSON lines in `fileobj` that are not stored yet; returns {task id:
     records added}. `task_id(session, workload_key, workload, target, device_key)` finds or adds a
-    task (SQLRecordsStore._task_id).
+    task (Database.task_id).
 
     The file goes through the stage in chunks of CHUNK lines, pipelined: while the database moves
     one chunk into `records` (index and foreign-key upkeep, its half of the work), this process

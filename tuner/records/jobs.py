@@ -22,6 +22,7 @@ from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, updat
 from sqlalchemy.orm import Session
 
 from ..workload import Task
+from .database import Database
 from .models import JobEventRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
 from .task_cache import TaskInfo
 from .values import JOB_TRANSITIONS, Job, JobEvent, JobState, JobTask, StoreError, utcnow
@@ -50,12 +51,15 @@ _TASKS_OF_JOBS = (select(*_JOB_TASK_COLUMNS).where(JobTaskRow.job_id.in_(bindpar
 
 
 class JobQueue:
-    """Job methods of SQLRecordsStore (which provides `_session`, `_read`, `_workload_key`, `_task_id`,
-    `_task_cache`)."""
+    """The job queue of a records database (SQLRecordsStore.jobs): jobs over the database's tasks,
+    their leases, progress and events."""
+
+    def __init__(self, db: Database):
+        self._db = db
 
     # ------------------------------------------------------------------ submit
-    def submit_job(self, tasks: list[tuple[Task, float, float | None]], spec: dict, *, space: str, strategy: str,
-                   scheduler: str, trials: int, priority: int = 0, name: str | None = None) -> int:
+    def submit(self, tasks: list[tuple[Task, float, float | None]], spec: dict, *, space: str, strategy: str,
+               scheduler: str, trials: int, priority: int = 0, name: str | None = None) -> int:
         """Queue a job over `tasks` [(task, weight, flops)] (all on one target and device key);
         `spec` is the request as submitted, kept so a worker can rebuild everything from it."""
         if not tasks:
@@ -65,10 +69,10 @@ class JobQueue:
             raise StoreError(f"the tasks of one job share a target and device key, got {sorted(targets)}")
         (target, device_key), = targets
         now = utcnow()
-        keys = [self._workload_key(t.workload) for t, _, _ in tasks]
+        keys = [self._db.workload_key(t.workload) for t, _, _ in tasks]
         # Core inserts, not the ORM's unit of work (its flush was a seventh of a submit's CPU)
-        with self._session(write=True) as s:
-            task_ids = [self._task_id(s, key, task.workload, task.target, task.device_key, canonical)
+        with self._db.session(write=True) as s:
+            task_ids = [self._db.task_id(s, key, task.workload, task.target, task.device_key, canonical)
                         for (task, _, _), (key, canonical) in zip(tasks, keys)]
             conn = s.connection()
             job_id = conn.execute(insert(JobRow).returning(JobRow.id), dict(
@@ -81,12 +85,12 @@ class JobQueue:
                 for pos, ((_, weight, flops), task_id) in enumerate(zip(tasks, task_ids))])
             _event(s, job_id, "submitted", f"queued with {len(tasks)} task(s), {trials} trials", now=now)
         # committed: the job's first read (the API answers a submit with it) finds its tasks known
-        self._task_cache.remember(TaskInfo(task_id, key, task.workload, task.target, task.device_key)
+        self._db.task_cache.remember(TaskInfo(task_id, key, task.workload, task.target, task.device_key)
                                   for (task, _, _), (key, _), task_id in zip(tasks, keys, task_ids))
         return job_id
 
     # ------------------------------------------------------------------ workers
-    def claim_job(self, worker: str, lease_seconds: float, device_keys: list[str] | None = None) -> Job | None:
+    def claim(self, worker: str, lease_seconds: float, device_keys: list[str] | None = None) -> Job | None:
         """Lease the next job (highest priority, then oldest) to `worker`; None when none waits.
 
         `device_keys`: only jobs measured on these device keys (None: any)."""
@@ -101,7 +105,7 @@ class JobQueue:
                       lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now,
                       attempts=JobRow.attempts + 1, started_at=func.coalesce(JobRow.started_at, now),
                       updated_at=now, error=None)
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             if s.get_bind().dialect.name == "postgresql":
                 # one statement: lock the next free row (skipping rows other claims hold), take it,
                 # and return who held it before (a reclaim) from the locked subquery
@@ -135,7 +139,7 @@ class JobQueue:
         user, or the lease lost to another worker: then the state is returned as it is, and
         `lease_owner` differs) tells the worker to stop."""
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
                                                JobRow.state == JobState.RUNNING.value)
                           .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now)
@@ -158,7 +162,7 @@ class JobQueue:
         is still running: a batch that ends after the job was cancelled leaves no event after the
         "cancelled" one."""
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
                                                JobRow.state == JobState.RUNNING.value)
                           .values(lease_expires_at=now + timedelta(seconds=lease_seconds), heartbeat_at=now,
@@ -182,7 +186,7 @@ class JobQueue:
         """`worker` gives its running job back (it is shutting down): the lease ends now, so the
         next claim resumes the job at once instead of after the lease would have expired."""
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
                                                JobRow.state == JobState.RUNNING.value)
                           .values(lease_expires_at=now, updated_at=now)
@@ -201,7 +205,7 @@ class JobQueue:
         Returns the ids of the jobs whose lease ended."""
         host = hostname or socket.gethostname()
         now = utcnow()
-        with self._session() as s:
+        with self._db.session() as s:
             rows = s.execute(select(JobRow.id, JobRow.lease_owner, JobRow.heartbeat_at)
                              .where(JobRow.state == JobState.RUNNING.value, JobRow.lease_expires_at >= now)).all()
         dead = [(r.id, r.lease_owner, pid) for r in rows
@@ -209,7 +213,7 @@ class JobQueue:
         if not dead:
             return []
         ended = []
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             now = utcnow()
             for job_id, owner, pid in dead:
                 n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == owner,
@@ -222,14 +226,14 @@ class JobQueue:
                     ended.append(job_id)
         return ended
 
-    def finish_job(self, job_id: int, worker: str, state: str, error: str | None = None) -> bool:
+    def finish(self, job_id: int, worker: str, state: str, error: str | None = None) -> bool:
         """`worker` ends its running job as done or failed (or cancelled, when it stopped on its
         own). False when the job was no longer its to end (cancelled meanwhile, or reclaimed)."""
         new = JobState(state)
         if new not in JOB_TRANSITIONS[JobState.RUNNING]:
             raise StoreError(f"a worker ends a job as done, failed or cancelled, not {new}")
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.lease_owner == worker,
                                                JobRow.state == JobState.RUNNING.value)
                           .values(state=new.value, error=error, finished_at=now, updated_at=now,
@@ -240,19 +244,19 @@ class JobQueue:
             return n == 1
 
     # ------------------------------------------------------------------ users
-    def cancel_job(self, job_id: int, reason: str = "cancelled by user") -> Job:
+    def cancel(self, job_id: int, reason: str = "cancelled by user") -> Job:
         """Cancel a queued or running job (its worker stops after its current batch)."""
         return self._transition(job_id, JobState.CANCELLED, "cancelled", reason,
                                 extra={"finished_at": utcnow(), "lease_owner": None, "lease_expires_at": None})
 
-    def resume_job(self, job_id: int) -> Job:
+    def resume(self, job_id: int) -> Job:
         """Queue a failed or cancelled job again; it continues from its records (nothing measured
         twice, its earlier trials count against its budget)."""
         return self._transition(job_id, JobState.QUEUED, "resumed", "queued again",
                                 extra={"finished_at": None, "error": None, "lease_owner": None,
                                        "lease_expires_at": None})
 
-    def set_job_state(self, job_id: int, state: str, error: str | None = None) -> Job:
+    def set_state(self, job_id: int, state: str, error: str | None = None) -> Job:
         """Move a job along JOB_TRANSITIONS by hand (admin); StoreError if the move is not allowed."""
         try:
             new = JobState(state)
@@ -266,7 +270,7 @@ class JobQueue:
     def _transition(self, job_id: int, new: JobState, kind: str, message: str, extra: dict) -> Job:
         sources = [old.value for old, targets in JOB_TRANSITIONS.items() if new in targets]
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             n = s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(sources))
                           .values(state=new.value, updated_at=now, **extra)
                           .execution_options(synchronize_session=False)).rowcount
@@ -279,12 +283,13 @@ class JobQueue:
             return self._job(s, self._job_row(s, job_id))
 
     # ------------------------------------------------------------------ reading
-    def get_job(self, job_id: int) -> Job:
-        with self._read() as s:
+    def get(self, job_id: int) -> Job:
+        """The job with its tasks' progress and error count; UnknownJob if there is none."""
+        with self._db.read() as s:
             return self._job(s, self._job_row(s, job_id))
 
-    def list_jobs(self, state: str | None = None, workload: str | None = None, target: str | None = None,
-                  before_id: int | None = None, limit: int = 50) -> list[Job]:
+    def page(self, state: str | None = None, workload: str | None = None, target: str | None = None,
+             before_id: int | None = None, limit: int = 50) -> list[Job]:
         """Jobs newest first, `limit` of them with ids below `before_id` (keyset paging: a page
         costs the same at the millionth job as at the first). `workload`: a workload key or
         operator name one of the job's tasks has."""
@@ -303,20 +308,22 @@ class JobQueue:
                    .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
                    .where(JobTaskRow.job_id == JobRow.id, or_(WorkloadRow.key == workload, WorkloadRow.name == workload)))
             stmt = stmt.where(exists(has))
-        with self._session() as s:
+        with self._db.session() as s:
             return self._jobs(s, s.connection().execute(stmt).all())
 
-    def count_jobs_by_state(self) -> dict[str, int]:
-        with self._session() as s:
+    def count_by_state(self) -> dict[str, int]:
+        """How many jobs are in each state, every state named (0 where none is)."""
+        with self._db.session() as s:
             counts = dict(s.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
         return {st.value: int(counts.get(st.value, 0)) for st in JobState}
 
-    def add_job_event(self, job_id: int, kind: str, message: str, data: dict | None = None) -> None:
-        with self._session(write=True) as s:
+    def add_event(self, job_id: int, kind: str, message: str, data: dict | None = None) -> None:
+        """Append an event to job `job_id`'s log (what its page shows), in one transaction."""
+        with self._db.session(write=True) as s:
             _event(s, job_id, kind, message, data=data)
 
-    def job_events(self, job_id: int, after_id: int | None = None, limit: int = 200,
-                   kind: str | None = None) -> list[JobEvent]:
+    def events(self, job_id: int, after_id: int | None = None, limit: int = 200,
+               kind: str | None = None) -> list[JobEvent]:
         """A job's events oldest first, those after event `after_id` (incremental polling), of
         one `kind` when given (a model job's "estimate" events are its latency curve)."""
         stmt = (select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
@@ -325,7 +332,7 @@ class JobQueue:
             stmt = stmt.where(JobEventRow.id > after_id)
         if kind is not None:
             stmt = stmt.where(JobEventRow.kind == kind)
-        with self._session() as s:
+        with self._db.session() as s:
             self._job_row(s, job_id)
             return [JobEvent(e.id, e.job_id, e.at, e.kind, e.message, e.data) for e in s.execute(stmt).scalars()]
 
@@ -347,7 +354,7 @@ class JobQueue:
             return []
         tasks: dict[int, list[JobTask]] = {r.id: [] for r in rows}
         job_tasks = s.connection().execute(_TASKS_OF_JOBS, {"job_ids": list(tasks)}).all()
-        infos = self._task_cache.get_many(s, {jt.task_id for jt in job_tasks})
+        infos = self._db.task_cache.get_many(s, {jt.task_id for jt in job_tasks})
         for jt in job_tasks:
             info = infos[jt.task_id]
             tasks[jt.job_id].append(JobTask(

@@ -2,9 +2,10 @@
 
 Records are the single source of truth of tuning: the search asks `measured_fingerprints` to
 resume without measuring a candidate twice, the cost model trains on `history`, the compiler
-replays `best`, the REST API pages through `records_page`. The SQL store also holds the job queue
-(jobs.py) and the API tokens (tokens.py). Every method is one transaction, so a crash never
-leaves a half-added batch.
+replays `best`, the REST API pages through `records_page`. The job queue (jobs.py) and the API
+tokens (tokens.py) are stores of their own on the same database (database.py), reached as
+`store.jobs` and `store.tokens`. Every method is one transaction, so a crash never leaves a
+half-added batch.
 """
 
 from __future__ import annotations
@@ -12,24 +13,22 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO
 
 from sqlalchemy import and_, bindparam, func, or_, select, union_all, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..candidate import Candidate, MeasureResult
 from ..workload import Task, Workload
 from . import codec, retakes
 from .bulk_import import import_lines
+from .database import Database
 from .dialect import insert_ignore, upsert
-from .engine import first_line, open_engine, resolve_url, shown
+from .engine import resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
 from .models import AgentRow, CalibrationRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
-from .task_cache import TaskCache
 from .tokens import TokenStore
 from .values import Agent, Record, StoreError, UnknownRecord, utcnow
 
@@ -159,113 +158,38 @@ def open_store(url: str | None = None, upgrade: bool | None = None) -> "SQLRecor
     return SQLRecordsStore(resolve_url(url), upgrade=upgrade)
 
 
-class _ReadConnection:
-    """What SQLRecordsStore._read yields in place of a Session: the two things the hot reads ask of
-    one, `connection()` and `execute(statement, params)` of a Core statement (the task cache's)."""
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn):
-        self._conn = conn
-
-    def connection(self):
-        return self._conn
-
-    def execute(self, statement, params=None):
-        return self._conn.execute(statement, params)
-
-
-class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
-    """Records, jobs and API tokens in SQLite or PostgreSQL through SQLAlchemy; schema upgraded by
-    Alembic on open."""
+class SQLRecordsStore(RecordsStore):
+    """Records in SQLite or PostgreSQL through SQLAlchemy (schema upgraded by Alembic on open),
+    and the two other stores of that database: `jobs` (the job queue, jobs.JobQueue) and `tokens`
+    (API tokens, tokens.TokenStore). Closing it closes the database they share."""
 
     def __init__(self, url: str, upgrade: bool | None = None):
-        self.url = url
-        self._engine = open_engine(url, upgrade=upgrade)
-        self._keys: dict[Workload, tuple[str, str | None]] = {}
-        self._task_cache = TaskCache()
+        self.db = Database(url, upgrade=upgrade)
+        self.jobs = JobQueue(self.db)
+        self.tokens = TokenStore(self.db)
+
+    @property
+    def url(self) -> str:
+        return self.db.url
 
     def __repr__(self):
         return f"SQLRecordsStore({shown(self.url)!r})"
 
     def close(self) -> None:
-        self._engine.dispose()
-
-    @contextmanager
-    def _session(self, write: bool = False, stream: bool = False):
-        """One transaction for a write; a database failure becomes StoreError and nothing is committed.
-
-        Reads on PostgreSQL run in autocommit (each statement its own snapshot): no BEGIN and
-        COMMIT round trips, which were half the time of a small API read. No read here needs two
-        of its statements to see one snapshot (a job and its tasks' progress may be a batch apart,
-        as they could be one request later anyway). `stream`: a read through a server-side cursor
-        (yield_per), which PostgreSQL only has inside a transaction."""
-        try:
-            with self._engine.connect() as conn:
-                if write:
-                    conn = conn.execution_options(tunefarm_write=True)
-                elif conn.dialect.name == "postgresql" and not stream:
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                    with Session(bind=conn, autoflush=False) as session:
-                        yield session
-                    return
-                with conn.begin(), Session(bind=conn, autoflush=False) as session:
-                    yield session
-                    session.flush()
-        except SQLAlchemyError as e:
-            raise StoreError(f"records database {shown(self.url)}: {first_line(e)}") from e
-
-    @contextmanager
-    def _read(self):
-        """A read of Core statements without an ORM Session: a _ReadConnection on a pooled
-        connection (autocommit on PostgreSQL, as _session's reads). The Session's set-up,
-        bookkeeping and close were a tenth of the API's CPU on a job poll; the hot reads (a job,
-        a records page, best) use only its connection, so they take this instead."""
-        try:
-            with self._engine.connect() as conn:
-                if conn.dialect.name == "postgresql":
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                yield _ReadConnection(conn)
-        except SQLAlchemyError as e:
-            raise StoreError(f"records database {shown(self.url)}: {first_line(e)}") from e
-
-    # ------------------------------------------------------------------ tasks
-    def _workload_key(self, workload: Workload) -> tuple[str, str | None]:
-        """Key and canonical text, computed once per workload (building the DAG is not free)."""
-        if workload not in self._keys:
-            from compiler.canonical import canonical_text
-            op = workload.opdef()
-            self._keys[workload] = (workload.key, canonical_text([op.output]))
-        return self._keys[workload]
-
-    def _task_id(self, s: Session, key: str, workload: Workload, target: str, device_key: str,
-                 canonical: str | None = None) -> int:
-        insert_ignore(s, WorkloadRow.__table__, {"key": key, "name": workload.name, "params": workload.params,
-                                                 "canonical": canonical, "definition": workload.definition,
-                                                 "created_at": utcnow()}, ["key"])
-        where = dict(workload_key=key, target=target, device_key=device_key)
-        insert_ignore(s, TaskRow.__table__, where, list(where))
-        return s.execute(select(TaskRow.id).filter_by(**where)).scalar_one()
-
-    def _find_task_id(self, s: Session, task: Task) -> int | None:
-        key, _ = self._workload_key(task.workload)
-        return s.execute(select(TaskRow.id).filter_by(workload_key=key, target=task.target,
-                                                      device_key=task.device_key)).scalar_one_or_none()
+        self.db.close()
 
     def ensure_task(self, task: Task) -> int:
-        key, canonical = self._workload_key(task.workload)
-        with self._session(write=True) as s:
-            return self._task_id(s, key, task.workload, task.target, task.device_key, canonical)
+        return self.db.ensure_task(task)
 
     # ---------------------------------------------------------------- records
     def add_records(self, task, measured, job_id=None) -> list[int]:
         """Store a measured batch in one transaction. Candidates already stored for this task are
         skipped, not duplicated; returns the ids of the rows actually added, in input order."""
         measured = list(measured)
-        key, canonical = self._workload_key(task.workload)
+        key, canonical = self.db.workload_key(task.workload)
         now = utcnow()
-        with self._session(write=True) as s:
-            task_id = self._task_id(s, key, task.workload, task.target, task.device_key, canonical)
+        with self.db.session(write=True) as s:
+            task_id = self.db.task_id(s, key, task.workload, task.target, task.device_key, canonical)
             ids = [insert_ignore(s, RecordRow.__table__, codec.record_values(task_id, job_id, cand, res, now),
                                  ["task_id", "fingerprint"], returning=RecordRow.id)
                    for cand, res in measured]
@@ -280,8 +204,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         transaction: all of a re-measurement or none."""
         now = utcnow()
         spreads, beats_default = spreads or {}, beats_default or {}
-        with self._session(write=True) as s:
-            task_id = self._find_task_id(s, task)
+        with self.db.session(write=True) as s:
+            task_id = self.db.find_task_id(s, task)
             if task_id is None:
                 return 0
             n = 0
@@ -295,8 +219,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def measured_fingerprints(self, task) -> set[str]:
         """What a resumed run must not measure again."""
-        key, _ = self._workload_key(task.workload)
-        with self._session() as s:
+        key, _ = self.db.workload_key(task.workload)
+        with self.db.session() as s:
             rows = s.execute(select(RecordRow.fingerprint).join(TaskRow, RecordRow.task_id == TaskRow.id)
                              .where(TaskRow.workload_key == key, TaskRow.target == task.target,
                                     TaskRow.device_key == task.device_key))
@@ -307,8 +231,8 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         the task holds: its `newest` most recent records and its `fastest` valid ones (the best
         among them), oldest first; the whole task when it holds fewer. Two index ranges of the
         task ((task_id, id) and (task_id, mean_cost)), never a scan of it."""
-        with self._session() as s:
-            task_id = self._find_task_id(s, task)
+        with self.db.session() as s:
+            task_id = self.db.find_task_id(s, task)
             if task_id is None:
                 return []
             mine = select(*codec.RECORD_COLUMNS).where(RecordRow.task_id == task_id)
@@ -326,7 +250,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
     def _to_records(self, s: Session, rows, page_rows: bool = False) -> list:
         """Records of rows of codec.RECORD_COLUMNS, their tasks looked up (one statement for the
         misses); `page_rows`: codec.PageRows of rows of codec.PAGE_COLUMNS."""
-        tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
+        tasks = self.db.task_cache.get_many(s, {r[1] for r in rows})      # RECORD_COLUMNS[1]: task_id
         if page_rows:
             return [codec.PageRow(r, tasks[r[1]]) for r in rows]
         return [codec.to_record(r, tasks[r[1]]) for r in rows]
@@ -351,7 +275,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         """best()'s ranking over the tasks of (workload key, target[, device key]), see _ranked."""
         if k < 1:
             return []
-        with self._read() as s:
+        with self.db.read() as s:
             return self._ranked(s, self._task_ids(s, workload_key, target, device_key), k, fingerprint)
 
     def best_with_baseline(self, workload_key: str, target: str,
@@ -361,7 +285,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         request; apart, they were two pool checkouts and the tasks looked up twice). The
         baseline is not looked for when there is no best."""
         from ..space.base import default_candidate
-        with self._read() as s:
+        with self.db.read() as s:
             task_ids = self._task_ids(s, workload_key, target, device_key)
             best = self._ranked(s, task_ids, 1, None)
             if not best:
@@ -404,7 +328,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.order_by(RecordRow.id)
         else:
             stmt = stmt.order_by(RecordRow.id.desc()).limit(limit)
-        with self._session() as s:
+        with self.db.session() as s:
             records = self._records(s, stmt)
         return records if limit is None else records[::-1]
 
@@ -422,24 +346,24 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if exclude_keys:
             stmt = stmt.where(TaskRow.workload_key.not_in(sorted(exclude_keys)))
         stmt = stmt.order_by(RecordRow.id.desc()).limit(limit)
-        with self._session() as s:
+        with self.db.session() as s:
             return self._records(s, stmt)[::-1]
 
     def count(self, task=None, job_id=None, search_only=False, kind=None) -> int:
         """Records, of one task and/or one job if given; `search_only` leaves out the baselines
         (the default schedule's records), which no trial budget counts; `kind` counts only
         candidates of that kind ("config", "trace")."""
-        with self._session() as s:
+        with self.db.session() as s:
             if job_id is None and not search_only and kind is None:   # the tasks' counts: no scan of the records
                 total = select(func.coalesce(func.sum(TaskRow.record_count), 0))
                 if task is not None:
-                    key, _ = self._workload_key(task.workload)
+                    key, _ = self.db.workload_key(task.workload)
                     total = total.where(TaskRow.workload_key == key, TaskRow.target == task.target,
                                         TaskRow.device_key == task.device_key)
                 return int(s.execute(total).scalar_one())
             stmt = select(func.count(RecordRow.id))
             if task is not None:
-                task_id = self._find_task_id(s, task)
+                task_id = self.db.find_task_id(s, task)
                 if task_id is None:
                     return 0
                 stmt = stmt.where(RecordRow.task_id == task_id)
@@ -467,7 +391,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if before_id is not None:
             params["before_id"] = int(before_id)
         on_task = tuple(name for name in _TASK_FILTERS if name in given)
-        with self._read() as s:
+        with self.db.read() as s:
             conn = s.connection()
             if on_task:
                 task_ids = conn.execute(_matching_tasks(on_task), {**{n: given[n] for n in on_task},
@@ -481,7 +405,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             return self._to_records(s, conn.execute(stmt, params).all(), page_rows)
 
     def get_record(self, record_id: int) -> Record:
-        with self._session() as s:
+        with self.db.session() as s:
             got = self._records(s, self._joined().where(RecordRow.id == record_id))
         if not got:
             raise UnknownRecord(f"no record {record_id}")
@@ -497,9 +421,9 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.where(TaskRow.target == target)
         n = 0
         tails: dict[int, str] = {}
-        with self._session(stream=True) as s:
+        with self.db.session(stream=True) as s:
             for rows in s.connection().execute(stmt).partitions():      # Core: no ORM row processing
-                tasks = self._task_cache.get_many(s, {r[1] for r in rows})      # EXPORT_COLUMNS[1]: task_id
+                tasks = self.db.task_cache.get_many(s, {r[1] for r in rows})      # EXPORT_COLUMNS[1]: task_id
                 for task_id, task in tasks.items():
                     if task_id not in tails:
                         tails[task_id] = codec.line_tail(task.workload_key, task.workload, task.target)
@@ -514,20 +438,20 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         a staging table (bulk_import: COPY on PostgreSQL), flat memory however long the file: a bad
         line raises StoreError naming it and the database is left as it was.
         """
-        with self._session(write=True) as s:
-            added = import_lines(s, fileobj, self._task_id)
+        with self.db.session(write=True) as s:
+            added = import_lines(s, fileobj, self.db.task_id)
             _count_added(s, added)
         return sum(added.values())
 
     # ----------------------------------------------------------------- agents
     def upsert_agent(self, name, device_key, info=None) -> None:
         """Record that agent `name` was seen now; `info=None` keeps the info it had."""
-        with self._session(write=True) as s:
+        with self.db.session(write=True) as s:
             upsert(s, AgentRow.__table__, {"name": name, "device_key": device_key, "info": info or {},
                                            "last_seen": utcnow()}, ["name"], keep=("info",) if info is None else ())
 
     def list_agents(self) -> list[Agent]:
-        with self._session() as s:
+        with self.db.session() as s:
             return [Agent(a.name, a.device_key, dict(a.info), a.last_seen)
                     for a in s.execute(select(AgentRow).order_by(AgentRow.name)).scalars()]
 
@@ -542,7 +466,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                   **{m: float(calibration[m]) for m in ("fma_1", "fma_n", "stream_1", "stream_n")},
                   "disturbed": list(calibration.get("disturbed") or []),
                   "speed_index": None if speed_index is None else float(speed_index), "state": str(state)}
-        with self._session(write=True) as s:
+        with self.db.session(write=True) as s:
             row = CalibrationRow(**values)
             s.add(row)
             s.flush()
@@ -561,7 +485,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         if threads is not None:
             stmt = stmt.where(CalibrationRow.threads == int(threads))
         stmt = stmt.order_by(CalibrationRow.id.desc()).limit(max(0, int(limit)))
-        with self._session() as s:
+        with self.db.session() as s:
             rows = s.execute(stmt).scalars().all()
             out = [{c.name: getattr(r, c.name) for c in CalibrationRow.__table__.columns} for r in rows]
         return out[::-1]
@@ -573,8 +497,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
 
     def ping(self) -> None:
         """One round trip to the database (readiness); StoreError when it does not answer."""
-        with self._session() as s:
-            s.execute(select(1)).scalar_one()
+        self.db.ping()
 
     def records_after(self, after_id: int | None = None, limit: int = 500, workload_key: str | None = None,
                       target: str | None = None) -> list[Record]:
@@ -587,7 +510,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.where(TaskRow.workload_key == workload_key)
         if target is not None:
             stmt = stmt.where(TaskRow.target == target)
-        with self._session() as s:
+        with self.db.session() as s:
             return self._records(s, stmt)
 
     def baseline_record(self, workload_key: str, target: str, device_key: str | None = None) -> Record | None:
@@ -610,7 +533,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.where(WorkloadRow.key > after_key)
         if name is not None:
             stmt = stmt.where(WorkloadRow.name == name)
-        with self._session() as s:
+        with self.db.session() as s:
             rows = s.execute(stmt).all()
             keys = [r.key for r in rows]
             counts = dict(s.execute(select(TaskRow.workload_key, func.sum(TaskRow.record_count))
@@ -626,7 +549,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 .group_by(TaskRow.target).order_by(TaskRow.target).limit(page_size(limit)))
         if after is not None:
             stmt = stmt.where(TaskRow.target > after)
-        with self._session() as s:
+        with self.db.session() as s:
             rows = s.execute(stmt).all()
             targets = [r.target for r in rows]
             keys: dict[str, list[str]] = {t: [] for t in targets}
@@ -652,7 +575,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
         cutoff = utcnow() - timedelta(seconds=seconds)
         count, before, scanned = 0, None, 0
         errors: dict[int, int] = {}
-        with self._session() as s:
+        with self.db.session() as s:
             while scanned < cap:
                 want = min(chunk, cap - scanned)
                 stmt = (select(RecordRow.id, RecordRow.error_code, RecordRow.created_at)
@@ -679,7 +602,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
     def job_retakes(self, job_id: int, limit: int = 200) -> dict:
         """The job's measurements taken again after a slow window, or marked: grouped by window,
         newest first, and counted per task (tuner.records.retakes.job_retakes says what it holds)."""
-        with self._session() as s:
+        with self.db.session() as s:
             return retakes.job_retakes(s, job_id, limit)
 
     def job_measurements(self, job_id: int, after_id: int | None = None, limit: int = 1000) -> tuple[datetime, list[dict]]:
@@ -700,7 +623,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 .outerjoin(JobTaskRow, and_(JobTaskRow.job_id == JobRow.id, JobTaskRow.task_id == RecordRow.task_id))
                 .where(JobRow.id == job_id)
                 .order_by(RecordRow.id).limit(int(limit)))
-        with self._session() as s:
+        with self.db.session() as s:
             rows = s.execute(stmt).all()
         if not rows:
             raise UnknownJob(f"no job {job_id}")
@@ -738,7 +661,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             if after_cost is not None:
                 stmt = stmt.where(or_(RecordRow.mean_cost > after_cost,
                                       (RecordRow.mean_cost == after_cost) & (RecordRow.id > after_id)))
-        with self._read() as s:
+        with self.db.read() as s:
             return self._to_records(s, s.connection().execute(stmt).all(), page_rows)
 
     def best_per_task(self, after_task_id: int | None = None, limit: int = 50,
@@ -768,7 +691,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
             stmt = stmt.where(TaskRow.id > after_task_id)
         if target is not None:
             stmt = stmt.where(TaskRow.target == target)
-        with self._session() as s:
+        with self.db.session() as s:
             rows = s.execute(stmt).all()
             ids = [r.best_id for r in rows if r.best_id is not None]
             best = {rec.id: rec for rec in self._records(s, self._joined().where(RecordRow.id.in_(ids)))} if ids else {}
@@ -781,7 +704,7 @@ class SQLRecordsStore(JobQueue, TokenStore, RecordsStore):
                 stmt = select(*codec.RECORD_COLUMNS).where(or_(*(and_(RecordRow.task_id == task_id, RecordRow.fingerprint == fp)
                                                                  for task_id, fp in pairs)))
                 found = [b for b in s.connection().execute(stmt).all() if b.mean_cost is not None]
-                tasks = self._task_cache.get_many(s, {b.task_id for b in found})
+                tasks = self.db.task_cache.get_many(s, {b.task_id for b in found})
                 for b in found:
                     baselines[b.task_id] = codec.to_record(b, tasks[b.task_id])
         return [TaskBest(r.TaskRow.id, r.TaskRow.workload_key, codec.to_workload(r.WorkloadRow), r.TaskRow.target,

@@ -14,6 +14,7 @@ import secrets
 
 from sqlalchemy import select, update
 
+from .database import Database
 from .models import TokenRow
 from .values import StoreError, TokenInfo, utcnow
 
@@ -33,9 +34,12 @@ def implied_scopes(scope: str) -> frozenset[str]:
 
 
 class TokenStore:
-    """Token methods of SQLRecordsStore (which provides `_session`)."""
+    """The API tokens of a records database (SQLRecordsStore.tokens)."""
 
-    def create_token(self, name: str, scope: str) -> tuple[str, TokenInfo]:
+    def __init__(self, db: Database):
+        self._db = db
+
+    def create(self, name: str, scope: str) -> tuple[str, TokenInfo]:
         """A new token with `scope` (and the scopes it includes); returns (secret, info). The
         secret is not kept: show it to the user now."""
         scopes = implied_scopes(scope)
@@ -43,33 +47,36 @@ class TokenStore:
             raise StoreError("a token needs a name of 1..255 characters")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         now = utcnow()
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             row = TokenRow(name=name, token_hash=token_hash(secret), scopes=",".join(sorted(scopes)), created_at=now)
             s.add(row)
             s.flush()
             return secret, _info(row)
 
-    def verify_token(self, secret: str) -> TokenInfo | None:
+    def verify(self, secret: str) -> TokenInfo | None:
         """The token's info if `secret` is a live (not revoked) token, else None."""
         if not secret.startswith(TOKEN_PREFIX):
             return None
-        with self._session() as s:
+        with self._db.session() as s:
             row = s.execute(select(TokenRow).where(TokenRow.token_hash == token_hash(secret))).scalar_one_or_none()
             if row is None or row.revoked_at is not None:
                 return None
             return _info(row)
 
-    def touch_token(self, token_id: int) -> None:
+    def touch(self, token_id: int) -> None:
         """Note that a token was used now (for `token list`); best effort."""
-        with self._session(write=True) as s:
+        with self._db.session(write=True) as s:
             s.execute(update(TokenRow).where(TokenRow.id == token_id).values(last_used_at=utcnow()))
 
-    def list_tokens(self) -> list[TokenInfo]:
-        with self._session() as s:
+    def list_all(self) -> list[TokenInfo]:
+        """Every token ever created, revoked ones included, oldest first (no secrets: none is kept)."""
+        with self._db.session() as s:
             return [_info(r) for r in s.execute(select(TokenRow).order_by(TokenRow.id)).scalars()]
 
-    def revoke_token(self, token_id: int) -> TokenInfo:
-        with self._session(write=True) as s:
+    def revoke(self, token_id: int) -> TokenInfo:
+        """Revoke a token: `verify` refuses it from now on. Idempotent (a second revoke keeps the
+        first time); StoreError if there is no such token."""
+        with self._db.session(write=True) as s:
             row = s.get(TokenRow, token_id)
             if row is None:
                 raise StoreError(f"no token {token_id}")

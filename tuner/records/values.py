@@ -34,7 +34,7 @@ class JobState(StrEnum):
 # queued → running → done / failed / cancelled. A queued job may also be cancelled before it
 # starts (a user withdrawing a submission); a failed or cancelled job may be resumed (queued
 # again: it continues from its records). Done never changes again. A running job whose lease
-# expired is claimed again without leaving `running` (JobQueue.claim_job).
+# expired is claimed again without leaving `running` (JobQueue.claim).
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
     JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED}),

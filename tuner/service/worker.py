@@ -106,8 +106,8 @@ class JobWorker:
 
     def run_once(self, stop: threading.Event | None = None) -> int | None:
         """Claim one job and run it to its end; its id, or None when no job was waiting."""
-        self.store.reclaim_dead_local_leases()  # a job whose worker on this host died is claimable now
-        job = self.store.claim_job(self.name, self.lease_seconds, self.device_keys)
+        self.store.jobs.reclaim_dead_local_leases()  # a job whose worker on this host died is claimable now
+        job = self.store.jobs.claim(self.name, self.lease_seconds, self.device_keys)
         if job is None:
             return None
         self.current_job = job.id
@@ -128,10 +128,10 @@ class JobWorker:
         except Exception as e:  # noqa: BLE001 - any failure of one job ends that job, not the worker
             log.error("worker %s: job %d failed: %s", self.name, job.id, e)
             detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-            self.store.finish_job(job.id, self.name, "failed", error=detail[:4000])
+            self.store.jobs.finish(job.id, self.name, "failed", error=detail[:4000])
             return
         if final is not None:
-            self.store.finish_job(job.id, self.name, final.value)
+            self.store.jobs.finish(job.id, self.name, final.value)
 
 
 class _JobRun:
@@ -193,8 +193,8 @@ class _JobRun:
             return None  # cancelled by a user: the job already says so
         if self.outer_stop is not None and self.outer_stop.is_set() and out.stopped:
             # the worker is shutting down: end the lease now, so the next claim resumes the job at once
-            self.store.release_lease(self.job.id, self.worker.name, f"worker {self.worker.name} stopped; "
-                                     "the next worker resumes the job from its records")
+            self.store.jobs.release_lease(self.job.id, self.worker.name, f"worker {self.worker.name} stopped; "
+                                          "the next worker resumes the job from its records")
             return None
         if all(r.best_candidate is None for r in out.results):
             raise RuntimeError("no valid candidate was measured for any task (see the records' error codes)")
@@ -304,7 +304,7 @@ class _JobRun:
         estimate_event = self._estimate_event(estimate)
         try:
             with self._lock:
-                state = self.store.record_progress(
+                state = self.store.jobs.record_progress(
                     self.job.id, self.worker.name, self.position[task], trials=self.trials[task],
                     batches=self.batches[task], errors=self.errors[task], timings=self.timings[task],
                     disturbed_timings=self.disturbed[task], best_cost=best,
@@ -330,7 +330,7 @@ class _JobRun:
         while not self._done.wait(self.worker.lease_seconds / 3):
             try:
                 with self._lock:
-                    state = self.store.renew_lease(self.job.id, self.worker.name, self.worker.lease_seconds)
+                    state = self.store.jobs.renew_lease(self.job.id, self.worker.name, self.worker.lease_seconds)
             except LeaseLost as e:
                 self.lost = e
                 self._stop_engine()

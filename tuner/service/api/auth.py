@@ -71,7 +71,7 @@ class TokenCache:
             return info
         key = token_hash(secret)
         now = time.monotonic()
-        info = store.verify_token(secret)
+        info = store.tokens.verify(secret)
         with self._lock:
             if info is None:
                 self._known.pop(key, None)
@@ -84,7 +84,7 @@ class TokenCache:
 
 def _touch(store, token_id: int) -> None:
     try:
-        store.touch_token(token_id)
+        store.tokens.touch(token_id)
     except StoreError:
         pass                    # best effort: the response has been sent already
 

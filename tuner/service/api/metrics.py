@@ -52,7 +52,7 @@ class StoreCollector:
                 return self._values
             try:
                 store = self._store_of()
-                by_state = store.count_jobs_by_state()
+                by_state = store.jobs.count_by_state()
                 trials, errors, capped = store.recent_measurements(WINDOW_S)
                 values: dict | None = {"jobs": by_state, "trials": trials, "errors": errors, "capped": capped}
             except StoreError:

@@ -40,11 +40,11 @@ def submit_job(spec: JobSpec, store: Store, settings: Settings, request: Request
         refusal = farm_refusal(settings.tracker, settings.tracker_token, spec.device_key, resolved.tasks[0].target)
         if refusal is not None:
             raise ApiError(422, refusal, field="target")
-    job_id = store.submit_job(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
-                              strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
-                              priority=spec.priority, name=spec.name)
+    job_id = store.jobs.submit(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
+                               strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
+                               priority=spec.priority, name=spec.name)
     response.headers["Location"] = str(request.url_for("get_job", job_id=job_id))
-    return JobOut.of(store.get_job(job_id))
+    return JobOut.of(store.jobs.get(job_id))
 
 
 @router.get("", response_model=JobPage, dependencies=[Depends(auth.read)], responses=responses(422),
@@ -55,7 +55,7 @@ def list_jobs(store: Store,
               target: Annotated[str | None, Query(max_length=4096)] = None,
               before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="page cursor: `next_before` of the last page")] = None,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50) -> Response:
-    jobs = store.list_jobs(state=state, workload=workload, target=target, before_id=before, limit=limit)
+    jobs = store.jobs.page(state=state, workload=workload, target=target, before_id=before, limit=limit)
     return json_response(JobPage(items=[JobOut.of(j, with_spec=False) for j in jobs],
                                  next_before=jobs[-1].id if len(jobs) == limit else None))
 
@@ -67,8 +67,8 @@ def get_job(job_id: JobId, store: Store) -> Response:
     end-to-end latency curve (the job's "estimate" events). `retaken` lists the windows of its
     measurements that a measuring worker's calibration found slow: when, on which agent, at what
     speed, and whether they were measured again in a fresh worker or kept but marked."""
-    job = store.get_job(job_id)
-    curve = store.job_events(job_id, kind="estimate", limit=MAX_PAGE) if (job.spec or {}).get("model") else None
+    job = store.jobs.get(job_id)
+    curve = store.jobs.events(job_id, kind="estimate", limit=MAX_PAGE) if (job.spec or {}).get("model") else None
     return json_response(JobOut.of(job, curve=curve, retaken=store.job_retakes(job_id)))
 
 
@@ -76,14 +76,14 @@ def get_job(job_id: JobId, store: Store) -> Response:
              responses=responses(404, 409, 422), summary="Cancel a queued or running job")
 def cancel_job(job_id: JobId, store: Store) -> JobOut:
     """A running job's worker stops after its current batch."""
-    return JobOut.of(store.cancel_job(job_id))
+    return JobOut.of(store.jobs.cancel(job_id))
 
 
 @router.post("/{job_id}/resume", response_model=JobOut, dependencies=[Depends(auth.submit)],
              responses=responses(404, 409, 422), summary="Queue a failed or cancelled job again")
 def resume_job(job_id: JobId, store: Store) -> JobOut:
     """It continues from its records: nothing is measured twice."""
-    return JobOut.of(store.resume_job(job_id))
+    return JobOut.of(store.jobs.resume(job_id))
 
 
 @router.get("/{job_id}/events", response_model=EventPage, dependencies=[Depends(auth.read)],
@@ -91,7 +91,7 @@ def resume_job(job_id: JobId, store: Store) -> JobOut:
 def job_events(job_id: JobId, store: Store,
                after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events after this id")] = None,
                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> Response:
-    events = store.job_events(job_id, after_id=after, limit=limit)
+    events = store.jobs.events(job_id, after_id=after, limit=limit)
     return json_response(EventPage(items=[EventOut.of(e) for e in events], next_after=events[-1].id if events else after))
 
 

@@ -68,10 +68,10 @@ async def submit_model_job(
             raise ApiError(422, refusal, field="target")
 
     def submit():
-        job_id = store.submit_job(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
-                                  strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
-                                  priority=spec.priority, name=spec.name)
-        return store.get_job(job_id)
+        job_id = store.jobs.submit(resolved.store_rows(), spec.model_dump(mode="json"), space=spec.space,
+                                   strategy=resolved.strategy, scheduler=spec.scheduler, trials=spec.trials,
+                                   priority=spec.priority, name=spec.name)
+        return store.jobs.get(job_id)
 
     stored = await run_in_threadpool(submit)
     response.headers["Location"] = str(request.url_for("get_job", job_id=stored.id))
