@@ -47,7 +47,7 @@ from llvmlite import ir
 from . import arith
 from .expr import Binary, Call, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
 from .index_checks import IndexCheck, collect_checks
-from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Seq, Stmt, Store, walk_stmts
+from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Prefetch, Seq, Stmt, Store, walk_stmts
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -278,6 +278,8 @@ class FunctionEmitter:
             self.emit_for(s)
         elif isinstance(s, Store):
             self.emit_store(s)
+        elif isinstance(s, Prefetch):
+            self.emit_prefetch(s)
         elif isinstance(s, Allocate):
             self.emit_allocate(s)
         elif isinstance(s, IfThenElse):
@@ -624,6 +626,15 @@ class FunctionEmitter:
         phi.add_incoming(ir.Constant(ety, None), pre)
         return phi
 
+    def emit_prefetch(self, s: Prefetch):
+        """llvm.prefetch of buffer[index] for reading into every cache level (locality 3): the
+        address is not dereferenced, so an index past the buffer (the stream's end) is harmless.
+        Lowering places prefetches outside vectorized loops, so the index is one scalar."""
+        b = self.builder
+        ptr = b.gep(self.buffers[s.buffer], [self._scalar_index(s.index)], source_etype=MEMTYPE[s.buffer.dtype])
+        fn = self.mb.intrinsic("llvm.prefetch", ir.VoidType(), [PTR, I32, I32, I32], [PTR])
+        b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
     def emit_store(self, s: Store):
         b = self.builder
         ety = MEMTYPE[s.buffer.dtype]
@@ -965,6 +976,8 @@ def _reads_memory(e: Expr) -> bool:
 def _stmt_exprs(s):
     if isinstance(s, Store):
         return [s.index, s.value]
+    if isinstance(s, Prefetch):
+        return [s.index]
     if isinstance(s, IfThenElse):
         return [s.cond]
     if isinstance(s, LetStmt):
@@ -983,7 +996,7 @@ def _free_vars_of(s: Stmt) -> set:
 def _buffers_of(s: Stmt) -> set:
     out = set()
     for st in walk_stmts(s):
-        if isinstance(st, Store):
+        if isinstance(st, (Store, Prefetch)):
             out.add(st.buffer)
         for e in _stmt_exprs(st):
             out |= {n.buffer for n in walk(e) if isinstance(n, Load)}

@@ -67,6 +67,14 @@ class Store(Stmt):
         self.buffer, self.index, self.value = buffer, index, value
 
 
+class Prefetch(Stmt):
+    """A hint: start bringing the cache line that holds buffer[index] into the cache. Never
+    faults (an index past the buffer is allowed) and changes no value; see Stage.prefetch."""
+
+    def __init__(self, buffer: Buffer, index: Expr):
+        self.buffer, self.index = buffer, index
+
+
 class Allocate(Stmt):
     def __init__(self, buffer: Buffer, body: Stmt):
         self.buffer, self.body = buffer, body
@@ -171,6 +179,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> str:
         return f"{pad}{kind}for ({s.var.name}, 0, {s.extent}) {{\n{format_stmt(s.body, indent + 1)}{pad}}}\n"
     if isinstance(s, Store):
         return f"{pad}{s.buffer.name}[{format_expr(s.index)}] = {format_expr(s.value)}\n"
+    if isinstance(s, Prefetch):
+        return f"{pad}prefetch {s.buffer.name}[{format_expr(s.index)}]\n"
     if isinstance(s, Allocate):
         b = s.buffer
         return (f"{pad}allocate {b.name}[{b.dtype} * {'x'.join(map(str, b.shape))}], {b.scope}\n"

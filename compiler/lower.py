@@ -20,11 +20,13 @@ import re
 
 from . import arith
 from .bounds import checked_body
+from .dtypes import nbytes
 from .errors import LoweringError, ScheduleError
 from .expr import (
     INDEX_DTYPE,
     Binary,
     Call,
+    CheckedIndex,
     Compare,
     Const,
     Expr,
@@ -44,8 +46,10 @@ from .loop_ir import (
     LetStmt,
     Load,
     LoweredFunc,
+    Prefetch,
     Seq,
     Store,
+    format_expr,
     seq,
     stmt_children,
     walk_stmts,
@@ -54,6 +58,8 @@ from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from .tensor import IterVar, PlaceholderOp, Reduce, Tensor, TensorRead, reduce_identity
 
 _KIND = {"vectorize": "vectorized", "parallel": "parallel", "unroll": "unrolled"}
+CACHE_LINE_BYTES = 64      # what one prefetch brings in (x86 and the Arm cores tunefarm targets)
+MAX_PREFETCH_LINES = 16    # prefetches at the top of one iteration at most (Stage.prefetch)
 
 
 def lower(schedule: Schedule, args, name: str = "main") -> LoweredFunc:
@@ -383,7 +389,7 @@ class _Lowering:
             if where_guard is not None:
                 upd_conds.append(where_guard)
             init_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i]) for i in spatial_inner],
-                                   init, init_conds, attach=False)
+                                   init, init_conds, attach=False, prefetch=False)
             upd_nest = self._nest(st, [(lvars[i], loops.ext[leaves[i]], kinds[i], leaves[i])
                                        for i in range(first_red, len(leaves))], update, upd_conds)
             inner = seq([init_nest, upd_nest])
@@ -430,8 +436,10 @@ class _Lowering:
                 d = i
         return d
 
-    def _nest(self, st, loops, body, conds, attach=True):
-        """Wrap `body` in `loops` (outermost first), placing each guard as high as it can go."""
+    def _nest(self, st, loops, body, conds, attach=True, prefetch=True):
+        """Wrap `body` in `loops` (outermost first), placing each guard as high as it can go;
+        with the stages computed at them (`attach`) and the prefetches at them (`prefetch`: not
+        in a reduction's initialization, which reads nothing)."""
         lvars = [l[0] for l in loops]
         by_depth: dict = {}
         for c in conds:
@@ -442,8 +450,61 @@ class _Lowering:
             if attach:
                 for child in reversed(self.attached.get((id(st), id(iv)), [])):
                     body = Allocate(self.buffer_of[child.tensor], seq([self._build_stage(child), body]))
+            prefetches = [(tensor, offset) for tensor, at, offset in st.prefetches if at is iv]
+            if prefetches and prefetch:
+                if any(k == "vectorized" for _, _, k, _ in loops[:d + 1]):
+                    raise ScheduleError(f"prefetch: {iv.name} of {st.name} is vectorized or inside the vectorized "
+                                        f"loop; prefetch at a loop outside it")
+                body = seq([*(s for tensor, offset in prefetches
+                              for s in self._prefetch(st, iv, var, body, tensor, offset)), body])
             body = For(var, ext, kind, body)
         return _guard(by_depth.get(-1), body)
+
+    def _at_loop_starts(self, lin) -> int | None:
+        """The value of `lin` with every loop variable at 0, None unless that is a constant."""
+        value = arith.simplify(substitute(arith.from_lin(lin), {v: Const(0, INDEX_DTYPE) for v in self.var_range}),
+                               self.var_range)
+        return value.value if isinstance(value, Const) else None
+
+    def _prefetch(self, st: Stage, iv, var: Var, body, tensor, offset: int) -> list:
+        """Prefetch statements for the top of loop `var`'s body: one per cache line that the
+        body's reads of `tensor` touch in iteration var + offset (their index bounded over the
+        loops inside the body; the lines counted from the lowest index of the current one)."""
+        buf = self.buffer_of.get(tensor)
+        inner = {f.var: (0, f.extent - 1) for f in walk_stmts(body) if isinstance(f, For)}
+        indices = {}
+        for s in walk_stmts(body):
+            for e in _own_exprs(s):
+                for n in walk(e):
+                    if isinstance(n, Load) and n.buffer is buf:
+                        indices[format_expr(n.index)] = n.index
+        if buf is None or buf.scope == "local" or not indices:
+            raise ScheduleError(f"prefetch: loop {iv.name} of {st.name} reads nothing of {tensor.name} in memory")
+        if any(isinstance(n, CheckedIndex) for e in indices.values() for n in walk(e)):
+            raise ScheduleError(f"prefetch: {st.name} reads {tensor.name} at data-dependent indices; "
+                                f"a prefetch of a later iteration would check indices not yet read")
+        bounds = [arith.bound(index, inner, self.var_range) for index in indices.values()]
+        spans = [span for span in bounds if span is not None]
+        if len(spans) < len(bounds):
+            raise ScheduleError(f"prefetch: the reads of {tensor.name} in one iteration of {iv.name} of {st.name} "
+                                f"cannot be bounded")
+        base = spans[0][0]
+        # each read's region from the first one's lowest index, as in the first iteration of
+        # every loop outside (where a split's overhanging tail clamps an index, the region of its
+        # last iteration is narrower)
+        ends = [self._at_loop_starts(end.add(base, -1)) for span in spans for end in span]
+        known = [end for end in ends if end is not None]
+        if len(known) < len(ends):
+            raise ScheduleError(f"prefetch: the reads of {tensor.name} in one iteration of {iv.name} of {st.name} "
+                                f"are not one region at a fixed distance from each other")
+        low, high = min(known), max(known)
+        line = max(1, CACHE_LINE_BYTES // nbytes(buf.dtype))
+        lines = (high - low) // line + 1
+        if lines > MAX_PREFETCH_LINES:
+            raise ScheduleError(f"prefetch: one iteration of {iv.name} of {st.name} reads {lines} cache lines of "
+                                f"{tensor.name}, more than {MAX_PREFETCH_LINES}; prefetch at an inner loop")
+        ahead = arith.substitute_var(arith.from_lin(base), var, var + offset, self.var_range)
+        return [Prefetch(buf, arith.simplify(ahead + (low + i * line), self.var_range)) for i in range(lines)]
 
 
 def _body_nodes(body):
@@ -523,6 +584,8 @@ def _emitted_nodes(e, unrolled: frozenset) -> int:
 def _stmt_exprs(st):
     if isinstance(st, Store):
         return (st.index, st.value)
+    if isinstance(st, Prefetch):
+        return (st.index,)
     if isinstance(st, IfThenElse):
         return (st.cond,)
     return ()
@@ -639,6 +702,8 @@ def _unrolled_code(st, copies: int = 1) -> int:
 def _own_exprs(s) -> tuple:
     if isinstance(s, Store):
         return (s.index, s.value)
+    if isinstance(s, Prefetch):
+        return (s.index,)
     if isinstance(s, IfThenElse):
         return (s.cond,)
     if isinstance(s, LetStmt):
@@ -661,6 +726,8 @@ def _map_exprs(st, fn):
                           _map_exprs(st.else_, fn) if st.else_ is not None else None)
     if isinstance(st, Store):
         return Store(st.buffer, fn(st.index), fn(st.value))
+    if isinstance(st, Prefetch):
+        return Prefetch(st.buffer, fn(st.index))
     return st
 
 
@@ -684,6 +751,8 @@ def _resimplify(st, ranges: dict):
                           _resimplify(st.else_, ranges) if st.else_ is not None else None)
     if isinstance(st, Store):
         return Store(st.buffer, arith.simplify(st.index, ranges), arith.simplify(st.value, ranges))
+    if isinstance(st, Prefetch):
+        return Prefetch(st.buffer, arith.simplify(st.index, ranges))
     return st
 
 

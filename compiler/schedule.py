@@ -34,6 +34,7 @@ from .tensor import (
 
 MAX_VECTOR_LANES = 64  # checked at lowering, once bound inference has fixed the extents
 ANNOTATIONS = ("vectorize", "parallel", "unroll")
+MAX_PREFETCH_OFFSET = 4096  # iterations a prefetch may run ahead
 
 
 class Split:
@@ -71,6 +72,7 @@ class Stage:
         self.annotations: dict[IterVar, str] = {}  # leaf loop -> one of ANNOTATIONS
         self.attach: Attach = ("root",)
         self.auto_unroll_max_step = 0
+        self.prefetches: list[tuple[Tensor, IterVar, int]] = []   # (tensor, loop, iterations ahead)
 
     def __repr__(self):
         return f"Stage({self.name})"
@@ -223,6 +225,24 @@ class Stage:
             raise ScheduleError(f"auto_unroll: max_step must be an integer in [0, 4096], got {max_step!r}")
         self.auto_unroll_max_step = max_step
         self._record("auto_unroll", max_step=max_step)
+
+    def prefetch(self, tensor: Tensor, axis, offset: int):
+        """At the top of each iteration of loop `axis`, prefetch the cache lines of `tensor` that
+        iteration axis + `offset` reads (TVM's prefetch). For a stream the hardware prefetchers
+        do not run far enough ahead of: where each line feeds many FMAs (a product of a few rows
+        over a large weight), the out-of-order window holds few of the stream's loads, and an
+        8-row decode step read its weights at half the memory's bandwidth. One iteration's reads
+        of `tensor` must be one region of at most MAX_PREFETCH_LINES lines (lowering checks)."""
+        self._check_not_inline("prefetch")
+        iv = self._leaf(axis, "prefetch")
+        if not any(t is tensor for t in self.op.input_tensors()):
+            raise ScheduleError(f"prefetch: stage {self.name} does not read {getattr(tensor, 'name', tensor)}")
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 1 <= offset <= MAX_PREFETCH_OFFSET:
+            raise ScheduleError(f"prefetch: offset must be an integer in [1, {MAX_PREFETCH_OFFSET}] iterations, "
+                                f"got {offset!r}")
+        self.prefetches.append((tensor, iv, offset))
+        self._record("prefetch", tensor=self.schedule._tensor_ref(tensor, self.schedule.stage_of(tensor)),
+                     axis=self._index(iv), offset=offset)
 
     # ------------------------------------------------------------------ placement
     def compute_at(self, parent: "Stage", axis):

@@ -34,6 +34,7 @@ STEP_FIELDS = {
     "parallel": ({"stage", "axis"}, set()),
     "unroll": ({"stage", "axis"}, set()),
     "auto_unroll": ({"stage", "max_step"}, set()),
+    "prefetch": ({"stage", "tensor", "axis", "offset"}, set()),
     "compute_at": ({"stage", "parent", "axis"}, set()),
     "compute_inline": ({"stage"}, set()),
     "compute_root": ({"stage"}, set()),
@@ -146,6 +147,8 @@ def _dispatch(s: Schedule, n: int, op: str, step: dict):
         getattr(st, op)(_axis(st, n, step["axis"]))
     elif op == "auto_unroll":
         st.auto_unroll(step["max_step"])
+    elif op == "prefetch":
+        st.prefetch(_tensor(s, n, step["tensor"]), _axis(st, n, step["axis"]), step["offset"])
     elif op == "compute_at":
         parent = _stage(s, n, step["parent"], "parent")
         st.compute_at(parent, _axis(parent, n, step["axis"]))

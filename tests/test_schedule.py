@@ -11,7 +11,7 @@ import pytest
 
 import compiler as C
 from compiler.errors import LoweringError, ScheduleError
-from compiler.loop_ir import For, walk_stmts
+from compiler.loop_ir import For, Prefetch, format_expr, walk_stmts
 from compiler.lower import lower
 from compiler.schedule_steps import STEP_FIELDS, apply_steps, steps_from_json, steps_to_json
 
@@ -26,7 +26,8 @@ def snapshot(s):
             [(st.name, id(st.op), id(st.tensor), [id(iv) for iv in st.leaf_iter_vars],
               [id(iv) for iv in st.all_iter_vars], [id(r) for r in st.relations],
               {id(iv): k for iv, k in st.annotations.items()},
-              tuple(id(x) for x in st.attach), st.auto_unroll_max_step) for st in s.stages])
+              tuple(id(x) for x in st.attach), st.auto_unroll_max_step,
+              [(id(t), id(iv), o) for t, iv, o in st.prefetches]) for st in s.stages])
 
 
 def expect_error(s, fn, match):
@@ -889,3 +890,71 @@ def test_cache_write_in_another_layout_computes_the_same_and_replays():
     C.build(replayed, [A2, B2, out2])(a, b, got)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert [x.get("order") for x in replayed.steps if x["op"] == "cache_write"] == [[1, 0]]
+
+
+# ----------------------------------------------------------------------------- prefetch
+
+def test_prefetch_correct_and_replayed(mm_data):
+    """A prefetch changes no value: the lines iteration ko + 3 reads of A (4 floats: one line)
+    and of B (4 rows of an 8-column panel) are asked for at the top of iteration ko."""
+    A, B, out = matmul()
+    s = C.create_schedule(out)
+    st = s[out]
+    i, j, k = st.root_iter_vars
+    jo, ji = st.split(j, factor=8)
+    ko, ki = st.split(k, factor=4)
+    st.reorder(i, jo, ko, ki, ji)
+    st.vectorize(ji)
+    st.prefetch(A, ko, 3)
+    st.prefetch(B, ko, 2)
+    f = lower(s, [A, B, out])
+    fetched = [(p.buffer.name, format_expr(p.index)) for p in walk_stmts(f.body) if isinstance(p, Prefetch)]
+    assert fetched[0] == ("A", "(((i * 29) + (k_o * 4)) + 12)")
+    # B's rows (ko+2)*4 .. +3 at columns jo*8 .. +7: 3 x 45 + 8 floats past the first, 9 lines of 16
+    # (twice: the last column tile, which overhangs N, is a peeled copy of the loop)
+    assert [b for b, _ in fetched] == (["A"] + ["B"] * 9) * 2
+    _check_mm(s, [A, B, out], mm_data)
+    assert {"op": "prefetch", "stage": 0, "tensor": "input0", "axis": 5, "offset": 3} in s.steps
+    A2, B2, out2 = matmul()
+    fresh = apply_steps(out2, steps_from_json(steps_to_json(s.steps)))
+    assert str(lower(fresh, [A2, B2, out2])) == str(f)
+
+
+def test_prefetch_errors(mm):
+    s, st, (A, B, out) = mm
+    i, j, k = st.root_iter_vars
+    other = C.placeholder((3,), "float32", "Other")
+    for bad in (0, 4097, 2.0, True):
+        expect_error(s, lambda bad=bad: st.prefetch(A, k, bad), r"offset must be an integer in \[1, 4096\]")
+    expect_error(s, lambda: st.prefetch(other, k, 1), "does not read Other")
+    expect_error(s, lambda: st.prefetch(A, "nope", 1), "nope")
+
+
+def test_prefetch_of_a_region_too_large_or_vectorized_fails_at_lowering():
+    A, B, out = matmul(M=8, K=64, N=256)
+    s = C.create_schedule(out)
+    i, j, k = s[out].root_iter_vars
+    s[out].reorder(i, k, j)
+    s[out].prefetch(B, i, 1)        # all of B each iteration of i: 1024 lines
+    with pytest.raises(ScheduleError, match="reads 1024 cache lines of B, more than 16"):
+        lower(s, [A, B, out])
+    A, B, out = matmul(M=8, K=64, N=16)
+    s = C.create_schedule(out)
+    i, j, k = s[out].root_iter_vars
+    s[out].reorder(i, k, j)
+    s[out].vectorize(j)
+    s[out].prefetch(B, j, 1)
+    with pytest.raises(ScheduleError, match="vectorized"):
+        lower(s, [A, B, out])
+
+
+def test_prefetch_of_a_gathered_tensor_is_refused_at_lowering():
+    """A later iteration's data-dependent index is not yet checked: prefetching through it is
+    refused, not emitted (its check would fire on an index no iteration reads)."""
+    A = C.placeholder((64,), "float32", "A")
+    idx = C.placeholder((8,), "int64", "Idx")
+    out = C.compute((8,), lambda i: A[idx[i]], name="G")
+    s = C.create_schedule(out)
+    s[out].prefetch(A, s[out].root_iter_vars[0], 1)
+    with pytest.raises(ScheduleError, match="data-dependent"):
+        lower(s, [A, idx, out])
