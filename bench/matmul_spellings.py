@@ -158,11 +158,12 @@ def spellings() -> list:
         out.append(Spelling(name, [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
                             lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
     # decode steps of batch 4 and 8: a few tokens through a projection (a few FMAs per weight: memory bound)
-    for rows, seed in ((4, 18), (8, 17)):
+    # and a language model's head: a vocabulary of 32000 columns, 131 MB of weight
+    for rows, K, N, seed in ((4, 2048, 5632, 18), (8, 2048, 5632, 17), (1, 1024, 32000, 19), (8, 1024, 32000, 20)):
         r = _rng(seed)
-        x, w = _arr(r, rows, 1, 2048), _arr(r, 2048, 5632, scale=2048 ** -0.5)
-        out.append(Spelling(f"gemm_{rows}x1x2048_5632", [n("MatMul", ["x", "w"], ["y"])], {"x": x}, {"w": w},
-                            lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
+        x, w = _arr(r, rows, 1, K), _arr(r, K, N, scale=K ** -0.5)
+        out.append(Spelling(f"{'gemv' if rows == 1 else 'gemm'}_{rows}x1x{K}_{N}", [n("MatMul", ["x", "w"], ["y"])],
+                            {"x": x}, {"w": w}, lambda x, w=w: x @ w.astype(f64), bytes_=w.nbytes))
     return out
 
 

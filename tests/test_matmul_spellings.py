@@ -140,3 +140,25 @@ def test_gemm_tile_keeps_two_pipes_busy():
     assert gemm_tile(3, 512, 16, 32, columns=64) == (3, 64)
     caps = Target.host().capabilities
     assert caps.fmas_per_cycle > 0
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_a_weight_streamed_once_is_prefetched_ahead_and_the_result_holds(rows):
+    """A decode step's projection reads its weight once per call, one row or one row tile: its
+    default prefetches the weight's stream (Stage.prefetch), and the lines asked for past the
+    weight's end (the last panel's) change nothing. N = 200 fills no whole panel."""
+    from compiler.loop_ir import Prefetch, walk_stmts
+    from compiler.lower import lower
+    from compiler.ops.default_schedules import default_schedule
+    w, x = rand(RNG, (96, 200)), rand(RNG, (rows, 1, 96))
+    m = model([n("MatMul", ["x", "w"], ["y"])], {"x": (x.shape, "float32")}, {"y": (None, "float32")}, {"w": w},
+              opset=17)
+    module = build_model(from_onnx(m))
+    (got,) = module.run(x=x)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+    (step,) = module.steps
+    opdef = step.group.opdef
+    f = lower(default_schedule(opdef, module.target), [*opdef.inputs, opdef.output])
+    fetched = {p.buffer.name for p in walk_stmts(f.body) if isinstance(p, Prefetch)}
+    assert fetched == {f.args[1].name}
