@@ -1144,6 +1144,16 @@ class _RandomScheduler:
         self.unroll(st)
         if self.p(0.15):
             st.auto_unroll(_pick(self.rng, (0, 8, 16, 64, 512)))
+        if self.p(0.15):
+            self.prefetch(st)
+
+    def prefetch(self, st):
+        """A tensor the stage reads, prefetched at any of its loops some iterations ahead (past
+        the tensor's end on the last ones): results must not change; lowering may refuse a
+        region too large, a vectorized loop or a data-dependent read."""
+        reads = list(st.op.input_tensors())
+        if reads:
+            st.prefetch(_pick(self.rng, reads), _pick(self.rng, st.leaf_iter_vars), _pick(self.rng, (1, 2, 3, 8, 100)))
 
     def vectorize(self, st):
         """Mostly the innermost loop (split to at most 64 lanes first); rarely another spatial loop,
