@@ -122,6 +122,11 @@ class _Lowering:
     # ------------------------------------------------------------------ driver
     def run(self) -> LoweredFunc:
         self._check_args()
+        for st in self.s.stages:
+            for tensor, iv, _ in st.prefetches:
+                if st.is_inline or iv not in st.leaf_iter_vars:
+                    raise ScheduleError(f"prefetch of {tensor.name} at {iv.name} of {st.name}: the stage was inlined or "
+                                        f"the loop split or fused after the prefetch")
         for st in self.stages:
             ranges = {ax.var: (0, ax.extent - 1) for ax in st.root_iter_vars}
             self.body_of[st] = checked_body(st.name, self._expand_inline(st.op.body), ranges)

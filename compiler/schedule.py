@@ -231,7 +231,7 @@ class Stage:
         iteration axis + `offset` reads (TVM's prefetch). For a stream the hardware prefetchers
         do not run far enough ahead of: where each line feeds many FMAs (a product of a few rows
         over a large weight), the out-of-order window holds few of the stream's loads, and an
-        8-row decode step read its weights at half the memory's bandwidth. One iteration's reads
+        8-row decode step read its weights at a third of the memory's bandwidth. One iteration's reads
         of `tensor` must be one region of at most MAX_PREFETCH_LINES lines (lowering checks)."""
         self._check_not_inline("prefetch")
         iv = self._leaf(axis, "prefetch")

@@ -946,6 +946,13 @@ def test_prefetch_of_a_region_too_large_or_vectorized_fails_at_lowering():
     s[out].prefetch(B, j, 1)
     with pytest.raises(ScheduleError, match="vectorized"):
         lower(s, [A, B, out])
+    A, B, out = matmul()
+    s = C.create_schedule(out)
+    i, j, k = s[out].root_iter_vars
+    s[out].prefetch(A, k, 1)
+    s[out].split(k, factor=4)       # the loop the prefetch was at is gone: refused, not dropped
+    with pytest.raises(ScheduleError, match="split or fused after the prefetch"):
+        lower(s, [A, B, out])
 
 
 def test_prefetch_of_a_gathered_tensor_is_refused_at_lowering():

@@ -140,7 +140,7 @@ def stream_prefetch_offset(bytes_per_iteration: int) -> int:
     """Iterations of a loop that reads `bytes_per_iteration` of a stream to prefetch ahead, so
     the lines asked for arrive STREAM_PREFETCH_BYTES early: about a microsecond of a core's
     share of the memory's bandwidth, several times its latency. A product of 8 rows over panels
-    of a prefetched weight read 2048 x 5632 at 36 GB/s without, 59 / 75 / 86 with 4 / 8 / 16 KB
+    of a prepacked weight read 2048 x 5632 at 36 GB/s without, 59 / 75 / 86 with 4 / 8 / 16 KB
     ahead (Zen 5, 2 threads; 32 KB no better)."""
     return max(1, -(-STREAM_PREFETCH_BYTES // max(1, bytes_per_iteration)))
 
