@@ -48,6 +48,7 @@ from . import arith
 from .expr import Binary, Call, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
 from .index_checks import IndexCheck, collect_checks
 from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Prefetch, Seq, Stmt, Store, walk_stmts
+from .parallel_teams import Team, team_plan
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -86,12 +87,15 @@ def _mangle(t) -> str:
 class ModuleBuilder:
     """One LLVM module holding a kernel and the functions outlined from its parallel loops."""
 
-    def __init__(self, func: LoweredFunc, target, index_checks: bool = True, region_clock=None):
+    def __init__(self, func: LoweredFunc, target, index_checks: bool = True, region_clock=None, teams: bool = True):
         """`index_checks=False` clamps data-dependent indices into their range instead of
         checking them: only for measuring what the checks cost (bench/index_checks.py).
         `region_clock`: a profiling build (compiler/region_clock.py) whose parallel loops read
-        the cycle counter around their fork/join and each iteration; None in every real build."""
+        the cycle counter around their fork/join and each iteration; None in every real build.
+        `teams=False`: every parallel loop forks its own team (compiler/parallel_teams.py), only
+        for measuring what one team saves (bench/parallel_teams.py)."""
         self.func = func
+        self.teams = teams
         self.region_clock = region_clock
         self.target = target
         self.module = ir.Module(name=func.name)
@@ -130,7 +134,10 @@ class ModuleBuilder:
         em.error_ptr = fn.args[-1]
         if self.checks:
             _clear_error_record(em.builder, em.error_ptr)
+        started = self.region_clock.start(em, None) if self.region_clock is not None else None
         em.emit_stmt(f.body)
+        if self.region_clock is not None:
+            self.region_clock.end_call(em, started)
         em.finish()
         self._emit_release(f.name + RELEASE_SUFFIX)
         return self.module
@@ -161,18 +168,29 @@ def _clear_error_record(b, record):
         b.store(ir.Constant(I64, 0), record)
 
 
-def _emit_thread_entry(entry: ir.Function, body: ir.Function, struct_t, first_buffer: int, n_buffers: int):
-    """What GOMP_parallel runs on each thread: the captured buffer pointers loaded from the
-    closure and passed to the chunk's body as `noalias` arguments. Loaded inside the body they
-    would carry no aliasing facts (an outlined loop is a different function from the kernel whose
-    arguments are noalias), and LLVM would keep every accumulator that lives in an output buffer
-    in memory: a max pool's 9 taps per vector went through store-to-load forwarding, 2.2x slower."""
-    b = ir.IRBuilder(entry.append_basic_block("entry"))
-    data = entry.args[0]
-    ptrs = [b.load(b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, first_buffer + j)], source_etype=struct_t), typ=PTR)
-            for j in range(n_buffers)]
-    b.call(body, [data, *ptrs])
-    b.ret_void()
+class _Outlined:
+    """A parallel loop's outlined body: the function, its closure and the emitter filling it."""
+
+    def __init__(self, fn, struct_t, closure, child, first_buffer: int, n_buffers: int, first_extra: int):
+        self.fn, self.struct_t, self.closure, self.child = fn, struct_t, closure, child
+        self.first_buffer, self.n_buffers, self.first_extra = first_buffer, n_buffers, first_extra
+
+    def call(self, b, closure):
+        """Call the body from a thread's entry: the captured buffer pointers loaded from the
+        closure and passed as `noalias` arguments. Loaded inside the body they would carry no
+        aliasing facts (an outlined loop is a different function from the kernel whose arguments
+        are noalias), and LLVM would keep every accumulator that lives in an output buffer in
+        memory: a max pool's 9 taps per vector went through store-to-load forwarding, 2.2x
+        slower."""
+        ptrs = [b.load(b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, self.first_buffer + j)],
+                             source_etype=self.struct_t), typ=PTR) for j in range(self.n_buffers)]
+        b.call(self.fn, [closure, *ptrs])
+
+    def extra(self, i: int):
+        """The body's `i`-th extra closure pointer (loaded in its entry)."""
+        b = self.child.heap_builder
+        return b.load(b.gep(self.fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, self.first_extra + i)],
+                            source_etype=self.struct_t), typ=PTR)
 
 
 class FunctionEmitter:
@@ -271,6 +289,11 @@ class FunctionEmitter:
 
     # ------------------------------------------------------------------ statements
     def emit_stmt(self, s: Stmt):
+        if isinstance(s, (Seq, Allocate)) and self.mb.teams and not self.in_parallel and self.vec_var is None:
+            plan = team_plan(s)
+            if plan is not None:
+                self.emit_team_plan(*plan)
+                return
         if isinstance(s, Seq):
             for x in s.stmts:
                 self.emit_stmt(x)
@@ -336,38 +359,121 @@ class FunctionEmitter:
         """Outline the loop body; each libgomp thread runs a contiguous chunk of iterations."""
         mb = self.mb
         mb.n_outlined += 1
+        name = f"{self.fn.name}_par{mb.n_outlined}"
+        status = self._status_slot()
+        member = self._outline(s, name + "_body", status, [])
+        thread_entry = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+        thread_entry.linkage = "internal"
+        b = ir.IRBuilder(thread_entry.append_basic_block("entry"))
+        member.call(b, thread_entry.args[0])
+        b.ret_void()
+        self._fork(thread_entry, member.closure, parallel_team_cap(s), [s], status)
+        _emit_dynamic_chunks(member.child, s)
+        member.child.finish()
+
+    def emit_team(self, loops: tuple):
+        """Consecutive parallel loops (compiler/parallel_teams.py) on one team: one fork, each
+        loop's chunks claimed from its own counter, a barrier between two loops, one join. Each
+        loop's body is its own outlined function whose buffers are `noalias` arguments, as a
+        lone region's: the promise holds for the span of one loop, where the threads touch
+        disjoint elements, and not across the barrier, where one loop reads what another
+        thread's chunk of the previous loop wrote."""
+        mb = self.mb
+        mb.n_outlined += 1
+        name = f"{self.fn.name}_team{mb.n_outlined}"
+        status = self._status_slot()
+        b = self.builder
+        counters_t = ir.ArrayType(I64, COUNTER_STRIDE * len(loops))
+        table_t = ir.LiteralStructType([PTR] * len(loops))
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            counters = _opaque_alloca(b, counters_t, "chunk_counters")
+            counters.align = 64
+            table = _opaque_alloca(b, table_t, "team")
+        members = []
+        for i, loop in enumerate(loops):
+            counter = b.gep(counters, [ir.Constant(I32, 0), ir.Constant(I32, i * COUNTER_STRIDE)], source_etype=counters_t)
+            b.store(ir.Constant(I64, 0), counter)
+            member = self._outline(loop, f"{name}_{i}", status, [counter])
+            b.store(member.closure, b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=table_t))
+            members.append(member)
+        team_entry = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+        team_entry.linkage = "internal"
+        eb = ir.IRBuilder(team_entry.append_basic_block("entry"))
+        barrier = mb.declare("GOMP_barrier", ir.VoidType(), [])
+        for i, member in enumerate(members):
+            closure = eb.load(eb.gep(team_entry.args[0], [ir.Constant(I32, 0), ir.Constant(I32, i)],
+                                     source_etype=table_t), typ=PTR)
+            member.call(eb, closure)
+            if i + 1 < len(members):
+                eb.call(barrier, [])
+        eb.ret_void()
+        self._fork(team_entry, table, max(parallel_team_cap(loop) for loop in loops), list(loops), status)
+        for member, loop in zip(members, loops):
+            _emit_counted_chunks(member, loop)
+            member.child.finish()
+
+    def _status_slot(self):
+        """An i32 slot in the entry block through which outlined threads report a failure; set to
+        KERNEL_OK here, before the fork."""
+        b = self.builder
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            status = _opaque_alloca(b, I32, "thread_status")
+        b.store(ir.Constant(I32, KERNEL_OK), status)
+        return status
+
+    def _outline(self, s: For, name: str, status, extra: list) -> _Outlined:
+        """The body of parallel loop `s` as function `name`: its closure (the loop body's free
+        variables, its buffers, the status slot, the error record, then `extra` pointers) filled
+        here, and the emitter of the function, whose loop over chunks the caller emits."""
+        mb = self.mb
         used_vars = _free_vars_of(s.body) - {s.var}
         captured_vars = [v for v in self.vars if v in used_vars]
         used_bufs = _buffers_of(s.body)
         captured_bufs = [bf for bf in self.buffers if bf in used_bufs]
-        fields = [self.vars[v].type for v in captured_vars] + [PTR] * len(captured_bufs) + [PTR, PTR]
+        fields = [self.vars[v].type for v in captured_vars] + [PTR] * (len(captured_bufs) + 2 + len(extra))
         struct_t = ir.LiteralStructType(fields)
-        name = f"{self.fn.name}_par{mb.n_outlined}"
-        fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(captured_bufs))), name=name + "_body")
+        fn = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(captured_bufs))), name=name)
         fn.linkage = "internal"
         for a in fn.args[1:]:
             a.add_attribute("noalias")
-        thread_entry = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
-        thread_entry.linkage = "internal"
-        # pack the captured values
         b = self.builder
         with b.goto_block(self.entry):
             b.position_at_start(self.entry)
-            slot = _opaque_alloca(b, struct_t, "closure")
-            status = _opaque_alloca(b, I32, "thread_status")
-        b.store(ir.Constant(I32, KERNEL_OK), status)
-        values = [self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs] + [status, self.error_ptr]
+            closure = _opaque_alloca(b, struct_t, "closure")
+        values = [self.vars[v] for v in captured_vars] + [self.buffers[bf] for bf in captured_bufs]
+        values += [status, self.error_ptr, *extra]
         for i, val in enumerate(values):
-            b.store(val, b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
+            b.store(val, b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t))
+        first_buffer = len(captured_vars)
+        child = FunctionEmitter(mb, fn, status_field=(struct_t, first_buffer + len(captured_bufs)))
+        child.in_parallel = True
+        child.ranges = dict(self.ranges)
+        child.ranges[s.var] = (0, s.extent - 1)
+        cb = child.builder
+        for i, v in enumerate(captured_vars):
+            child.vars[v] = cb.load(cb.gep(fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t),
+                                    typ=fields[i])
+        child.buffers.update(zip(captured_bufs, fn.args[1:]))
+        return _Outlined(fn, struct_t, closure, child, first_buffer, len(captured_bufs), len(values) - len(extra))
+
+    def _fork(self, entry: ir.Function, data, cap: int, loops: list, status):
+        """GOMP_parallel(entry, data) on min(cap, the thread count) threads; a failure a thread
+        reported ends the kernel with it. A profiling build counts the fork's span on the first
+        of `loops` and an entry on each."""
+        mb, b = self.mb, self.builder
         gomp = mb.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
-        cap = ir.Constant(I32, parallel_team_cap(s))
         most = b.call(mb.declare("omp_get_max_threads", I32, []), [])
-        team = b.select(b.icmp_signed("<", cap, most), cap, most)
-        clock = self.mb.region_clock
-        started = clock.start(self, s) if clock is not None else None
-        b.call(gomp, [thread_entry, slot, team, ir.Constant(I32, 0)])
+        cap_c = ir.Constant(I32, cap)
+        team = b.select(b.icmp_signed("<", cap_c, most), cap_c, most)
+        clock = mb.region_clock
+        started = clock.start(self, loops[0]) if clock is not None else None
+        b.call(gomp, [entry, data, team, ir.Constant(I32, 0)])
         if clock is not None:
-            clock.end_region(self, s, started)
+            clock.end_region(self, loops[0], started)
+            for loop in loops[1:]:
+                clock.count_entry(self, loop)
         reported = b.load(status, typ=I32)
         failed = b.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK))
         after = self.fn.append_basic_block(f"after_par{mb.n_outlined}")
@@ -375,20 +481,18 @@ class FunctionEmitter:
         b.cbranch(failed, par_failed, after)
         self.fail(ir.IRBuilder(par_failed), reported)
         b.position_at_end(after)
-        # the outlined body
-        child = FunctionEmitter(mb, fn, status_field=(struct_t, len(values) - 2))
-        child.in_parallel = True
-        child.ranges = dict(self.ranges)
-        cb = child.builder
-        data = fn.args[0]
-        for i, v in enumerate(captured_vars):
-            child.vars[v] = cb.load(cb.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=struct_t),
-                                    typ=fields[i])
-        child.buffers.update(zip(captured_bufs, fn.args[1:]))
-        _emit_thread_entry(thread_entry, fn, struct_t, len(captured_vars), len(captured_bufs))
-        child.ranges[s.var] = (0, s.extent - 1)
-        _emit_dynamic_chunks(child, s)
-        child.finish()
+
+    def emit_team_plan(self, allocates: list, items: list):
+        """A sequence whose consecutive parallel loops run as teams (compiler/parallel_teams.py):
+        its scratch buffers declared first (they live at the function's entry either way)."""
+        for a in allocates:
+            if a.buffer not in self.buffers:
+                self.buffers[a.buffer] = self._hoisted_buffer(a.buffer)
+        for item in items:
+            if isinstance(item, Team):
+                self.emit_team(item.loops)
+            else:
+                self.emit_stmt(item)
 
     def emit_allocate(self, s: Allocate):
         """Scratch memory for `s.buffer`, hoisted to the function's entry: a loop that declares it
@@ -1084,6 +1188,46 @@ def _emit_dynamic_chunks(child, s: For):
     cb.cbranch(cb.icmp_unsigned("!=", more, ir.Constant(ir.IntType(8), 0)), body, done)
     cb.position_at_end(done)
     cb.call(mb.declare("GOMP_loop_end_nowait", ir.VoidType(), []), [])
+
+
+COUNTER_STRIDE = 8   # i64 slots between two team loops' chunk counters: one cache line each
+
+
+def _emit_counted_chunks(member: _Outlined, s: For):
+    """A team loop's chunks (emit_team): as _emit_dynamic_chunks hands them out, about extent /
+    (team · CHUNKS_PER_THREAD) iterations each with the team counted up to the loop's own cap
+    (so a small loop is cut into as few chunks as it would be as a region of its own), each
+    claimed by an atomic add on the loop's counter by whichever thread is free. Not libgomp's
+    work-sharing loop: a thread that leaves early (its scratch allocation failed) would then
+    skip a work share and read the next loop's bounds from this one's."""
+    child = member.child
+    mb, cb = child.mb, child.builder
+    counter = member.extra(0)
+    nth = cb.sext(cb.call(mb.declare("omp_get_num_threads", I32, []), []), I64)
+    cap = ir.Constant(I64, parallel_team_cap(s))
+    nth = cb.select(cb.icmp_signed("<", nth, cap), nth, cap)
+    per = cb.mul(nth, ir.Constant(I64, CHUNKS_PER_THREAD))
+    chunk = cb.sdiv(cb.add(ir.Constant(I64, s.extent - 1), per), per)
+    n_chunks = cb.sdiv(cb.add(ir.Constant(I64, s.extent - 1), chunk), chunk)
+    claim = child.fn.append_basic_block("claim")
+    body = child.fn.append_basic_block("chunk")
+    done = child.fn.append_basic_block("chunks_done")
+    cb.branch(claim)
+    cb.position_at_end(claim)
+    c = cb.atomic_rmw("add", counter, ir.Constant(I64, 1), "monotonic")
+    cb.cbranch(cb.icmp_signed("<", c, n_chunks), body, done)
+    cb.position_at_end(body)
+    lo = cb.mul(c, chunk)
+    end = cb.add(lo, chunk)
+    extent = ir.Constant(I64, s.extent)
+    hi = cb.select(cb.icmp_signed("<", end, extent), end, extent)
+    child.emit_serial_loop(s.var, lo, hi, s.body, timed=s if mb.region_clock is not None else None)
+    if mb.checks:   # once a thread's index check failed, the others take no further chunk
+        reported = cb.load_atomic(child.status_ptr, "monotonic", 4, typ=I32)
+        cb.cbranch(cb.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK)), done, claim)
+    else:
+        cb.branch(claim)
+    cb.position_at_end(done)
 
 
 def parallel_team_cap(loop: For) -> int:

@@ -4,7 +4,9 @@ For a schedule and its argument arrays: the plain kernel's time on one thread (t
 protocol, compiler/timing.py: the median of clean samples), and the profiling build's
 (compiler/region_clock.py) per-iteration cost and entry count of every parallel region. The
 profiling build runs several single calls; each counter slot's figure is its median over them,
-so a call a neighbour interrupted moves no slot (a shared 2-core host). The clock reads' own
+so a call a neighbour interrupted moves no slot (a shared 2-core host). The serial part is each
+call's time less its regions' spans, the median over the calls: one measurement, so a host whose
+speed drifts between two timings cannot turn the drift into serial time. The clock reads' own
 cost (compiler/parallel_probe.py) is taken off every iteration and every span.
 
 Both run on one thread: a thread's cost per iteration is what each of N threads would pay, as
@@ -43,8 +45,8 @@ def one_thread():
         set_num_threads(before)
 
 
-def clocked_counters(clocked, arrays) -> np.ndarray:
-    """The profiling build's counters per call: the median of each slot over several calls."""
+def clocked_rounds(clocked, arrays) -> np.ndarray:
+    """The profiling build's counters of several single calls, one row each."""
     timed = [aligned_copy(a) for a in arrays]
     clocked.kernel(*timed)   # warm-up
     rounds: list = []
@@ -54,7 +56,12 @@ def clocked_counters(clocked, arrays) -> np.ndarray:
         clocked.clock.reset()
         clocked.kernel(*timed)
         rounds.append(clocked.clock.counters.copy())
-    return np.median(np.array(rounds), axis=0)
+    return np.array(rounds)
+
+
+def clocked_counters(clocked, arrays) -> np.ndarray:
+    """The profiling build's counters per call: the median of each slot over several calls."""
+    return np.median(clocked_rounds(clocked, arrays), axis=0)
 
 
 def measure_kernel(schedule, tensors, arrays, costs: ParallelCosts, target=None, name: str = "kernel",
@@ -65,16 +72,46 @@ def measure_kernel(schedule, tensors, arrays, costs: ParallelCosts, target=None,
     clocked = build_clocked(schedule, tensors, target)
     with one_thread():
         seconds = plain.measure(*arrays, options=options).median
-        counters = clocked_counters(clocked, arrays)
-    clock, rate, pair = clocked.clock, costs.ticks_per_second, costs.clock_pair_seconds
+        rounds = clocked_rounds(clocked, arrays)
+    return timing_from_rounds(name, seconds, clocked.clock, rounds, costs)
+
+
+def timing_from_rounds(name: str, seconds: float, clock, rounds: np.ndarray, costs: ParallelCosts) -> KernelTiming:
+    """KernelTiming from the profiling build's `rounds` (one row of counters a call).
+
+    Everything but the plain call's `seconds` (kept for people) comes from those calls: the
+    serial part is each call less its regions' spans; a team's span (compiler/parallel_teams.py:
+    counted on its first region, covering every region of the team) less the clock reads and the
+    one-thread fork and barriers is the parallel work, spread over the team's iterations in
+    proportion to their measured costs. The reads' own cost (they stop the core from overlapping
+    one iteration with the next) lands in the iterations it slows, so the one-thread time the
+    prediction starts from and the work it divides are one measurement: no speed-up above the
+    thread count, and no share of the host's drift between two timings."""
+    rate, pair = costs.ticks_per_second, costs.clock_pair_seconds
+    counters = np.median(rounds, axis=0)
+    spans = rounds[:, [2 * r.index for r in clock.regions]].sum(axis=1)
+    serial = max(float(np.median(rounds[:, clock.call_slot] - spans)) / rate - pair, 0.0)
+    clock.counters[:] = counters
     regions = []
-    for r in clocked.regions:
-        clock.counters[:] = counters
+    for r in clock.regions:
         entries = max(int(round(clock.entries(r.index))), 0)
         iters = np.maximum(clock.iteration_ticks(r.index) / rate - pair * entries, 0.0)
-        span = max(clock.span_ticks(r.index) / rate - pair * entries * (r.extent + 1), 0.0)
-        regions.append(RegionTiming(r, iters, entries, span))
-    return KernelTiming(name, seconds, regions)
+        regions.append(RegionTiming(r, iters, entries, clock.span_ticks(r.index) / rate))
+    teams: dict = {}
+    for rt in regions:
+        teams.setdefault(rt.region.first if rt.region.first >= 0 else rt.region.index, []).append(rt)
+    for members in teams.values():
+        reads = pair * sum(rt.entries * (rt.region.extent + 1) for rt in members)
+        span = max(members[0].span_seconds - reads, 0.0)
+        syncs = sum(rt.entries * (costs.fork_join(1) if rt.region.forks else costs.barrier(1)) for rt in members)
+        work = max(span - syncs, 0.0)
+        measured = sum(rt.compute_seconds for rt in members)
+        for rt in members:
+            if measured > 0:
+                rt.iteration_seconds = rt.iteration_seconds * (work / measured)
+            rt.span_seconds = rt.compute_seconds + rt.entries * (costs.fork_join(1) if rt.region.forks
+                                                                 else costs.barrier(1))
+    return KernelTiming(name, seconds, regions, serial)
 
 
-__all__ = ["measure_kernel", "one_thread", "clocked_counters"]
+__all__ = ["measure_kernel", "one_thread", "clocked_counters", "clocked_rounds", "timing_from_rounds"]

@@ -1,6 +1,6 @@
 """What this machine charges for a parallel region, measured with code made for the purpose.
 
-Three small native probes, compiled here from LLVM IR and called as kernels:
+Four small native probes, compiled here from LLVM IR and called as kernels:
 
 - the cycle counter's rate (ticks per second, against time.perf_counter over tens of
   milliseconds; the counter is the invariant TSC on x86), to turn a profiling build's ticks
@@ -12,13 +12,15 @@ Three small native probes, compiled here from LLVM IR and called as kernels:
   claims, the closing barrier), repeated back to back as a model's kernels run, at a team of
   1 and of 2. It is measured with an empty body on purpose: anything in the body would be work,
   and work is what the scaling model counts separately.
+- a barrier inside a running team (what a team's later loops pay, compiler/parallel_teams.py):
+  one region of many GOMP_barrier calls back to back, its fork/join taken off, per barrier.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +35,7 @@ declare i32 @omp_get_num_threads()
 declare i8 @GOMP_loop_dynamic_start(i64, i64, i64, i64, ptr, ptr)
 declare i8 @GOMP_loop_dynamic_next(ptr, ptr)
 declare void @GOMP_loop_end_nowait()
+declare void @GOMP_barrier()
 
 define i32 @tf_probe_ticks(ptr noalias %out, ptr %record) {
   %t = call i64 @llvm.readcyclecounter()
@@ -85,6 +88,33 @@ done:
   ret void
 }
 
+define internal void @tf_probe_barrier_loop(ptr %data) {
+entry:
+  %reps_at = getelementptr i64, ptr %data, i64 1
+  %reps = load i64, ptr %reps_at
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  call void @GOMP_barrier()
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %reps
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+
+define i32 @tf_probe_barriers(ptr noalias %params, ptr noalias %out, ptr %record) {
+entry:
+  %team64 = load i64, ptr %params
+  %team = trunc i64 %team64 to i32
+  %t0 = call i64 @llvm.readcyclecounter()
+  call void @GOMP_parallel(ptr @tf_probe_barrier_loop, ptr %params, i32 %team, i32 0)
+  %t1 = call i64 @llvm.readcyclecounter()
+  %d = sub i64 %t1, %t0
+  store i64 %d, ptr %out
+  ret i32 0
+}
+
 define i32 @tf_probe_forks(ptr noalias %params, ptr noalias %out, ptr %record) {
 entry:
   %team64 = load i64, ptr %params
@@ -116,22 +146,46 @@ class ParallelCosts:
     clock_pair_seconds: float     # one timed iteration's own clock reads (subtracted)
     fork_join_seconds: dict       # {team: seconds per region} for the teams measured (1, 2)
     cores: int                    # threads the fork/join figures could use (the host's)
+    barrier_seconds: dict = field(default_factory=dict)   # {team: seconds per barrier}; empty: fork/join's
 
     def fork_join(self, team: int) -> float:
-        """Fork/join of a region on `team` threads. Measured at 1 and 2; beyond, extrapolated
-        linearly by the measured cost of the second thread: libgomp starts a team by waking each
-        thread and joins it on a centralised barrier (one counter every thread decrements, one
-        futex the last one wakes), so each thread adds its own cache-line transfers and wake-up;
-        EPCC syncbench's PARALLEL overhead grows about linearly with threads on one socket.
-        A shared 2-vCPU host gives a noisy second-thread cost: it is the lowest of repeats."""
+        """Fork/join of a region on `team` threads, measured at 1 and 2 and extrapolated by what
+        libgomp does. It starts a warm team by one release that every waiting thread sees at
+        once (a generation counter, a futex wake for those asleep): a cost the second thread adds
+        once, not again with each further thread. It joins the team on a centralised barrier:
+        each thread decrements one shared counter in turn, so that part grows by one cache-line
+        transfer a thread. The barrier probe measures that second part alone; the rest of the
+        second thread's cost is the release. So fork_join(n) = fork_join(1) + release + n - 1
+        barrier steps. Without a barrier figure, the second thread's whole cost is extrapolated
+        linearly (an upper bound). A shared 2-vCPU host gives noisy second-thread costs: each is
+        the lowest of repeats."""
         one = self.fork_join_seconds[1]
         two = self.fork_join_seconds.get(2, one)
-        return one + max(two - one, 0.0) * (max(team, 1) - 1)
+        second = max(two - one, 0.0)
+        if not self.barrier_seconds or 2 not in self.barrier_seconds:
+            return one + second * (max(team, 1) - 1)
+        step = min(self.barrier_step(), second)
+        return one + (second - step) * (team > 1) + step * (max(team, 1) - 1)
+
+    def barrier_step(self) -> float:
+        """What each thread beyond the first adds to a barrier (its turn at the shared counter)."""
+        one = self.barrier_seconds.get(1, 0.0)
+        return max(self.barrier_seconds.get(2, one) - one, 0.0)
+
+    def barrier(self, team: int) -> float:
+        """A barrier of a running team on `team` threads: measured at 1 and 2, extrapolated
+        linearly (libgomp's barrier is the join's: every thread's decrement of one counter in
+        turn, the last one's release), never above a fork/join."""
+        if not self.barrier_seconds:
+            return self.fork_join(team)
+        return min(self.barrier_seconds[1] + self.barrier_step() * (max(team, 1) - 1), self.fork_join(team))
 
     def to_dict(self) -> dict:
         return {"ticks_per_second": self.ticks_per_second, "clock_pair_ns": self.clock_pair_seconds * 1e9,
                 "fork_join_us": {str(k): v * 1e6 for k, v in self.fork_join_seconds.items()},
-                "fork_join_slope_us_per_thread": (self.fork_join(2) - self.fork_join(1)) * 1e6}
+                "fork_join_slope_us_per_thread": (self.fork_join(2) - self.fork_join(1)) * 1e6,
+                "barrier_us": {str(k): v * 1e6 for k, v in self.barrier_seconds.items()},
+                "barrier_slope_us_per_thread": (self.barrier(2) - self.barrier(1)) * 1e6}
 
 
 class _Probes:
@@ -142,6 +196,8 @@ class _Probes:
                                                           ArgSpec("slots", (4096,), "int64")], target)
         self.forks = Kernel("tf_probe_forks", obj, [ArgSpec("params", (3,), "int64", False),
                                                     ArgSpec("out", (1,), "int64")], target)
+        self.barriers = Kernel("tf_probe_barriers", obj, [ArgSpec("params", (3,), "int64", False),
+                                                          ArgSpec("out", (1,), "int64")], target)
 
 
 def ticks_per_second(probes: _Probes, seconds: float = 0.05) -> float:
@@ -186,6 +242,19 @@ def fork_join_ticks(probes: _Probes, team: int, reps: int = 50, repeats: int = 2
     return min(runs)
 
 
+def barrier_ticks(probes: _Probes, team: int, fork_join: float, reps: int = 100, repeats: int = 100) -> float:
+    """Ticks per barrier of a running team on `team` threads: one region of `reps` barriers, its
+    fork/join (`fork_join` ticks) taken off, the lowest of `repeats` runs (as fork_join_ticks)."""
+    out = np.zeros(1, np.int64)
+    params = np.array([team, reps, 0], np.int64)
+    probes.barriers(params, out)   # warm-up
+    runs = []
+    for _ in range(repeats):
+        probes.barriers(params, out)
+        runs.append(max(int(out[0]) - fork_join, 0.0) / reps)
+    return min(runs)
+
+
 def measure_parallel_costs(target=None, teams=(1, 2)) -> ParallelCosts:
     """Measure this machine's ticks rate, clock-read cost and fork/join at `teams` (those the
     host has threads for: a team larger than the cores would measure time-sharing)."""
@@ -196,7 +265,8 @@ def measure_parallel_costs(target=None, teams=(1, 2)) -> ParallelCosts:
     rate = ticks_per_second(probes)
     cores = get_max_threads()
     fork_join = {t: fork_join_ticks(probes, t) / rate for t in teams if t <= max(cores, 1)}
-    return ParallelCosts(rate, clock_pair_ticks(probes) / rate, fork_join, cores)
+    barrier = {t: barrier_ticks(probes, t, fork_join[t] * rate) / rate for t in fork_join}
+    return ParallelCosts(rate, clock_pair_ticks(probes) / rate, fork_join, cores, barrier)
 
 
 __all__ = ["ParallelCosts", "measure_parallel_costs"]

@@ -9,7 +9,10 @@ loop nested in a region runs serially inside its chunk), its team cap is
 codegen_llvm.parallel_team_cap of that loop, its chunks are those of _emit_dynamic_chunks
 (contiguous, about extent / (team · CHUNKS_PER_THREAD) iterations each). A region nested in
 serial loops forks and joins once per iteration of them: `entries` counts those (an upper bound
-where an `if` may skip it; the profiling build counts the real number).
+where an `if` may skip it; the profiling build counts the real number). Consecutive regions
+run as one team (compiler/parallel_teams.py): the team forks once, on its first region, and
+enters each later one through a barrier, with as many threads as its largest cap asks for; each
+region still cuts its iterations into the chunks its own cap makes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from .codegen_llvm import CHUNKS_PER_THREAD, parallel_team_cap
 from .expr import walk
 from .loop_ir import Allocate, For, Load, LoweredFunc, Stmt, Store, stmt_children
+from .parallel_teams import Team, is_region_loop, team_plan
 
 
 @dataclass
@@ -28,23 +32,31 @@ class Region:
     index: int            # order of appearance in the kernel (the profiling build's slot number)
     var: str              # the loop variable's name (the schedule's fused axis, e.g. `oc_o.ow_o`)
     extent: int           # iterations the loop hands out
-    team_cap: int         # most threads it ever runs on (parallel_team_cap)
-    entries: int          # forks per kernel call: the product of the enclosing loops' extents
+    team_cap: int         # the threads its chunks are cut for, at most (parallel_team_cap)
+    entries: int          # forks (or, in a team, barriers) per kernel call: the enclosing loops' extents multiplied
     bytes: int            # bytes of the non-scratch buffers its body reads or writes
     buffers: list = field(default_factory=list)   # their names
     loop: For | None = field(default=None, repr=False, compare=False)
+    first: int = -1       # index of its team's first region (itself: it forks); -1: itself
+    threads_cap: int = 0  # most threads its team starts (the largest cap of the team); 0: team_cap
+
+    @property
+    def forks(self) -> bool:
+        """Whether entering it starts a team (else the team is running: a barrier enters it)."""
+        return self.first in (-1, self.index)
 
     def team(self, threads: int) -> int:
-        """The team libgomp starts for it when `threads` are available."""
-        return max(1, min(self.team_cap, threads))
+        """The threads present when it runs, `threads` being available."""
+        return max(1, min(self.threads_cap or self.team_cap, threads))
 
     def chunks(self, threads: int) -> list:
         """[(first, end)] iteration ranges the dynamic schedule hands out on `threads` threads."""
-        return chunk_ranges(self.extent, self.team(threads))
+        return chunk_ranges(self.extent, max(1, min(self.team_cap, threads)))
 
     def to_dict(self) -> dict:
         return {"index": self.index, "var": self.var, "extent": self.extent, "team_cap": self.team_cap,
-                "entries": self.entries, "bytes": self.bytes}
+                "entries": self.entries, "bytes": self.bytes, "forks": self.forks,
+                "team_threads_cap": self.threads_cap or self.team_cap}
 
 
 def chunk_size(extent: int, team: int) -> int:
@@ -66,11 +78,28 @@ def parallel_regions(func: LoweredFunc) -> list:
     return found
 
 
+def _region(s: For, entries: int, found: list) -> Region:
+    names, nbytes = _touched(s.body)
+    region = Region(len(found), s.var.name, s.extent, parallel_team_cap(s), entries, nbytes, names, s)
+    found.append(region)
+    return region
+
+
 def _collect(s: Stmt, entries: int, found: list) -> None:
+    plan = team_plan(s)
+    if plan is not None:
+        for item in plan[1]:
+            if not isinstance(item, Team):
+                _collect(item, entries, found)
+                continue
+            members = [_region(loop, entries, found) for loop in item.loops]
+            cap = max(r.team_cap for r in members)
+            for r in members:
+                r.first, r.threads_cap = members[0].index, cap
+        return
     if isinstance(s, For):
-        if s.kind == "parallel" and s.extent > 1:
-            names, nbytes = _touched(s.body)
-            found.append(Region(len(found), s.var.name, s.extent, parallel_team_cap(s), entries, nbytes, names, s))
+        if is_region_loop(s):
+            _region(s, entries, found)
             return
         if s.kind == "vectorized":   # codegen runs a parallel loop under a vector loop serially
             return

@@ -6,14 +6,21 @@ timing whole variants says nothing about how evenly a region's iterations cost, 
 how its chunks balance. Here the real kernel runs, with two reads of the cycle counter
 (`llvm.readcyclecounter`, rdtsc on x86: tens of cycles, invariant rate) added
 
-- around each region's GOMP_parallel call: its span (fork, chunks, join) and how often it forks;
+- around each region's GOMP_parallel call: its span (fork, chunks, join) and how often it forks
+  (a team of several loops, compiler/parallel_teams.py, counts its span on its first loop and
+  an entry on each);
 - around each iteration of its chunk loop: each iteration's cost, summed over the region's
   entries into one slot per iteration (so a region inside a serial loop still gives its
   per-iteration profile).
 
+- around the kernel's whole body: the call's time, so the serial part (the call outside its
+  regions) comes from the same calls as the regions' spans. Taken from a separate timing of the
+  plain kernel instead, it took whatever the host's speed did between the two timings: on a
+  drifting host a one-region 1x1 convolution showed a "serial" quarter of its time.
+
 The counters live in a numpy int64 array whose address is compiled into the code (a profiling
 kernel is never serialized or shared): [span, entries] per region, then one slot per iteration
-of each region. The reads add a fixed cost per iteration (measured by compiler.parallel_probe
+of each region, then the call's. The reads add a fixed cost per iteration (measured by compiler.parallel_probe
 and subtracted by compiler.scaling) and sit outside the iteration's own loops, so the body is
 compiled as in the real kernel.
 """
@@ -40,7 +47,8 @@ class RegionClock:
         for r in regions:
             self.slot_of[id(r.loop)] = (r.index, offset)
             offset += r.extent
-        self.counters = np.zeros(max(offset, 1), np.int64)
+        self.call_slot = offset   # the whole call's ticks, in the same call as the regions'
+        self.counters = np.zeros(offset + 1, np.int64)
 
     # ---------------------------------------------------------------- read back
     def reset(self) -> None:
@@ -51,6 +59,9 @@ class RegionClock:
 
     def entries(self, region: int) -> int:
         return int(self.counters[2 * region + 1])
+
+    def call_ticks(self) -> int:
+        return int(self.counters[self.call_slot])
 
     def iteration_ticks(self, region: int) -> np.ndarray:
         r = self.regions[region]
@@ -75,6 +86,17 @@ class RegionClock:
         region, _ = self.slot_of[id(loop)]
         now = self.start(em, loop)
         self._add(em, ir.Constant(I64, 2 * region), em.builder.sub(now, started))
+        self._add(em, ir.Constant(I64, 2 * region + 1), ir.Constant(I64, 1))
+
+    def end_call(self, em, started) -> None:
+        """The kernel's body ran (from `started`): its ticks into the call's slot."""
+        now = self.start(em, None)
+        self._add(em, ir.Constant(I64, self.call_slot), em.builder.sub(now, started))
+
+    def count_entry(self, em, loop) -> None:
+        """An entry into a team's later loop (compiler/parallel_teams.py): the team's span is
+        counted on its first loop, the entry on each."""
+        region, _ = self.slot_of[id(loop)]
         self._add(em, ir.Constant(I64, 2 * region + 1), ir.Constant(I64, 1))
 
     def end_iteration(self, em, loop, started, iteration) -> None:

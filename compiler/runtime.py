@@ -380,25 +380,30 @@ class LoweredKernel:
                       self.checks)
 
 
-def lower_kernel(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True) -> LoweredKernel:
+def lower_kernel(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True,
+                 teams: bool = True) -> LoweredKernel:
     """Lower `schedule` and generate its LLVM IR (build's first half)."""
     target = resolve_target(target)
     check_kernel_name(name)
     func = lower(schedule, args, name)
-    mb = ModuleBuilder(func, target, index_checks)
+    mb = ModuleBuilder(func, target, index_checks, teams=teams)
     ir_text = str(mb.build())
     outputs = set(schedule.outputs)
     specs = [ArgSpec(b.name, b.shape, b.dtype, t in outputs) for b, t in zip(func.args, args)]
     return LoweredKernel(name, ir_text, specs, target, str(func), mb.checks)
 
 
-def build(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True) -> Kernel:
+def build(schedule: Schedule, args, target=None, name: str = "main", *, index_checks: bool = True,
+          teams: bool = True) -> Kernel:
     """Lower, generate LLVM IR, compile to an object for `target` (host by default) and wrap it.
 
     `index_checks=False` clamps data-dependent indices instead of checking them; it exists only
     so bench/index_checks.py can measure what the checks cost in one process. Nothing else
-    passes it: a kernel that clamps returns a wrong row for a bad index."""
-    return lower_kernel(schedule, args, target, name, index_checks=index_checks).compile()
+    passes it: a kernel that clamps returns a wrong row for a bad index. `teams=False` forks
+    and joins a team for every parallel loop instead of once for consecutive ones
+    (compiler/parallel_teams.py); likewise only for bench/parallel_teams.py, which measures what
+    one team saves."""
+    return lower_kernel(schedule, args, target, name, index_checks=index_checks, teams=teams).compile()
 
 
 __all__ = ["ArgSpec", "Kernel", "Timing", "TimingOptions", "TimingResult", "build", "load_kernel", "compile_module",

@@ -13,7 +13,9 @@ fork/join cost (compiler/parallel_probe.py). On N threads:
   chunk count over the team, and uneven iterations, both show up here: a region of 3 chunks
   can never go more than 3x faster);
 - each entry pays the fork/join of its team (ParallelCosts.fork_join: measured at 1 and 2
-  threads, extrapolated linearly);
+  threads, extrapolated linearly); a region that a running team enters (the later loops of a
+  team, compiler/parallel_teams.py) pays a barrier instead (ParallelCosts.barrier, measured and
+  extrapolated the same way), and runs on its team's threads, in the chunks its own cap makes;
 - a region whose data cannot stay in its team's private caches (the bytes of the buffers it
   touches exceed team · the host's L2 per core) takes at least bytes / (team · per-core
   bandwidth): ManyCoreHost states that per-core bandwidth for the machine being predicted,
@@ -33,7 +35,7 @@ import numpy as np
 from .parallel_regions import Region
 
 THREADS = (4, 8, 16, 32, 64, 128)
-LOSSES = ("serial", "fork/join", "team cap", "chunks", "bandwidth")
+LOSSES = ("serial", "fork/join", "team cap", "chunks", "bandwidth")   # fork/join: a team's barriers too
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,24 @@ class KernelTiming:
     name: str
     seconds: float
     regions: list = field(default_factory=list)   # RegionTiming
+    measured_serial: float | None = None   # the profiling build's call outside its regions (None: not measured)
 
     @property
     def serial_seconds(self) -> float:
-        """The kernel's time outside its regions (never below zero: the profiling build's spans
-        can exceed a plain call by the noise of separate timings)."""
+        """The kernel's time outside its regions: measured in the profiling build's own calls,
+        else the plain call's time less the regions' spans (never below zero: separate timings
+        differ by the host's noise)."""
+        if self.measured_serial is not None:
+            return self.measured_serial
         return max(0.0, self.seconds - sum(r.span_seconds for r in self.regions))
+
+    @property
+    def one_thread_seconds(self) -> float:
+        """The one-thread time predictions are compared with: the serial part and the spans of
+        the same measurement (the plain call's time when the serial part was not measured)."""
+        if self.measured_serial is None:
+            return self.seconds
+        return self.measured_serial + sum(r.span_seconds for r in self.regions)
 
 
 @dataclass
@@ -136,8 +150,9 @@ def makespan(costs: np.ndarray, chunks: list, team: int) -> float:
     return max(free)
 
 
-def predict_region(rt: RegionTiming, threads: int, fork_join, host: ManyCoreHost) -> RegionPrediction:
-    """One region on `threads` threads; `fork_join(team)` gives seconds per fork."""
+def predict_region(rt: RegionTiming, threads: int, fork_join, host: ManyCoreHost, barrier=None) -> RegionPrediction:
+    """One region on `threads` threads; `fork_join(team)` gives seconds per fork, `barrier(team)`
+    per barrier (fork_join's when None)."""
     r = rt.region
     team = r.team(threads)
     chunks = r.chunks(threads)
@@ -148,23 +163,25 @@ def predict_region(rt: RegionTiming, threads: int, fork_join, host: ManyCoreHost
     bound = 0.0
     if r.bytes > team * host.l2_bytes_per_core:
         bound = r.bytes / (team * host.gbps_per_core * 1e9)
-    forks = entries * fork_join(team)
+    forks = entries * (fork_join(team) if r.forks or barrier is None else barrier(team))
     seconds = max(worked, bound) + forks
     losses = {"fork/join": forks, "team cap": compute / team - compute / threads,
               "chunks": worked - compute / team, "bandwidth": max(0.0, bound - worked)}
     return RegionPrediction(r.index, team, len(chunks), seconds, losses)
 
 
-def predict(kt: KernelTiming, threads: int, fork_join, host: ManyCoreHost = ManyCoreHost()) -> Prediction:
-    """The kernel on `threads` threads (see the module docstring)."""
-    regions = [predict_region(rt, threads, fork_join, host) for rt in kt.regions]
+def predict(kt: KernelTiming, threads: int, fork_join, host: ManyCoreHost = ManyCoreHost(),
+            barrier=None) -> Prediction:
+    """The kernel on `threads` threads (see the module docstring); `barrier(team)`: seconds per
+    barrier (fork_join's when None)."""
+    regions = [predict_region(rt, threads, fork_join, host, barrier) for rt in kt.regions]
     serial = kt.serial_seconds
     losses = {k: 0.0 for k in LOSSES}
     losses["serial"] = serial - serial / threads
     for rp in regions:
         for k, v in rp.losses.items():
             losses[k] += v
-    return Prediction(threads, kt.seconds, serial + sum(rp.seconds for rp in regions), regions, losses)
+    return Prediction(threads, kt.one_thread_seconds, serial + sum(rp.seconds for rp in regions), regions, losses)
 
 
 def combined_speedup(predictions: list) -> float:

@@ -94,7 +94,7 @@ def measure_model_scaling(module, inputs: dict, records=None, costs: ParallelCos
             kt = timings[gk.key] = measure_kernel(_schedule(module, gk, records), gk.opdef.tensors, step.arrays,
                                                   costs, module.target, name=gk.opdef.name, plain=step.kernel)
         ks = KernelScaling(i, gk.opdef.name, gk.key, kt)
-        ks.predictions = {n: predict(kt, n, costs.fork_join, host) for n in threads}
+        ks.predictions = {n: predict(kt, n, costs.fork_join, host, costs.barrier) for n in threads}
         kernels.append(ks)
     return ModelScaling(kernels, costs, host)
 

@@ -1,0 +1,198 @@
+"""Consecutive parallel loops of a kernel run as one team (compiler/parallel_teams.py): one fork,
+a barrier between loops, one join; the scaling model sees the same teams.
+
+The kernels here make the second loop read what other threads' chunks of the first wrote (rows
+reversed and rotated), so a missing or misplaced barrier shows as wrong numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compiler as C
+from compiler.codegen_llvm import generate
+from compiler.kernel_scaling import one_thread
+from compiler.lower import lower
+from compiler.openmp import get_max_threads
+from compiler.parallel_probe import ParallelCosts
+from compiler.parallel_regions import Region, parallel_regions
+from compiler.parallel_teams import Team, team_plan
+from compiler.region_clock import build_clocked
+from compiler.scaling import KernelTiming, RegionTiming, predict
+
+ROWS, COLS = 67, 1000    # 67K elements: a team cap of 4 by work; 67 rows divide into no chunk size
+
+
+def _two_stages(serial_between: bool = False, rows=ROWS, cols=COLS):
+    A = C.placeholder((rows, cols), name="A")
+    B = C.compute((rows, cols), lambda i, j: A[i, j] * 2.0 + 1.0, name="B")
+    mid = B
+    if serial_between:
+        mid = C.compute((rows, cols), lambda i, j: B[i, j] - 1.0, name="mid")
+    out = C.compute((rows, cols), lambda i, j: mid[rows - 1 - i, j] + mid[(i + 5) % rows, j], name="out")
+    s = C.create_schedule(out)
+    s[B].parallel(s[B].op.axis[0])
+    s[out].parallel(s[out].op.axis[0])
+    return A, out, s
+
+
+def _expected(a, serial_between=False):
+    b = a.astype(np.float64) * 2.0 + 1.0
+    if serial_between:
+        b = b - 1.0
+    rows = a.shape[0]
+    return b[::-1] + b[(np.arange(rows) + 5) % rows]
+
+
+def _ir(s, args) -> str:
+    return str(generate(lower(s, args), C.Target.host()))
+
+
+def _forks(ir: str) -> int:
+    return ir.count('@"GOMP_parallel"(') - ir.count('declare void @"GOMP_parallel"(')
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_consecutive_parallel_stages_run_as_one_team(threads):
+    A, out, s = _two_stages()
+    plan = team_plan(lower(s, [A, out], "k").body)
+    assert plan is not None and sum(isinstance(i, Team) for i in plan[1]) == 1
+    ir = _ir(s, [A, out])
+    assert _forks(ir) == 1 and "GOMP_barrier" in ir
+    k = C.build(s, [A, out])
+    before = get_max_threads()
+    C.set_num_threads(threads)
+    try:
+        a = np.random.default_rng(1).standard_normal((ROWS, COLS)).astype(np.float32)
+        for _ in range(20):   # a race would show in some of the calls
+            got = np.full((ROWS, COLS), np.nan, np.float32)
+            k(a, got)
+            np.testing.assert_allclose(got, _expected(a), rtol=1e-6, atol=1e-5)
+    finally:
+        C.set_num_threads(before)
+
+
+def test_a_serial_stage_between_parallel_ones_ends_the_team():
+    A, out, s = _two_stages(serial_between=True)
+    assert team_plan(lower(s, [A, out], "k").body) is None
+    ir = _ir(s, [A, out])
+    assert _forks(ir) == 2 and "GOMP_barrier" not in ir
+    k = C.build(s, [A, out])
+    a = np.random.default_rng(2).standard_normal((ROWS, COLS)).astype(np.float32)
+    got = np.full((ROWS, COLS), np.nan, np.float32)
+    k(a, got)
+    np.testing.assert_allclose(got, _expected(a, serial_between=True), rtol=1e-6, atol=1e-5)
+
+
+def test_a_checked_index_failing_in_a_team_is_reported_and_the_next_call_runs():
+    n, cols = 64, 1024
+    A = C.placeholder((8, cols), name="A")
+    idx = C.placeholder((n,), "int32", "idx")
+    G = C.compute((n, cols), lambda i, j: A[idx[i], j] + 1.0, name="G")
+    out = C.compute((n, cols), lambda i, j: G[n - 1 - i, j] * 3.0, name="out")
+    s = C.create_schedule(out)
+    s[G].parallel(s[G].op.axis[0])
+    s[out].parallel(s[out].op.axis[0])
+    assert _forks(_ir(s, [A, idx, out])) == 1
+    k = C.build(s, [A, idx, out])
+    a = np.random.default_rng(3).standard_normal((8, cols)).astype(np.float32)
+    good = np.arange(n, dtype=np.int32) % 8
+    got = np.full((n, cols), np.nan, np.float32)
+    for _ in range(3):
+        bad = good.copy()
+        bad[41] = 9
+        with pytest.raises(C.KernelRuntimeError, match="index 9 is out of range"):
+            k(a, bad, got)
+    k(a, good, got)
+    np.testing.assert_allclose(got, ((a[good] + 1.0) * 3.0)[::-1], rtol=1e-6)
+
+
+def test_a_thread_whose_scratch_allocation_fails_leaves_no_team_waiting():
+    """A team loop's thread that cannot allocate its scratch returns at once; the others must
+    not wait for it at a barrier, nor take its chunks' bounds for the next loop's."""
+    from test_kernel_safety import run_isolated
+    proc = run_isolated("""
+        import resource, numpy as np, compiler as C
+        A = C.placeholder((4, 64), "float32", "A")
+        P = C.compute((4, 64), lambda i, j: A[i, j] + 1.0, name="P")
+        T = C.compute((4, 1 << 28), lambda i, j: P[i, j % 64] * 2.0, name="T")   # 1 GiB a thread
+        r = C.reduce_axis(1 << 28, "r")
+        out = C.compute((4,), lambda i: C.sum(T[i, r], axis=r), name="out")
+        s = C.create_schedule(out)
+        s[P].parallel(s[P].op.axis[0])
+        s[out].parallel(s[out].op.axis[0])
+        s[T].compute_at(s[out], s[out].op.axis[0])
+        from compiler.codegen_llvm import generate
+        assert str(generate(C.lower(s, [A, out]), C.Target.host())).count('call void @"GOMP_parallel"(') == 1
+        k = C.build(s, [A, out])
+        resource.setrlimit(resource.RLIMIT_AS, (800 << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        got = np.full(4, np.nan, np.float32)
+        for _ in range(3):
+            try:
+                k(np.ones((4, 64), np.float32), got)
+            except C.KernelRuntimeError as e:
+                assert "out of memory" in str(e) and e.status == 1
+            else:
+                raise SystemExit("no error")
+        print("ok")
+    """)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- what the scaling model sees
+
+def test_regions_of_a_team_fork_once_and_share_the_largest_cap():
+    A, out, s = _two_stages(rows=ROWS, cols=4 * COLS)
+    first, second = parallel_regions(lower(s, [A, out], "k"))
+    assert first.forks and not second.forks and second.first == first.index == 0
+    assert first.team(64) == second.team(64) == max(first.team_cap, second.team_cap)
+    assert len(second.chunks(64)) == len(Region(1, "i", ROWS, second.team_cap, 1, 0).chunks(64))
+
+
+def test_profiling_build_counts_the_team_span_once_and_every_entry():
+    A, out, s = _two_stages()
+    clocked = build_clocked(s, [A, out])
+    a = np.random.default_rng(4).standard_normal((ROWS, COLS)).astype(np.float32)
+    got = np.full((ROWS, COLS), np.nan, np.float32)
+    with one_thread():   # as the scaling model runs it: the span holds every iteration
+        clocked.kernel(a, got)
+    np.testing.assert_allclose(got, _expected(a), rtol=1e-6, atol=1e-5)
+    clock = clocked.clock
+    assert clock.entries(0) == clock.entries(1) == 1
+    assert clock.span_ticks(1) == 0 and clock.span_ticks(0) >= clock.iteration_ticks(0).sum() + clock.iteration_ticks(1).sum()
+    assert clock.call_ticks() >= clock.span_ticks(0)
+
+
+def test_a_teams_later_region_pays_a_barrier_not_a_fork():
+    lone = Region(0, "i", 64, 64, 1, 0)
+    joined = Region(1, "j", 64, 64, 1, 0, first=0, threads_cap=64)
+    fork = lambda team: 5e-6   # noqa: E731
+    barrier = lambda team: 1e-6   # noqa: E731
+    costs = np.full(64, 1e-6)
+    kt = KernelTiming("k", 1.0, [RegionTiming(lone, costs, 1), RegionTiming(joined, costs, 1)], measured_serial=0.0)
+    p = predict(kt, 16, fork, barrier=barrier)
+    assert p.losses["fork/join"] == pytest.approx(5e-6 + 1e-6)
+
+
+def test_fork_join_extrapolates_one_release_and_a_barrier_step_a_thread():
+    costs = ParallelCosts(1e9, 0.0, {1: 0.5e-6, 2: 1.5e-6}, 2, {1: 0.2e-6, 2: 0.4e-6})
+    assert costs.fork_join(1) == pytest.approx(0.5e-6) and costs.fork_join(2) == pytest.approx(1.5e-6)
+    # the second thread's 1.0 us: 0.8 us release (once) + 0.2 us barrier step (each thread)
+    assert costs.fork_join(16) == pytest.approx(0.5e-6 + 0.8e-6 + 15 * 0.2e-6)
+    assert costs.barrier(16) == pytest.approx(0.2e-6 + 15 * 0.2e-6) and costs.barrier(16) <= costs.fork_join(16)
+    linear = ParallelCosts(1e9, 0.0, {1: 0.5e-6, 2: 1.5e-6}, 2)    # no barrier figure: linear, an upper bound
+    assert linear.fork_join(16) == pytest.approx(0.5e-6 + 15 * 1e-6) and linear.barrier(16) == linear.fork_join(16)
+
+
+def test_a_measured_team_is_never_predicted_faster_than_its_thread_count():
+    from compiler.kernel_scaling import measure_kernel
+    from compiler.parallel_probe import measure_parallel_costs
+
+    A, out, s = _two_stages()
+    a = np.random.default_rng(5).standard_normal((ROWS, COLS)).astype(np.float32)
+    costs = measure_parallel_costs()
+    kt = measure_kernel(s, [A, out], [a, np.zeros_like(a)], costs)
+    assert kt.serial_seconds >= 0 and kt.regions[1].span_seconds > 0
+    for n in (1, 2, 4, 16, 128):
+        p = predict(kt, n, costs.fork_join, barrier=costs.barrier)
+        assert 0 < p.speedup <= n * (1 + 1e-9)
