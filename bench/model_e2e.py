@@ -264,12 +264,12 @@ def ort_session(model, threads: int):
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
-def build_quiet(graph, records=None):
+def build_quiet(graph, records=None, target=None):
     """build_model without its "no tuned schedule" warnings (the default schedule, as intended)."""
     from compiler.graph import build_model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return build_model(graph, records=records)
+        return build_model(graph, target=target, records=records)
 
 
 def main() -> int:

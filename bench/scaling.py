@@ -11,6 +11,12 @@ a bandwidth bound for data beyond the team's L2 at an assumed per-core bandwidth
 many-core host (printed; this machine's own 1- and all-core read bandwidth are printed beside
 it). A model's figure weighs its kernels by their one-thread time.
 
+The kernels are those a machine of `--cores` cores (default 16, the figure's thread count) would
+run: default schedules for this host's instruction set with `-num-cores=16`, whose parallel loops
+are cut for 16 threads (a 2-core target's schedule packs a layer's weights per channel block
+inside a parallel loop of as few as 8 blocks, since 8 blocks keep 2 cores busy; a 16-core one
+packs first and spreads the tiles). They run here on one thread, as every kernel is measured.
+
 Prints a table (speed-up at each N, efficiency at 16 and what limits it: the kernel and region
 and whether the loss is the serial part, fork/join, the team cap, too few or uneven chunks, or
 bandwidth), then one JSON line: `predicted_efficiency_16` ({conv layer or model: speed-up at 16
@@ -51,19 +57,17 @@ def kernel_details(kt, predictions) -> dict:
             "losses_16_ms": {k: round(v * 1e3, 4) for k, v in p16.losses.items()}}
 
 
-def conv_layers(names, costs, host, threads, out) -> None:
+def conv_layers(names, costs, host, threads, out, target) -> None:
     from compiler.kernel_scaling import measure_kernel
     from compiler.ops import default_schedule, get_op
     from compiler.scaling import predict
-    from compiler.target import Target
 
-    target = Target.host()
     rng = np.random.default_rng(0)
     for layer in names:
         opdef = get_op("conv2d_nchw", **tune_conv.params(layer))
         arrays = [rng.standard_normal(t.shape).astype(t.dtype) for t in opdef.tensors]
         kt = measure_kernel(default_schedule(opdef, target), opdef.tensors, arrays, costs, target, name=layer)
-        preds = {n: predict(kt, n, costs.fork_join, host) for n in threads}
+        preds = {n: predict(kt, n, costs.fork_join, host, costs.barrier) for n in threads}
         record(out, f"conv {layer}", {n: p.speedup for n, p in preds.items()}, preds[16].limit(),
                kernel_details(kt, preds))
 
@@ -90,7 +94,7 @@ def model_graph(name: str, tmp: str):
     return graph, {n: feeds[n] for n in graph.inputs}
 
 
-def models(names, costs, host, threads, out, refused) -> None:
+def models(names, costs, host, threads, out, refused, target) -> None:
     import model_e2e
 
     from compiler.graph.model_scaling import measure_model_scaling
@@ -100,7 +104,7 @@ def models(names, costs, host, threads, out, refused) -> None:
             t0 = time.perf_counter()
             try:
                 graph, feeds = model_graph(name, tmp)
-                module = model_e2e.build_quiet(graph)
+                module = model_e2e.build_quiet(graph, target=target)
                 sc = measure_model_scaling(module, feeds, costs=costs, host=host, threads=threads)
             except Exception as e:  # noqa: BLE001 - a model that fails is reported, the run goes on
                 refused[name] = f"{type(e).__name__}: {e}"[:300]
@@ -136,7 +140,11 @@ def main() -> int:
     ap.add_argument("--gbps-per-core", type=float, default=None,
                     help="the many-core host's DRAM bandwidth per core with all cores streaming (default: "
                          "compiler.scaling.ManyCoreHost's)")
+    ap.add_argument("--cores", type=int, default=16,
+                    help="the cores of the target the kernels are made for (this host's instruction set; default 16)")
     args = ap.parse_args()
+    if args.cores < 1:
+        ap.error("--cores must be at least 1")
     names = [] if args.models == ["none"] else args.models
     layers = [] if args.layers == ["none"] else args.layers
     unknown = [m for m in names if m not in model_zoo.MODELS] + [x for x in layers if x not in tune_conv.LAYERS]
@@ -149,25 +157,29 @@ def main() -> int:
     from compiler.scaling import THREADS, ManyCoreHost
 
     cores = get_max_threads()
+    target = compiler.Target.host()
+    target.num_cores = args.cores
     host = ManyCoreHost() if args.gbps_per_core is None else ManyCoreHost(gbps_per_core=args.gbps_per_core)
     costs = measure_parallel_costs()
     here = {"1": round(model_zoo.memory_gbps(1, mib=256), 1), str(cores): round(model_zoo.memory_gbps(cores, mib=256), 1)}
     fj = costs.to_dict()
-    print(f"host {compiler.Target.host()}, {cores} threads; fork/join measured {fj['fork_join_us']} us "
-          f"(+{fj['fork_join_slope_us_per_thread']:.2f} us a thread beyond 2, linear); memory read here {here} GB/s "
+    print(f"kernels made for {target.cpu} with {target.num_cores} cores, measured here on 1 of {cores} threads; "
+          f"fork/join measured {fj['fork_join_us']} us, a team's barrier {fj['barrier_us']} us (beyond 2 threads: "
+          f"+{fj['fork_join_slope_us_per_thread']:.2f} / +{fj['barrier_slope_us_per_thread']:.2f} us at the "
+          f"second, +{costs.barrier_step() * 1e6:.2f} us a further thread); memory read here {here} GB/s "
           f"(1 / all threads); assumed for the many-core host: {host.gbps_per_core} GB/s and "
           f"{host.l2_bytes_per_core >> 20} MiB L2 a core\n")
     print(f"{'layer or model':<28} " + " ".join(f"{'x' + str(n):>6}" for n in THREADS) + "   eff16   limit at 16")
     out = {"predicted_efficiency_16": {}, "predicted_speedup": {}, "limits_16": {}, "details": {}}
     refused: dict = {}
     t0 = time.perf_counter()
-    conv_layers(layers, costs, host, THREADS, out)
-    models(names, costs, host, THREADS, out, refused)
+    conv_layers(layers, costs, host, THREADS, out, target)
+    models(names, costs, host, THREADS, out, refused, target)
     effs = out["predicted_efficiency_16"]
     below = sorted(k for k, v in effs.items() if v < 0.7)
     print(f"\n{len(effs) - len(below)} of {len(effs)} at >= 0.7 efficiency at 16 threads; below: {', '.join(below) or '-'}"
           f"; refused {sorted(refused) or '-'}; {time.perf_counter() - t0:.0f} s")
-    out.update(parallel_costs=fj, host_assumption=host.to_dict(), memory_gbps_here=here, threads=list(THREADS),
+    out.update(target=str(target), parallel_costs=fj, host_assumption=host.to_dict(), memory_gbps_here=here, threads=list(THREADS),
                refused=sorted(refused), refused_reasons=refused, below_0_7=below)
     print(json.dumps(out))
     return 0
