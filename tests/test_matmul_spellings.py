@@ -162,3 +162,23 @@ def test_a_weight_streamed_once_is_prefetched_ahead_and_the_result_holds(rows):
     f = lower(default_schedule(opdef, module.target), [*opdef.inputs, opdef.output])
     fetched = {p.buffer.name for p in walk_stmts(f.body) if isinstance(p, Prefetch)}
     assert fetched == {f.args[1].name}
+
+
+def test_a_one_row_product_keeps_some_parallelism_on_more_cores_than_chunks():
+    """A 512-column row on 16 cores: 16 chunks of whole vectors would be too short, and it fell
+    back to one chunk on one core; it takes as many chunks as keep MIN_GEMV_CHUNK vectors."""
+    from compiler.ops.schedule_gemm import MIN_GEMV_CHUNK, gemv_chunk
+    assert gemv_chunk(512, 16, 16) == (128, 4)          # 4 chunks of 8 vectors
+    assert gemv_chunk(512, 16, 2) == (256, 4)           # as before: one chunk a core
+    assert gemv_chunk(512, 16, 1) == (512, 4)
+    assert gemv_chunk(32000, 16, 16)[0] == 2000         # 16 chunks of 125 vectors
+    chunk, _ = gemv_chunk(4096, 8, 128)
+    assert chunk // 8 >= MIN_GEMV_CHUNK and 4096 % chunk == 0
+    w, x = rand(RNG, (64, 512)), rand(RNG, (1, 64))
+    target = Target.host()
+    target.num_cores = 16
+    m = model([n("MatMul", ["x", "w"], ["y"])], {"x": (x.shape, "float32")}, {"y": (None, "float32")}, {"w": w},
+              opset=17)
+    (got,) = build_model(from_onnx(m), target=target).run(x=x)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5

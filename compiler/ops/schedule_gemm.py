@@ -249,10 +249,12 @@ def gemv_chunk(N: int, lanes: int, cores: int) -> tuple:
     """(columns per chunk, vectors per unrolled step) of schedule_gemv: the row cut into equal
     chunks of whole vectors, as few as give every core one (the smallest divisor of the
     vector count that is at least `cores`, while a chunk keeps MIN_GEMV_CHUNK vectors for a
-    long contiguous stretch per row), else one chunk."""
+    long contiguous stretch per row), else as many as keep that stretch (more cores than such
+    chunks: a 512-column layer on 16 cores ran in one chunk, on one core, where 4 keep 8
+    vectors each)."""
     vectors = N // lanes
-    parts = next((p for p in range(max(cores, 1), vectors + 1)
-                  if vectors % p == 0 and vectors // p >= MIN_GEMV_CHUNK), 1)
+    fits = [p for p in range(1, vectors + 1) if vectors % p == 0 and vectors // p >= MIN_GEMV_CHUNK]
+    parts = next((p for p in fits if p >= max(cores, 1)), max(fits, default=1))
     per = vectors // parts
     unroll = next(u for u in (GEMV_UNROLL, 2, 1) if per % u == 0)
     return per * lanes, unroll
