@@ -371,9 +371,10 @@ class FunctionEmitter:
         _emit_dynamic_chunks(member.child, s)
         member.child.finish()
 
-    def emit_team(self, loops: tuple):
+    def emit_team(self, loops: tuple, barriers: tuple):
         """Consecutive parallel loops (compiler/parallel_teams.py) on one team: one fork, each
-        loop's chunks claimed from its own counter, a barrier between two loops, one join. Each
+        loop's chunks claimed from its own counter, a barrier before each loop `barriers` marks
+        (one that touches what an earlier loop wrote), one join. Each
         loop's body is its own outlined function whose buffers are `noalias` arguments, as a
         lone region's: the promise holds for the span of one loop, where the threads touch
         disjoint elements, and not across the barrier, where one loop reads what another
@@ -404,9 +405,9 @@ class FunctionEmitter:
         for i, member in enumerate(members):
             closure = eb.load(eb.gep(team_entry.args[0], [ir.Constant(I32, 0), ir.Constant(I32, i)],
                                      source_etype=table_t), typ=PTR)
-            member.call(eb, closure)
-            if i + 1 < len(members):
+            if barriers[i]:
                 eb.call(barrier, [])
+            member.call(eb, closure)
         eb.ret_void()
         self._fork(team_entry, table, max(parallel_team_cap(loop) for loop in loops), list(loops), status)
         for member, loop in zip(members, loops):
@@ -490,7 +491,7 @@ class FunctionEmitter:
                 self.buffers[a.buffer] = self._hoisted_buffer(a.buffer)
         for item in items:
             if isinstance(item, Team):
-                self.emit_team(item.loops)
+                self.emit_team(item.loops, item.barriers)
             else:
                 self.emit_stmt(item)
 

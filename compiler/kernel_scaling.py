@@ -103,14 +103,14 @@ def timing_from_rounds(name: str, seconds: float, clock, rounds: np.ndarray, cos
     for members in teams.values():
         reads = pair * sum(rt.entries * (rt.region.extent + 1) for rt in members)
         span = max(members[0].span_seconds - reads, 0.0)
-        syncs = sum(rt.entries * (costs.fork_join(1) if rt.region.forks else costs.barrier(1)) for rt in members)
-        work = max(span - syncs, 0.0)
+        syncs = {id(rt): rt.entries * (costs.fork_join(1) if rt.region.forks else
+                                       costs.barrier(1) if rt.region.waits else 0.0) for rt in members}
+        work = max(span - sum(syncs.values()), 0.0)
         measured = sum(rt.compute_seconds for rt in members)
         for rt in members:
             if measured > 0:
                 rt.iteration_seconds = rt.iteration_seconds * (work / measured)
-            rt.span_seconds = rt.compute_seconds + rt.entries * (costs.fork_join(1) if rt.region.forks
-                                                                 else costs.barrier(1))
+            rt.span_seconds = rt.compute_seconds + syncs[id(rt)]
     return KernelTiming(name, seconds, regions, serial)
 
 

@@ -11,8 +11,8 @@ codegen_llvm.parallel_team_cap of that loop, its chunks are those of _emit_dynam
 serial loops forks and joins once per iteration of them: `entries` counts those (an upper bound
 where an `if` may skip it; the profiling build counts the real number). Consecutive regions
 run as one team (compiler/parallel_teams.py): the team forks once, on its first region, and
-enters each later one through a barrier, with as many threads as its largest cap asks for; each
-region still cuts its iterations into the chunks its own cap makes.
+enters each later one through a barrier where it needs one (`waits`), with as many threads as
+its largest cap asks for; each region still cuts its iterations into the chunks its own cap makes.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Region:
     loop: For | None = field(default=None, repr=False, compare=False)
     first: int = -1       # index of its team's first region (itself: it forks); -1: itself
     threads_cap: int = 0  # most threads its team starts (the largest cap of the team); 0: team_cap
+    waits: bool = False   # a later region of a team: whether a barrier precedes it
 
     @property
     def forks(self) -> bool:
@@ -55,7 +56,7 @@ class Region:
 
     def to_dict(self) -> dict:
         return {"index": self.index, "var": self.var, "extent": self.extent, "team_cap": self.team_cap,
-                "entries": self.entries, "bytes": self.bytes, "forks": self.forks,
+                "entries": self.entries, "bytes": self.bytes, "forks": self.forks, "waits": self.waits,
                 "team_threads_cap": self.threads_cap or self.team_cap}
 
 
@@ -94,8 +95,8 @@ def _collect(s: Stmt, entries: int, found: list) -> None:
                 continue
             members = [_region(loop, entries, found) for loop in item.loops]
             cap = max(r.team_cap for r in members)
-            for r in members:
-                r.first, r.threads_cap = members[0].index, cap
+            for r, wait in zip(members, item.barriers):
+                r.first, r.threads_cap, r.waits = members[0].index, cap, wait
         return
     if isinstance(s, For):
         if is_region_loop(s):

@@ -10,8 +10,11 @@ threads fall asleep between loops that read each other's output (issue 58: ResNe
 reached 801).
 
 So code generation runs *consecutive* parallel loops of one sequence as one team
-(`team_plan`): one GOMP_parallel, each loop's chunks handed out in turn, a barrier between two
-loops (the next may read what the previous wrote), one join. "Consecutive" looks through the
+(`team_plan`): one GOMP_parallel, each loop's chunks handed out in turn, one join. A barrier
+stands before a loop only where it needs one (`Team.barriers`): when it reads or writes a buffer
+a loop since the last barrier wrote, or writes one such a loop read. A convolution's input copy
+and its weight packing touch different buffers, so a thread done with its share of the first
+goes straight on to the second; the tiles, which read both, wait. "Consecutive" looks through the
 scratch buffers declared between them (`Allocate`): code generation places every scratch buffer
 at the function's entry anyway, so declaring it before the team changes nothing. A serial
 statement between two parallel loops ends the team: it runs on the calling thread between two
@@ -25,18 +28,66 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .loop_ir import Allocate, For, Seq, Stmt
+from .expr import walk
+from .loop_ir import Allocate, For, IfThenElse, LetStmt, Load, Seq, Stmt, Store, walk_stmts
 
 
 @dataclass(frozen=True)
 class Team:
-    """Parallel loops run by one team, in order, with a barrier between two of them."""
+    """Parallel loops run by one team, in order; `barriers[i]`: whether the team waits for
+    every thread before loop i (never before the first: the fork is the start)."""
 
     loops: tuple
+    barriers: tuple = ()
 
     def __post_init__(self):
         if len(self.loops) < 2:
             raise ValueError("a team runs at least two parallel loops; one loop is a region of its own")
+        if not self.barriers:
+            object.__setattr__(self, "barriers", barriers_needed(self.loops))
+        if len(self.barriers) != len(self.loops) or self.barriers[0]:
+            raise ValueError("a team has one barrier flag a loop, and none before its first")
+
+
+def accesses(loop: Stmt) -> tuple:
+    """(buffers read, buffers written) by `loop`, by identity, leaving out the scratch it
+    declares itself (each thread's own)."""
+    reads: dict = {}
+    writes: dict = {}
+    own = set()
+    for st in walk_stmts(loop):
+        if isinstance(st, Allocate):
+            own.add(id(st.buffer))
+        exprs: list = []
+        if isinstance(st, Store):
+            writes[id(st.buffer)] = st.buffer
+            exprs = [st.index, st.value]
+        elif isinstance(st, IfThenElse):
+            exprs = [st.cond]
+        elif isinstance(st, LetStmt):
+            exprs = [st.value]
+        for e in exprs:
+            for n in walk(e):
+                if isinstance(n, Load):
+                    reads[id(n.buffer)] = n.buffer
+    return ({k for k in reads if k not in own}, {k for k in writes if k not in own})
+
+
+def barriers_needed(loops: tuple) -> tuple:
+    """Per loop, whether it must wait for the loops before it (since the last barrier): it
+    reads or writes what they wrote, or writes what they read. A prefetch is a hint and never
+    waits."""
+    flags = [False]
+    read_since, written_since = accesses(loops[0])
+    for loop in loops[1:]:
+        reads, writes = accesses(loop)
+        wait = bool((reads | writes) & written_since or writes & read_since)
+        flags.append(wait)
+        if wait:
+            read_since, written_since = reads, writes
+        else:
+            read_since, written_since = read_since | reads, written_since | writes
+    return tuple(flags)
 
 
 def is_region_loop(s: Stmt) -> bool:
@@ -85,4 +136,4 @@ def team_plan(s: Stmt) -> tuple | None:
     return allocates, items
 
 
-__all__ = ["Team", "team_plan", "flatten", "is_region_loop"]
+__all__ = ["Team", "team_plan", "flatten", "is_region_loop", "accesses", "barriers_needed"]

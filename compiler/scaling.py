@@ -13,9 +13,10 @@ fork/join cost (compiler/parallel_probe.py). On N threads:
   chunk count over the team, and uneven iterations, both show up here: a region of 3 chunks
   can never go more than 3x faster);
 - each entry pays the fork/join of its team (ParallelCosts.fork_join: measured at 1 and 2
-  threads, extrapolated linearly); a region that a running team enters (the later loops of a
-  team, compiler/parallel_teams.py) pays a barrier instead (ParallelCosts.barrier, measured and
-  extrapolated the same way), and runs on its team's threads, in the chunks its own cap makes;
+  threads, extrapolated as libgomp works); a region that a running team enters (the later loops
+  of a team, compiler/parallel_teams.py) pays a barrier instead where it waits for the loops
+  before it (ParallelCosts.barrier), nothing where it does not, and runs on its team's threads,
+  in the chunks its own cap makes;
 - a region whose data cannot stay in its team's private caches (the bytes of the buffers it
   touches exceed team · the host's L2 per core) takes at least bytes / (team · per-core
   bandwidth): ManyCoreHost states that per-core bandwidth for the machine being predicted,
@@ -163,7 +164,10 @@ def predict_region(rt: RegionTiming, threads: int, fork_join, host: ManyCoreHost
     bound = 0.0
     if r.bytes > team * host.l2_bytes_per_core:
         bound = r.bytes / (team * host.gbps_per_core * 1e9)
-    forks = entries * (fork_join(team) if r.forks or barrier is None else barrier(team))
+    if r.forks:
+        forks = entries * fork_join(team)
+    else:   # a team's later region: a barrier where it waits (at fork/join's cost without a figure)
+        forks = entries * ((fork_join if barrier is None else barrier)(team) if r.waits else 0.0)
     seconds = max(worked, bound) + forks
     losses = {"fork/join": forks, "team cap": compute / team - compute / threads,
               "chunks": worked - compute / team, "bandwidth": max(0.0, bound - worked)}

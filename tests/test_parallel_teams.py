@@ -16,7 +16,7 @@ from compiler.lower import lower
 from compiler.openmp import get_max_threads
 from compiler.parallel_probe import ParallelCosts
 from compiler.parallel_regions import Region, parallel_regions
-from compiler.parallel_teams import Team, team_plan
+from compiler.parallel_teams import Team, barriers_needed, team_plan
 from compiler.region_clock import build_clocked
 from compiler.scaling import KernelTiming, RegionTiming, predict
 
@@ -70,6 +70,57 @@ def test_consecutive_parallel_stages_run_as_one_team(threads):
             np.testing.assert_allclose(got, _expected(a), rtol=1e-6, atol=1e-5)
     finally:
         C.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_loop_waits_only_for_the_loops_whose_buffers_it_touches(threads):
+    """Two independent copies, then a loop reading both: one barrier, before the third loop;
+    its reads cross rows, so without that barrier the numbers would be wrong."""
+    A = C.placeholder((ROWS, COLS), name="A")
+    Bin = C.placeholder((ROWS, COLS), name="Bin")
+    P = C.compute((ROWS, COLS), lambda i, j: A[i, j] * 2.0, name="P")
+    Q = C.compute((ROWS, COLS), lambda i, j: Bin[i, j] + 3.0, name="Q")
+    out = C.compute((ROWS, COLS), lambda i, j: P[ROWS - 1 - i, j] * Q[(i + 7) % ROWS, j], name="out")
+    s = C.create_schedule(out)
+    for st in (P, Q, out):
+        s[st].parallel(s[st].op.axis[0])
+    (team,) = [i for i in team_plan(lower(s, [A, Bin, out], "k").body)[1] if isinstance(i, Team)]
+    assert team.barriers == (False, False, True)
+    assert [r.waits for r in parallel_regions(lower(s, [A, Bin, out], "k"))] == [False, False, True]
+    ir = _ir(s, [A, Bin, out])
+    assert _forks(ir) == 1 and ir.count('call void @"GOMP_barrier"()') == 1
+    k = C.build(s, [A, Bin, out])
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal((ROWS, COLS)).astype(np.float32) for _ in range(2))
+    want = (a.astype(np.float64) * 2.0)[::-1] * (b.astype(np.float64) + 3.0)[(np.arange(ROWS) + 7) % ROWS]
+    before = get_max_threads()
+    C.set_num_threads(threads)
+    try:
+        for _ in range(20):
+            got = np.full((ROWS, COLS), np.nan, np.float32)
+            k(a, b, got)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    finally:
+        C.set_num_threads(before)
+
+
+def test_barriers_follow_reads_and_writes_since_the_last_one():
+    """Write after read waits too: a loop that overwrites what an earlier one still reads."""
+    A = C.placeholder((ROWS, COLS), name="A")
+    P = C.compute((ROWS, COLS), lambda i, j: A[i, j] * 2.0, name="P")
+    Q = C.compute((ROWS, COLS), lambda i, j: A[ROWS - 1 - i, j] + 1.0, name="Q")
+    out = C.compute((ROWS, COLS), lambda i, j: P[i, j] + Q[i, j], name="out")
+    s = C.create_schedule(out)
+    for st in (P, Q, out):
+        s[st].parallel(s[st].op.axis[0])
+    func = lower(s, [A, out], "k")
+    (team,) = [i for i in team_plan(func.body)[1] if isinstance(i, Team)]
+    assert team.barriers == (False, False, True)      # P and Q only read A: no wait between them
+    loops = team.loops
+    assert barriers_needed((loops[0], loops[2], loops[1])) == (False, True, True)   # Q overwrites what out read
+    assert barriers_needed((loops[2], loops[0])) == (False, True)   # P overwrites what out reads
+    with pytest.raises(ValueError):
+        Team(loops[:2], (True, False))
 
 
 def test_a_serial_stage_between_parallel_ones_ends_the_team():
@@ -144,7 +195,7 @@ def test_a_thread_whose_scratch_allocation_fails_leaves_no_team_waiting():
 def test_regions_of_a_team_fork_once_and_share_the_largest_cap():
     A, out, s = _two_stages(rows=ROWS, cols=4 * COLS)
     first, second = parallel_regions(lower(s, [A, out], "k"))
-    assert first.forks and not second.forks and second.first == first.index == 0
+    assert first.forks and not second.forks and second.first == first.index == 0 and second.waits
     assert first.team(64) == second.team(64) == max(first.team_cap, second.team_cap)
     assert len(second.chunks(64)) == len(Region(1, "i", ROWS, second.team_cap, 1, 0).chunks(64))
 
@@ -163,15 +214,16 @@ def test_profiling_build_counts_the_team_span_once_and_every_entry():
     assert clock.call_ticks() >= clock.span_ticks(0)
 
 
-def test_a_teams_later_region_pays_a_barrier_not_a_fork():
+def test_a_teams_later_region_pays_a_barrier_not_a_fork_and_only_where_it_waits():
     lone = Region(0, "i", 64, 64, 1, 0)
-    joined = Region(1, "j", 64, 64, 1, 0, first=0, threads_cap=64)
+    joined = Region(1, "j", 64, 64, 1, 0, first=0, threads_cap=64, waits=True)
+    free = Region(2, "k", 64, 64, 1, 0, first=0, threads_cap=64, waits=False)
     fork = lambda team: 5e-6   # noqa: E731
     barrier = lambda team: 1e-6   # noqa: E731
     costs = np.full(64, 1e-6)
-    kt = KernelTiming("k", 1.0, [RegionTiming(lone, costs, 1), RegionTiming(joined, costs, 1)], measured_serial=0.0)
+    kt = KernelTiming("k", 1.0, [RegionTiming(r, costs, 1) for r in (lone, joined, free)], measured_serial=0.0)
     p = predict(kt, 16, fork, barrier=barrier)
-    assert p.losses["fork/join"] == pytest.approx(5e-6 + 1e-6)
+    assert p.losses["fork/join"] == pytest.approx(5e-6 + 1e-6)     # the region that does not wait pays nothing
 
 
 def test_fork_join_extrapolates_one_release_and_a_barrier_step_a_thread():
