@@ -160,3 +160,23 @@ def test_cli_profile_shows_chunks_and_predicted_efficiency(model_file, capsys):
     for k in data["kernels"]:
         s = k["scaling"]
         assert s["threads"] == 16 and len(s["chunks"]) == s["regions"] and 0 < s["predicted_efficiency"] <= 1.0
+
+
+def test_a_model_whose_first_kernel_reads_an_input_is_measured_on_that_input():
+    """A run reads its inputs where the caller keeps them, so the module's own input buffers held
+    garbage: a Gather's indices there failed their check (BERT and Llama were refused)."""
+    from graph_models import model
+    from onnx import helper
+
+    from compiler.graph import build_model, from_onnx
+    from compiler.graph.model_scaling import measure_model_scaling
+    from compiler.parallel_probe import ParallelCosts
+
+    table = np.random.default_rng(0).standard_normal((50, 16)).astype(np.float32)
+    m = model([helper.make_node("Gather", ["table", "ids"], ["g"]), helper.make_node("Relu", ["g"], ["y"])],
+              {"ids": ((64,), "int64")}, {"y": (None, "float32")}, {"table": table}, opset=17)
+    module = build_model(from_onnx(m))
+    ids = np.random.default_rng(1).integers(0, 50, 64)
+    costs = ParallelCosts(1e9, 0.0, {1: 1e-6, 2: 2e-6}, 2, {1: 0.2e-6, 2: 0.4e-6})
+    sc = measure_model_scaling(module, {"ids": ids}, costs=costs, threads=(4, 16))
+    assert sc.kernels and 0 < sc.efficiency(16) <= 1.0

@@ -84,7 +84,8 @@ def measure_model_scaling(module, inputs: dict, records=None, costs: ParallelCos
     """Measure every unique workload of `module` on one thread and predict it at `threads`."""
     costs = costs or measure_parallel_costs(module.target)
     host = host or ManyCoreHost()
-    module.run(**inputs)     # the buffers hold a run's data
+    module.run(**inputs)     # the buffers hold a run's data ...
+    module.load_inputs(inputs)   # ... and the inputs, which a run reads where the caller keeps them
     timings: dict = {}
     kernels = []
     for i, step in enumerate(module.steps):
