@@ -39,6 +39,18 @@ def test_one_parallel_loop_is_one_region_with_codegens_cap():
     assert r.bytes == 2 * ROWS * COLS * 4 and r.buffers == ["A", "out"]
 
 
+def test_a_gather_moves_the_rows_it_reads_not_its_table():
+    """The bandwidth bound counts what a region can reach: 8 rows of a 25.6 MB table, not the table."""
+    T = C.placeholder((100_000, 64), name="T")
+    idx = C.placeholder((8,), "int32", "idx")
+    out = C.compute((8, 64), lambda i, j: T[idx[i], j], name="out")
+    s = C.create_schedule(out)
+    s[out].parallel(s[out].op.axis[0])
+    (r,) = parallel_regions(lower(s, [T, idx, out], "k"))
+    rows = 8 * 64 * 4
+    assert 2 * rows <= r.bytes <= 2 * rows + idx.op.shape[0] * 4 * 64
+
+
 def test_parallel_loop_under_a_serial_loop_forks_once_per_outer_iteration():
     A, out, s = _add_one()
     jo, ji = s[out].split(s[out].op.axis[1], factor=1024)
