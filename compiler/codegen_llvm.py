@@ -374,11 +374,10 @@ class FunctionEmitter:
     def emit_team(self, loops: tuple, barriers: tuple):
         """Consecutive parallel loops (compiler/parallel_teams.py) on one team: one fork, each
         loop's chunks claimed from its own counter, a barrier before each loop `barriers` marks
-        (one that touches what an earlier loop wrote), one join. Each
-        loop's body is its own outlined function whose buffers are `noalias` arguments, as a
-        lone region's: the promise holds for the span of one loop, where the threads touch
-        disjoint elements, and not across the barrier, where one loop reads what another
-        thread's chunk of the previous loop wrote."""
+        (one that touches what an earlier loop wrote), one join. Each loop's body is its own
+        outlined function whose buffers are `noalias` arguments, as a lone region's: the promise
+        holds for the span of one loop, where the threads touch disjoint elements, and not across
+        a barrier, where one loop reads what another thread's chunk of an earlier loop wrote."""
         mb = self.mb
         mb.n_outlined += 1
         name = f"{self.fn.name}_team{mb.n_outlined}"
