@@ -416,19 +416,29 @@ def test_many_large_local_buffers_go_to_the_heap_not_the_stack():
     np.testing.assert_allclose(got, (a[:, :, -1] * np.arange(1, 21)).sum(1), rtol=1e-5)
 
 
-@pytest.mark.parametrize("where", ["root", "per thread"])
+@pytest.mark.parametrize("where", ["root", "per thread", "per thread in a team"])
 def test_failed_scratch_allocation_raises_kernel_runtime_error(where):
-    """aligned_alloc was not checked and the kernel's status never read: a segfault."""
-    attach = "s[T].compute_at(s[out], s[out].op.axis[0])" if where == "per thread" else ""
+    """aligned_alloc was not checked and the kernel's status never read: a segfault. In a team
+    (compiler/parallel_teams.py: a parallel copy P, then the parallel reduction), the thread that
+    cannot allocate returns at once: the others must not wait for it, nor take its chunks' bounds
+    for the next loop's."""
+    attach = "s[T].compute_at(s[out], s[out].op.axis[0])" if where != "root" else ""
+    team = where.endswith("team")
     proc = run_isolated(f"""
         import resource, numpy as np, compiler as C
+        from compiler.codegen_llvm import generate
         A = C.placeholder((4, 64), "float32", "A")
-        T = C.compute((4, 1 << 28), lambda i, j: A[i, j % 64] * 2.0, name="T")   # 4 GiB, or 1 GiB a thread
+        P = C.compute((4, 64), lambda i, j: A[i, j] + 1.0, name="P") if {team} else A
+        T = C.compute((4, 1 << 28), lambda i, j: P[i, j % 64] * 2.0, name="T")   # 4 GiB, or 1 GiB a thread
         r = C.reduce_axis(1 << 28, "r")
         out = C.compute((4,), lambda i: C.sum(T[i, r], axis=r), name="out")
         s = C.create_schedule(out)
         s[out].parallel(s[out].op.axis[0])
+        if {team}:
+            s[P].parallel(s[P].op.axis[0])
         {attach}
+        forks = str(generate(C.lower(s, [A, out]), C.Target.host())).count('call void @"GOMP_parallel"(')
+        assert forks == 1 or not {team}
         k = C.build(s, [A, out])
         resource.setrlimit(resource.RLIMIT_AS, (800 << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
         got = np.full(4, np.nan, np.float32)

@@ -158,38 +158,6 @@ def test_a_checked_index_failing_in_a_team_is_reported_and_the_next_call_runs():
     np.testing.assert_allclose(got, ((a[good] + 1.0) * 3.0)[::-1], rtol=1e-6)
 
 
-def test_a_thread_whose_scratch_allocation_fails_leaves_no_team_waiting():
-    """A team loop's thread that cannot allocate its scratch returns at once; the others must
-    not wait for it at a barrier, nor take its chunks' bounds for the next loop's."""
-    from test_kernel_safety import run_isolated
-    proc = run_isolated("""
-        import resource, numpy as np, compiler as C
-        A = C.placeholder((4, 64), "float32", "A")
-        P = C.compute((4, 64), lambda i, j: A[i, j] + 1.0, name="P")
-        T = C.compute((4, 1 << 28), lambda i, j: P[i, j % 64] * 2.0, name="T")   # 1 GiB a thread
-        r = C.reduce_axis(1 << 28, "r")
-        out = C.compute((4,), lambda i: C.sum(T[i, r], axis=r), name="out")
-        s = C.create_schedule(out)
-        s[P].parallel(s[P].op.axis[0])
-        s[out].parallel(s[out].op.axis[0])
-        s[T].compute_at(s[out], s[out].op.axis[0])
-        from compiler.codegen_llvm import generate
-        assert str(generate(C.lower(s, [A, out]), C.Target.host())).count('call void @"GOMP_parallel"(') == 1
-        k = C.build(s, [A, out])
-        resource.setrlimit(resource.RLIMIT_AS, (800 << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
-        got = np.full(4, np.nan, np.float32)
-        for _ in range(3):
-            try:
-                k(np.ones((4, 64), np.float32), got)
-            except C.KernelRuntimeError as e:
-                assert "out of memory" in str(e) and e.status == 1
-            else:
-                raise SystemExit("no error")
-        print("ok")
-    """)
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
-
-
 # ----------------------------------------------------------------------------- what the scaling model sees
 
 def test_regions_of_a_team_fork_once_and_share_the_largest_cap():
