@@ -153,8 +153,9 @@ def _print_table(module, profile, theirs, matched, top) -> None:
         print(f"scaling:     predicted {scaling['predicted_speedup']:.1f}x at {scaling['threads']} threads "
               f"(efficiency {scaling['predicted_efficiency']:.2f}), kernels weighted by their one-thread time; "
               f"fork/join {c['fork_join_us']} us and a team's barrier {c.get('barrier_us', {})} us measured "
-              f"(+{c.get('barrier_slope_us_per_thread', c['fork_join_slope_us_per_thread']):.2f} us a further thread); assumed {scaling['host']['gbps_per_core']} GB/s and {scaling['host']['l2_mib_per_core']} MiB L2 "
-              f"a core on the many-core host")
+              f"(+{c.get('barrier_slope_us_per_thread', c['fork_join_slope_us_per_thread']):.2f} us a further "
+              f"thread); assumed {scaling['host']['gbps_per_core']} GB/s and {scaling['host']['l2_mib_per_core']} "
+              f"MiB L2 a core on the many-core host")
     if profile.disturbed:
         print("* the host was busy during this timing (other processes took CPU time from it): rerun on a quiet host")
     if theirs is not None and matched is not None:
