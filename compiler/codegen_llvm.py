@@ -47,7 +47,7 @@ from llvmlite import ir
 from . import arith
 from .expr import Binary, Call, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, transform, walk
 from .index_checks import IndexCheck, collect_checks
-from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Prefetch, Seq, Stmt, Store, walk_stmts
+from .loop_ir import Allocate, Buffer, For, IfThenElse, LetStmt, Load, LoweredFunc, Prefetch, Seq, Stmt, Store, stmt_exprs, walk_stmts
 from .parallel_teams import Team, team_plan
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -1077,22 +1077,10 @@ def _reads_memory(e: Expr) -> bool:
     return any(isinstance(n, (Load, CheckedIndex)) for n in walk(e))
 
 
-def _stmt_exprs(s):
-    if isinstance(s, Store):
-        return [s.index, s.value]
-    if isinstance(s, Prefetch):
-        return [s.index]
-    if isinstance(s, IfThenElse):
-        return [s.cond]
-    if isinstance(s, LetStmt):
-        return [s.value]
-    return []
-
-
 def _free_vars_of(s: Stmt) -> set:
     out = set()
     for st in walk_stmts(s):
-        for e in _stmt_exprs(st):
+        for e in stmt_exprs(st):
             out |= _free_vars(e)
     return out
 
@@ -1102,7 +1090,7 @@ def _buffers_of(s: Stmt) -> set:
     for st in walk_stmts(s):
         if isinstance(st, (Store, Prefetch)):
             out.add(st.buffer)
-        for e in _stmt_exprs(st):
+        for e in stmt_exprs(st):
             out |= {n.buffer for n in walk(e) if isinstance(n, Load)}
     return out
 

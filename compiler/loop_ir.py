@@ -128,6 +128,20 @@ def stmt_children(s: Stmt) -> list:
     return []
 
 
+def stmt_exprs(s: Stmt) -> tuple:
+    """The expressions statement `s` itself evaluates (not its children's): what a walk over a
+    body's loads, variables or indices reads."""
+    if isinstance(s, Store):
+        return (s.index, s.value)
+    if isinstance(s, Prefetch):
+        return (s.index,)
+    if isinstance(s, IfThenElse):
+        return (s.cond,)
+    if isinstance(s, LetStmt):
+        return (s.value,)
+    return ()
+
+
 def walk_stmts(s: Stmt):
     stack = [s]
     while stack:

@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .codegen_llvm import CHUNKS_PER_THREAD, parallel_team_cap
+from .dtypes import nbytes
 from .expr import walk
-from .loop_ir import Allocate, For, Load, LoweredFunc, Stmt, Store, stmt_children
+from .loop_ir import Allocate, For, Load, LoweredFunc, Stmt, Store, stmt_children, stmt_exprs
 from .parallel_teams import Team, is_region_loop, team_plan
 
 
@@ -131,10 +132,7 @@ def _touched(body: Stmt) -> tuple:
             local.add(s.buffer)
         if isinstance(s, Store):
             count(s.buffer, times)
-            exprs = [s.index, s.value]
-        else:
-            exprs = [getattr(s, a) for a in ("cond", "value") if hasattr(s, a) and getattr(s, a) is not None]
-        for e in exprs:
+        for e in stmt_exprs(s):
             for n in walk(e):
                 if isinstance(n, Load):
                     count(n.buffer, times)
@@ -143,7 +141,7 @@ def _touched(body: Stmt) -> tuple:
 
     visit(body, 1.0)
     kept = [b for b in seen.values() if b not in local and b.scope != "local"]
-    moved = sum(min(b.nbytes, int(counts[id(b)]) * (b.nbytes // max(b.size, 1))) for b in kept)
+    moved = sum(min(b.nbytes, int(counts[id(b)]) * nbytes(b.dtype)) for b in kept)
     return sorted(b.name for b in kept), moved
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .expr import walk
-from .loop_ir import Allocate, For, IfThenElse, LetStmt, Load, Seq, Stmt, Store, walk_stmts
+from .loop_ir import Allocate, For, Load, Seq, Stmt, Store, stmt_exprs, walk_stmts
 
 
 @dataclass(frozen=True)
@@ -38,39 +38,28 @@ class Team:
     every thread before loop i (never before the first: the fork is the start)."""
 
     loops: tuple
-    barriers: tuple = ()
+    barriers: tuple
 
     def __post_init__(self):
         if len(self.loops) < 2:
             raise ValueError("a team runs at least two parallel loops; one loop is a region of its own")
-        if not self.barriers:
-            object.__setattr__(self, "barriers", barriers_needed(self.loops))
         if len(self.barriers) != len(self.loops) or self.barriers[0]:
             raise ValueError("a team has one barrier flag a loop, and none before its first")
 
 
 def accesses(loop: Stmt) -> tuple:
-    """(buffers read, buffers written) by `loop`, by identity, leaving out the scratch it
+    """(ids of the buffers read, ids of those written) by `loop`, leaving out the scratch it
     declares itself (each thread's own)."""
-    reads: dict = {}
-    writes: dict = {}
-    own = set()
+    reads: set = set()
+    writes: set = set()
+    own: set = set()
     for st in walk_stmts(loop):
         if isinstance(st, Allocate):
             own.add(id(st.buffer))
-        exprs: list = []
-        if isinstance(st, Store):
-            writes[id(st.buffer)] = st.buffer
-            exprs = [st.index, st.value]
-        elif isinstance(st, IfThenElse):
-            exprs = [st.cond]
-        elif isinstance(st, LetStmt):
-            exprs = [st.value]
-        for e in exprs:
-            for n in walk(e):
-                if isinstance(n, Load):
-                    reads[id(n.buffer)] = n.buffer
-    return ({k for k in reads if k not in own}, {k for k in writes if k not in own})
+        elif isinstance(st, Store):
+            writes.add(id(st.buffer))
+        reads |= {id(n.buffer) for e in stmt_exprs(st) for n in walk(e) if isinstance(n, Load)}
+    return reads - own, writes - own
 
 
 def barriers_needed(loops: tuple) -> tuple:
@@ -127,7 +116,7 @@ def team_plan(s: Stmt) -> tuple | None:
         if leaf is not None and is_region_loop(leaf):
             run.append(leaf)
             continue
-        items.extend([Team(tuple(run))] if len(run) > 1 else run)
+        items.extend([Team(tuple(run), barriers_needed(tuple(run)))] if len(run) > 1 else run)
         run = []
         if leaf is not None:
             items.append(leaf)

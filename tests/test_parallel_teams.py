@@ -165,7 +165,8 @@ def test_regions_of_a_team_fork_once_and_share_the_largest_cap():
     first, second = parallel_regions(lower(s, [A, out], "k"))
     assert first.forks and not second.forks and second.first == first.index == 0 and second.waits
     assert first.team(64) == second.team(64) == max(first.team_cap, second.team_cap)
-    assert len(second.chunks(64)) == len(Region(1, "i", ROWS, second.team_cap, 1, 0).chunks(64))
+    small = Region(1, "j", 64, 4, 1, 0, first=0, threads_cap=16, waits=True)   # a cap-4 loop in a team of 16
+    assert small.team(64) == 16 and len(small.chunks(64)) == 16                  # its chunks cut for 4 threads
 
 
 def test_profiling_build_counts_the_team_span_once_and_every_entry():
