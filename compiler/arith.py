@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .expr import INDEX_DTYPE, Binary, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild
+from .expr import INDEX_DTYPE, Binary, Cast, CheckedIndex, Compare, Const, Expr, Logical, Not, Select, Var, children, rebuild, walk
 
 
 class Lin:
@@ -544,3 +544,11 @@ def substitute_var(e: Expr, var: Var, value: Expr, ranges: dict) -> Expr:
     """`e` with `var` replaced by `value`, simplified."""
     from .expr import substitute
     return simplify(substitute(e, {var: value}), ranges)
+
+
+def unit_step(index: Expr, var: Var, ranges: dict | None = None) -> bool:
+    """Whether the index expression `index` is `var` + terms without it: consecutive values of
+    `var` read consecutive elements along that index (`ranges`: the loop variables' bounds, as
+    to_lin takes them, which simplify `(16 * x + lane) // 16` and the like)."""
+    lin = to_lin(index, ranges or {})
+    return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())

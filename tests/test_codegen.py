@@ -129,6 +129,78 @@ def test_a_reduction_s_team_counts_its_multiply_adds_at_a_quarter():
     assert parallel_team_cap(loop) == 6
 
 
+def _channel_shuffle(blocks: int, rows: int, groups: int = 4, lanes: int = 16):
+    """ShuffleNet's channel shuffle between channel-blocked layers [1, blocks, rows, lanes]: each
+    lane of an output block reads another block's lane (a gather along the vector)."""
+    A = C.placeholder((1, blocks, rows, lanes), name="A")
+    per = blocks * lanes // groups
+
+    def src(c, lane):
+        ch = (lane % groups) * per + (c * lanes + lane) // groups   # output channel c*lanes+lane
+        return ch // lanes, ch % lanes
+    out = C.compute((1, blocks, rows, lanes),
+                    lambda n, c, r, lane: A[n, src(c, lane)[0], r, src(c, lane)[1]], name="out")
+
+    def reference(a):
+        flat = a.transpose(0, 1, 3, 2).reshape(blocks * lanes, rows)          # channel-major
+        c_out = np.arange(blocks * lanes)
+        ch = (c_out % groups) * per + c_out // groups
+        return flat[ch].reshape(blocks, lanes, rows).transpose(0, 2, 1)[None]
+    return A, out, reference
+
+
+def test_a_gathered_element_counts_gather_work_in_a_team():
+    """A stored element gathered across the vector's lanes (a channel shuffle) counts GATHER_WORK
+    toward its loop's team, an element copied in order one: a 27K-element shuffle takes several
+    threads where a copy of as many elements takes one."""
+    from compiler.codegen_llvm import GATHER_WORK, MIN_WORK_PER_THREAD, parallel_team_cap
+    from compiler.loop_ir import For, walk_stmts
+    A, shuffled, _ = _channel_shuffle(34, 49)
+    copied = C.compute(A.shape, lambda n, c, r, lane: A[n, c, r, lane] + 1.0, name="copied")
+    caps = []
+    for out in (shuffled, copied):
+        s = C.create_schedule(out)
+        st = s[out]
+        st.vectorize(st.op.axis[3])
+        st.parallel(st.fuse(*st.op.axis[:3]))
+        loop = next(n for n in walk_stmts(C.lower(s, [A, out]).body) if isinstance(n, For) and n.kind == "parallel")
+        caps.append(parallel_team_cap(loop))
+    elements = 34 * 49 * 16
+    assert caps == [int(elements * GATHER_WORK) // MIN_WORK_PER_THREAD, 1] and caps[0] > 1
+
+
+@pytest.mark.parametrize("blocks, rows", [(34, 49), (6, 13), (8, 3)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_default_channel_shuffle_is_parallel_by_its_gathers_and_matches_numpy(blocks, rows, threads):
+    """The default injective schedule weighs a gathered element as GATHER_WORK: ShuffleNet's
+    shuffle of 34 blocks of 7x7 (27K elements, under PARALLEL_MIN_WORK) runs in parallel, and the
+    result is numpy's at any team size, odd sizes included."""
+    from compiler.loop_ir import For, walk_stmts
+    from compiler.openmp import get_max_threads, set_num_threads
+    from compiler.ops.schedule_elementwise import schedule_injective_stage
+    A, out, reference = _channel_shuffle(blocks, rows)
+    s = C.create_schedule(out)
+    schedule_injective_stage(s[out], C.Target.host())
+    lowered = C.lower(s, [A, out])
+    parallel = any(isinstance(n, For) and n.kind == "parallel" for n in walk_stmts(lowered.body))
+    from compiler.codegen_llvm import GATHER_WORK
+    from compiler.ops.schedule_common import PARALLEL_MIN_WORK
+    assert parallel == (C.Target.host().num_cores > 1 and blocks * rows * 16 * GATHER_WORK >= PARALLEL_MIN_WORK)
+    assert parallel == ((blocks, rows) == (34, 49))
+    a = np.random.default_rng(blocks).uniform(0.5, 2.0, A.shape).astype("f4")
+    o = np.full_like(a, np.nan)
+    kernel = C.build(s, [A, out])
+    before = get_max_threads()
+    set_num_threads(threads)
+    try:
+        for _ in range(3):
+            kernel(a, o)
+            np.testing.assert_array_equal(o, reference(a))
+            o.fill(np.nan)
+    finally:
+        set_num_threads(before)
+
+
 def test_gemm_micro_kernel_is_fmas_on_registers():
     """The packed register tile must compile to FMAs with unit-stride loads, no gathers."""
     import llvmlite.binding as llvm

@@ -13,9 +13,11 @@ The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
 
 from __future__ import annotations
 
-from ..arith import to_lin
+from ..arith import unit_step
+from ..codegen_llvm import GATHER_WORK
 from ..expr import walk
 from ..target import resolve_target
+from ..tensor import TensorRead
 
 MAX_LANES = 64
 # below this many scalar operations per call a parallel region costs more than it saves
@@ -141,8 +143,17 @@ def var_groups(index, var) -> set | None:
     return groups if visit(index) else None
 
 
-def unit_step(index, var) -> bool:
-    """Whether the index expression `index` is `var` + terms without it: consecutive values of
-    `var` read consecutive elements along that index."""
-    lin = to_lin(index, {})
-    return lin.coef_of(var) == 1 and not any(a is not var and var in walk(a) for a, _ in lin.terms.values())
+def reads_in_order(read, var) -> bool:
+    """Whether tensor read `read` (a TensorRead) takes consecutive elements, or one element, as
+    `var` steps: `var` only in its last index, one step a step. Else a vector along `var`
+    gathers it."""
+    *lead, last = read.indices
+    if any(var in walk(i) for i in lead):
+        return False
+    return var not in walk(last) or unit_step(last, var)
+
+
+def gathers_along(body, var) -> bool:
+    """Whether a vector along `var` of the compute `body` gathers any of its reads (a channel
+    shuffle, a layout change across the lanes): each such element costs GATHER_WORK."""
+    return any(isinstance(n, TensorRead) and not reads_in_order(n, var) for n in walk(body))

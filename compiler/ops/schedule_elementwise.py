@@ -30,7 +30,7 @@ from ..expr import walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import TensorRead
-from .schedule_common import accumulator_factor, lanes, largest_divisor, parallel_loop, unit_step, vectorize_inner, want_parallel
+from .schedule_common import GATHER_WORK, accumulator_factor, gathers_along, lanes, largest_divisor, parallel_loop, unit_step, vectorize_inner, want_parallel
 from .schedule_tile import product_tile
 
 TRANSPOSE_TILE = 32
@@ -51,11 +51,13 @@ def schedule_injective_stage(stage, target):
     Where the last axis is one vector (a channel-blocked [N, C/B, H, W, B] value), the column
     loop stays serial inside the parallel one: a read that gathers across the lanes (a channel
     shuffle between blocked layers, a layout copy) then computes its lane offsets once per row,
-    not per vector (ShuffleNet's shuffles: 22 -> 70 GB/s, with the index vector hoisted)."""
+    not per vector (ShuffleNet's shuffles: 22 -> 70 GB/s, with the index vector hoisted). Such a
+    gathered element costs GATHER_WORK in the work that decides whether the stage goes
+    parallel: a 27K-element shuffle takes as long as a 160K-element copy."""
     axes = list(stage.op.axis)
-    work = int(np.prod(stage.op.shape))
-    vl = lanes(target, stage.op.dtype)
     *outer_axes, last = axes
+    work = int(np.prod(stage.op.shape)) * (GATHER_WORK if gathers_along(stage.op.body, last.var) else 1)
+    vl = lanes(target, stage.op.dtype)
     lo = vectorize_inner(stage, last, vl, max_vectors=2)
     if lo is None and len(outer_axes) >= 2 and outer_axes[-1].extent >= ROW_CHAINS:
         rows = math.prod(a.extent for a in outer_axes[:-1])
