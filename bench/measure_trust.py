@@ -107,7 +107,11 @@ def build_kernels(opdef, candidates, target):
 
 
 def true_speedup(opdef, best_cand, target, rounds: int = 5) -> tuple[float, float, float]:
-    """(default / best, default s, best s): both built in-process, timed alternately by the protocol."""
+    """(default / best, default s, best s): both built in-process, timed alternately by the
+    protocol. The speed-up is the median of each round's own ratio (its default timing over the
+    best's, taken back to back), not the ratio of the two medians: a host that changes speed for
+    seconds at a time (seen here: 1.4x between regimes) moves both timings of a round together,
+    while separate medians may take one side from each regime."""
     from compiler.ops.base import random_inputs
     from compiler.verify import poisoned
     from tuner.space import default_candidate
@@ -121,7 +125,12 @@ def true_speedup(opdef, best_cand, target, rounds: int = 5) -> tuple[float, floa
     for _ in range(rounds):
         d.append(k_def.measure(*ins, out).median)
         b.append(k_best.measure(*ins, out).median)
-    return statistics.median(d) / statistics.median(b), statistics.median(d), statistics.median(b)
+    return paired_ratio(d, b), statistics.median(d), statistics.median(b)
+
+
+def paired_ratio(first: list, second: list) -> float:
+    """Median over rounds of first[i] / second[i] (each pair timed back to back)."""
+    return statistics.median(f / s for f, s in zip(first, second))
 
 
 def tune_once(name: str, trials: int, db_dir: str, loaded: bool):
@@ -161,13 +170,14 @@ def numpy_window(seconds: float = 1.0) -> float:
 
 
 def runner_pairs(runner, task, builds, rounds: int = 3) -> float:
-    """best/default ratio of two builds timed alternately by the local runner: default / best."""
+    """best/default ratio of two builds timed alternately by the local runner: default / best,
+    the median of each round's own ratio (see true_speedup)."""
     d, b = [], []
     for _ in range(rounds):
         r_def, r_best = runner.run(task, builds)
         d.append(r_def.cost)
         b.append(r_best.cost)
-    return statistics.median(d) / statistics.median(b)
+    return paired_ratio(d, b)
 
 
 def service_job(client, name: str, trials: int) -> dict:
