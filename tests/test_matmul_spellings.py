@@ -182,3 +182,34 @@ def test_a_one_row_product_keeps_some_parallelism_on_more_cores_than_chunks():
     (got,) = build_model(from_onnx(m), target=target).run(x=x)
     want = x.astype(np.float64) @ w.astype(np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_a_prepacked_one_row_product_cuts_more_chunks_on_many_cores():
+    """B laid out in the chunks' own panels is contiguous at any chunk width, so a one-row
+    product over prepacked weights takes chunks of MIN_PACKED_GEMV_CHUNK vectors where cores ask
+    for them: a 1000-class classifier on 16 cores runs 25 chunks of 40 columns (it ran 5 of 200,
+    on 5 of the 16 cores); on 2 cores the chunks are as before, and strided B keeps its long ones."""
+    from compiler.loop_ir import For, walk_stmts
+    from compiler.lower import lower
+    from compiler.ops.default_schedules import default_schedule
+    from compiler.ops.schedule_gemm import gemv_chunk, gemv_lanes, gemv_panel_columns
+    assert gemv_chunk(1000, 8, 16, packed=True) == (40, 1)
+    assert gemv_chunk(1000, 8, 16) == (200, 1)                       # strided B: 8 vectors at least
+    assert gemv_chunk(1000, 8, 2, packed=True) == gemv_chunk(1000, 8, 2) == (200, 1)
+    assert gemv_panel_columns(1280, 1000, 8, 16) == 40
+    w, x = rand(RNG, (1280, 1000)), rand(RNG, (1, 1280))
+    target = Target.host()
+    target.num_cores = 16
+    m = model([n("MatMul", ["x", "w"], ["y"])], {"x": (x.shape, "float32")}, {"y": (None, "float32")}, {"w": w},
+              opset=17)
+    module = build_model(from_onnx(m), target=target)
+    (step,) = module.steps
+    opdef = step.group.opdef
+    f = lower(default_schedule(opdef, module.target), [*opdef.inputs, opdef.output])
+    (loop,) = [s for s in walk_stmts(f.body) if isinstance(s, For) and s.kind == "parallel"]
+    chunk, _ = gemv_chunk(1000, gemv_lanes(1000, target.vector_lanes("float32")), 16, packed=True)
+    assert loop.extent == 1000 // chunk >= 16
+    for _ in range(3):
+        (got,) = module.run(x=x)
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
