@@ -167,3 +167,46 @@ def test_rows_reduced_along_their_unit_stride_axis_keep_lane_partials(rows, leng
     build_op(op, target)(x, got)
     want = np.exp(x.astype(np.float64) * 0.5).sum(axis=1) if kind == "sum_exp" else x.max(axis=1)
     np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+def _global_pool(shape):
+    """A global average pool of a channel-blocked [N, C/B, H, W, B] value (efficientnet's squeeze)."""
+    n, cb, h, w, b = shape
+    A = C.placeholder(shape, name="A")
+    ry, rx = C.reduce_axis(h, "ry"), C.reduce_axis(w, "rx")
+    out = C.compute((n, cb, 1, 1, b), lambda i, c, y, x, lane: C.sum(A[i, c, ry, rx, lane] * (1.0 / (h * w)), axis=[ry, rx]),
+                    name="global_pool")
+    return custom_op("global_pool", [A], out)
+
+
+@pytest.mark.parametrize("shape, split", [((1, 2, 112, 112, 16), True), ((1, 2, 113, 61, 16), True),
+                                          ((1, 7, 14, 14, 16), False), ((1, 8, 56, 56, 16), False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_reduction_with_few_outputs_splits_its_input_across_threads(shape, split, threads):
+    """Two vectors of output over 112x112 rows are one thread's work: the outermost reduction
+    loop is cut into parts summed in parallel (rfactor), then added up; rows that do not divide
+    into the parts (113) are guarded. Few outputs over little input, and outputs enough for
+    every core, are left as they were. Results are float64 numpy's at any team size."""
+    from compiler.loop_ir import For, walk_stmts
+    from compiler.openmp import get_max_threads, set_num_threads
+    target = C.Target.host()
+    target.num_cores = 2
+    op = _global_pool(shape)
+    s = default_schedule(op, target)
+    partial = any(st.op.name.endswith("_rf") for st in s.stages)
+    loops = [n for n in walk_stmts(lower(s, op.tensors).body) if isinstance(n, For) and n.kind == "parallel"]
+    assert partial == split
+    if split:
+        assert loops
+    a = RNG.uniform(0.5, 2.0, shape).astype("f4")
+    want = a.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    kernel = C.build(s, op.tensors, target)
+    before = get_max_threads()
+    set_num_threads(threads)
+    try:
+        for _ in range(3):
+            out = poisoned(want.shape, "float32", 0)
+            kernel(a, out)
+            np.testing.assert_allclose(out, want, rtol=1e-5)
+    finally:
+        set_num_threads(before)

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..codegen_llvm import ACCUMULATE_WORK, MIN_WORK_PER_THREAD
 from ..expr import walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
@@ -139,7 +140,41 @@ def schedule_reduce_stage(stage, in_shape, inner_reduced: bool, target, pack=(),
         stage.reorder(*keep, *([lo] if lo is not None else []), *rax, li)
         stage.unroll(li)
         return parallel_loop(stage, keep, lo, target, work)
+    if not pack and tile is None:
+        split = _split_reduction(stage, target, work)
+        if split is not None:
+            return split
     return accumulator_tile(stage, spatial, target, work, pack=pack, tile=tile)
+
+
+def _split_reduction(stage, target, work: int):
+    """A reduction with too few outputs to keep the cores busy (a global pool's few channel
+    blocks: efficientnet's squeeze over 112x112 has 2 vectors of output, one thread's work) but
+    enough input for several threads: its outermost reduction loop cut into parts whose partial
+    results (rfactor) are made in parallel, one part a thread, then summed part by part into the
+    output. As many parts as the code generator would give threads to the whole reduction
+    (MIN_WORK_PER_THREAD units of work, an accumulated element ACCUMULATE_WORK), at most one a
+    core; returns
+    the partial stage's parallel loop, or None where the output already has the parallelism or
+    the reduction is one that is not split (a product tile's, one too short)."""
+    target = resolve_target(target)
+    op = stage.op
+    vl = lanes(target, op.dtype)
+    outputs = math.prod(a.extent for a in op.axis[:-1]) * -(-op.axis[-1].extent // vl)
+    if outputs >= 2 * target.num_cores or product_tile(op, target) is not None or not op.reduce_axis:
+        return None
+    first = op.reduce_axis[0]
+    parts = min(first.extent, target.num_cores, int(work * ACCUMULATE_WORK) // MIN_WORK_PER_THREAD)
+    if parts < 2 or not want_parallel(target, work):
+        return None
+    s = stage.schedule
+    outer, _ = stage.split(first, nparts=parts)
+    part = s[s.rfactor(stage.tensor, outer, factor_axis=0)]
+    loop = accumulator_tile(part, [a for a in part.op.axis if a.extent > 1], target, work)
+    combined = [a for a in stage.op.axis if a.extent > 1]
+    if combined:
+        accumulator_tile(stage, combined, target, int(np.prod(part.op.shape)))
+    return loop
 
 
 def _unit_stride_reduce_axis(op, vl: int):
