@@ -154,9 +154,8 @@ def _split_reduction(stage, target, work: int):
     results (rfactor) are made in parallel, one part a thread, then summed part by part into the
     output. As many parts as the code generator would give threads to the whole reduction
     (MIN_WORK_PER_THREAD units of work, an accumulated element ACCUMULATE_WORK), at most one a
-    core; returns
-    the partial stage's parallel loop, or None where the output already has the parallelism or
-    the reduction is one that is not split (a product tile's, one too short)."""
+    core. Returns the partial stage's parallel loop, or None where the output already has the
+    parallelism or the reduction is not split (a product tile's, one too small)."""
     target = resolve_target(target)
     op = stage.op
     vl = lanes(target, op.dtype)
