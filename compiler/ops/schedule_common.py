@@ -14,7 +14,6 @@ The rules they encode, measured on AVX2 (8 float lanes) with 2 cores:
 from __future__ import annotations
 
 from ..arith import unit_step
-from ..codegen_llvm import GATHER_WORK
 from ..expr import walk
 from ..target import resolve_target
 from ..tensor import TensorRead
@@ -155,5 +154,6 @@ def reads_in_order(read, var) -> bool:
 
 def gathers_along(body, var) -> bool:
     """Whether a vector along `var` of the compute `body` gathers any of its reads (a channel
-    shuffle, a layout change across the lanes): each such element costs GATHER_WORK."""
+    shuffle, a layout change across the lanes): each such element costs
+    codegen_llvm.GATHER_WORK."""
     return any(isinstance(n, TensorRead) and not reads_in_order(n, var) for n in walk(body))

@@ -26,12 +26,21 @@ import math
 
 import numpy as np
 
-from ..codegen_llvm import ACCUMULATE_WORK, MIN_WORK_PER_THREAD
+from ..codegen_llvm import ACCUMULATE_WORK, GATHER_WORK, MIN_WORK_PER_THREAD
 from ..expr import walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import TensorRead
-from .schedule_common import GATHER_WORK, accumulator_factor, gathers_along, lanes, largest_divisor, parallel_loop, unit_step, vectorize_inner, want_parallel
+from .schedule_common import (
+    accumulator_factor,
+    gathers_along,
+    lanes,
+    largest_divisor,
+    parallel_loop,
+    unit_step,
+    vectorize_inner,
+    want_parallel,
+)
 from .schedule_tile import product_tile
 
 TRANSPOSE_TILE = 32
@@ -57,7 +66,7 @@ def schedule_injective_stage(stage, target):
     parallel: a 27K-element shuffle takes as long as a 160K-element copy."""
     axes = list(stage.op.axis)
     *outer_axes, last = axes
-    work = int(np.prod(stage.op.shape)) * (GATHER_WORK if gathers_along(stage.op.body, last.var) else 1)
+    work = int(np.prod(stage.op.shape) * (GATHER_WORK if gathers_along(stage.op.body, last.var) else 1))
     vl = lanes(target, stage.op.dtype)
     lo = vectorize_inner(stage, last, vl, max_vectors=2)
     if lo is None and len(outer_axes) >= 2 and outer_axes[-1].extent >= ROW_CHAINS:
