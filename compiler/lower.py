@@ -52,6 +52,7 @@ from .loop_ir import (
     format_expr,
     seq,
     stmt_children,
+    stmt_exprs,
     walk_stmts,
 )
 from .schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
@@ -479,7 +480,7 @@ class _Lowering:
         inner = {f.var: (0, f.extent - 1) for f in walk_stmts(body) if isinstance(f, For)}
         indices = {}
         for s in walk_stmts(body):
-            for e in _own_exprs(s):
+            for e in stmt_exprs(s):
                 for n in walk(e):
                     if isinstance(n, Load) and n.buffer is buf:
                         indices[format_expr(n.index)] = n.index
@@ -562,7 +563,7 @@ def _check_unrolled_size(body):
             loops.append(st)
             unrolled = unrolled | {st.var}
         if copies > 1:   # code emitted once is not what this bounds (and counting it is most of the cost)
-            for e in _stmt_exprs(st):
+            for e in stmt_exprs(st):
                 total += copies * _emitted_nodes(e, unrolled)
         for child in stmt_children(st):
             visit(child, copies, unrolled)
@@ -584,16 +585,6 @@ def _emitted_nodes(e, unrolled: frozenset) -> int:
         return 1 + _emitted_nodes(e.cond, unrolled) + max(_emitted_nodes(e.t, unrolled), _emitted_nodes(e.f, unrolled))
     own = _CALL_WEIGHT.get(e.func, 1) if isinstance(e, Call) else 1
     return own + sum(_emitted_nodes(c, unrolled) for c in children(e))
-
-
-def _stmt_exprs(st):
-    if isinstance(st, Store):
-        return (st.index, st.value)
-    if isinstance(st, Prefetch):
-        return (st.index,)
-    if isinstance(st, IfThenElse):
-        return (st.cond,)
-    return ()
 
 
 def _auto_unroll(stmt, max_step: int):
@@ -676,7 +667,7 @@ def _lane_tail(loop: For, ranges: dict) -> int:
             ranges = {**ranges, s.var: (0, s.extent - 1)}
             if s.kind == "vectorized":
                 lanes.add(s.var)
-        for e in _own_exprs(s):
+        for e in stmt_exprs(s):
             conds.extend(n for n in walk(e) if isinstance(n, Compare))
     conds = [c for c in conds if loop.var in free_vars(c) and free_vars(c) & lanes]
     best = 0
@@ -700,20 +691,8 @@ MAX_PEELED_NODES = 4096   # code a peeled body may emit (each unrolled copy coun
 def _unrolled_code(st, copies: int = 1) -> int:
     if isinstance(st, For):
         return _unrolled_code(st.body, copies * (st.extent if st.kind == "unrolled" else 1))
-    own = sum(copies * _emitted_nodes(e, frozenset()) for e in _own_exprs(st))
+    own = sum(copies * _emitted_nodes(e, frozenset()) for e in stmt_exprs(st))
     return own + sum(_unrolled_code(c, copies) for c in stmt_children(st))
-
-
-def _own_exprs(s) -> tuple:
-    if isinstance(s, Store):
-        return (s.index, s.value)
-    if isinstance(s, Prefetch):
-        return (s.index,)
-    if isinstance(s, IfThenElse):
-        return (s.cond,)
-    if isinstance(s, LetStmt):
-        return (s.value,)
-    return ()
 
 
 def _map_exprs(st, fn):
