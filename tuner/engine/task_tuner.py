@@ -132,6 +132,7 @@ class TaskTuner:
         self._best_key = (True, math.inf)   # (timed in a slow window, cost) of the best so far: _consider_best
         self._baseline_done = not self.baseline
         self._baseline_run_seconds = 0.0   # what one timing of the default took (sizes the re-timing)
+        self._baseline_marked = False      # the default's only timing came from a slow window
         self.exhausted = False
         # what the task's records tell a resumed run, bounded however many it holds: every
         # fingerprint (never measured twice), and the newest and fastest records (store.task_sample)
@@ -171,6 +172,7 @@ class TaskTuner:
             if baseline_rec is not None:
                 self.result.baseline_cost = baseline_rec.cost
                 self._baseline_run_seconds = baseline_rec.result.run_seconds
+                self._baseline_marked = bool(baseline_rec.result.slow_window) and baseline_rec.retimed_cost is None
                 default_key = self._default_program_key()
                 if default_key is not None:   # (a resumed run does not time the default's twin either)
                     self.strategy.know_program(default_key, baseline_rec.result)
@@ -410,6 +412,7 @@ class TaskTuner:
         if res.ok:
             self.result.baseline_cost = res.cost
             self._baseline_run_seconds = res.run_seconds
+            self._baseline_marked = bool(res.slow_window)
             self._consider_best(cand, res)
         self.strategy.visited.add(cand.fingerprint)
         report = BatchReport(self.task, (cand,), (res,), tuple(ids), self.result, kind="baseline")
@@ -556,8 +559,10 @@ class TaskTuner:
         records, shared = self.retime_plan()
         cands = [rec.candidate for rec in records]
         base = default_candidate(self.workload_key)
-        if not cands:   # nothing came near the default: its one timing stands, and it stays the best
-            return
+        if not cands and not (self.baseline and self._baseline_marked):
+            return   # nothing came near the default: its one timing stands, and it stays the best
+        # (a default timed only in a slow window is timed again alone: marked, it would rank after
+        # every candidate, however much slower they are)
         builds = self._builds_of(cands + ([base] if self.baseline else []))
         cand_builds, base_build = builds[:len(cands)], (builds[-1] if self.baseline else None)
         timed: dict = {c.fingerprint: [] for c in cands}
@@ -567,8 +572,8 @@ class TaskTuner:
             if self._stop.is_set():   # a stop during the re-measurement: keep what was measured
                 break
             order = list(range(len(cands)))[:: -1 if rnd % 2 else 1]
-            seq: list = []
-            who: list = []
+            seq: list = [] if cands else [base_build]
+            who: list = [] if cands else [None]
             for n, i in enumerate(order):
                 if base_build is not None and (n == 0 or not shared):
                     seq.append(base_build)
