@@ -75,7 +75,7 @@ def test_migration_creates_schema_and_is_idempotent(empty_db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0009"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0010"]
     engine.dispose()
 
 
@@ -90,7 +90,7 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine = sa.create_engine(url)
     with engine.begin() as conn:                  # as if written by the previous tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
-    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0009; run `tunefarm db upgrade"):
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0010; run `tunefarm db upgrade"):
         open_store(url)
     with engine.begin() as conn:                  # written by a newer tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))
@@ -414,6 +414,40 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
             plan = " ".join(str(r) for r in session.execute(sa.text(
                 ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())
         assert "ix_records_job_id_retaken" in plan, plan
+
+
+def test_best_ranks_slow_window_records_last_and_finds_them_in_their_own_index(db_url):
+    """A record timed in a slow window ranks after every unmarked one, however fast it read, and
+    is found when nothing else is valid; its statement reads the partial index of marked records
+    (without it, every GET /best read the task's whole cost range to find none)."""
+    def tiles(records):
+        return [r.candidate.payload["knobs"]["tile"] for r in records]
+    with SQLRecordsStore(db_url) as s:
+        s.add_records(TASK, [(cand(1), marked(1e-4, slow_window=True, index=0.5)),
+                             (cand(2), marked(3e-3)), (cand(3), marked(2e-3)),
+                             (cand(4), MeasureResult(costs=[], error_code=4, error_msg="RUNTIME_ERROR"))])
+        only_marked = Task(Workload("relu", {"shape": [96]}), TARGET, "local")
+        s.add_records(only_marked, [(cand(5), marked(1e-3, slow_window=True, index=0.4))])
+        assert tiles(s.best(only_marked.workload.key, TARGET)) == [5]
+        statements = []
+
+        def capture(conn, cursor, statement, parameters, context, executemany):
+            if "slow_window" in statement and "UNION ALL" in statement:
+                statements.append((statement, parameters))
+        sa.event.listen(s.db.engine, "before_cursor_execute", capture)
+        try:
+            assert tiles(s.best(TASK.workload.key, TARGET, k=3)) == [3, 2, 1]
+        finally:
+            sa.event.remove(s.db.engine, "before_cursor_execute", capture)
+        assert statements
+        with s.db.engine.connect() as conn:
+            postgres = conn.dialect.name == "postgresql"
+            if postgres:   # a tiny table: make the planner show the index it would take
+                conn.exec_driver_sql("SET enable_seqscan = off")
+                conn.exec_driver_sql("SET enable_bitmapscan = off")
+            plan = " ".join(str(row[-1]) for st, ps in statements
+                            for row in conn.exec_driver_sql(("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + st, ps))
+        assert "ix_records_task_id_mean_cost_slow" in plan, plan
 
 
 # ---------------------------------------------------------------------------------- opening

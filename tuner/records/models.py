@@ -205,6 +205,10 @@ class RecordRow(Base):
         # page lists on every poll
         Index("ix_records_job_id_retaken", "job_id", "id", postgresql_where=text(RETAKEN),
               sqlite_where=text(RETAKEN)),
+        # a task's records timed in a slow window, by figure (migration 0010): best() ranks them
+        # last, in a statement of their own; the predicate as SQLAlchemy spells `IS true` on each
+        Index("ix_records_task_id_mean_cost_slow", "task_id", "mean_cost",
+              postgresql_where=text("slow_window IS true"), sqlite_where=text("slow_window IS 1")),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
