@@ -16,7 +16,7 @@ from sqlalchemy import event
 from test_api import MATMUL_JOB, TARGET, cand, err, ok
 
 from compiler.target import resolve_target
-from tuner.candidate import ErrorCode
+from tuner.candidate import ErrorCode, MeasureResult
 from tuner.engine import make_space
 from tuner.records.store import MAX_MEASUREMENTS
 from tuner.space.base import default_candidate
@@ -222,6 +222,21 @@ def test_best_of_every_task_ranks_as_best_does(env):
     best = env.get("/api/v1/best", params={"workload_key": mm.key, "target": target}).json()
     row = env.get("/api/v1/best/all").json()["items"][0]
     assert best["record"]["id"] == row["record_id"] == ids[2] and row["cost"] == pytest.approx(1.5e-5)
+
+
+def test_best_of_every_task_ranks_a_slow_window_record_last_as_best_does(env):
+    """A record timed in a window its calibration found slow ranks after every unmarked one, however
+    fast it read, on /best/all as on /best; a task with nothing else names it."""
+    target = str(resolve_target(None))
+    mm = Workload("matmul", {"M": 32, "N": 32, "K": 32})
+    ids = real_records(env.store, mm, target)                          # means: default 4e-5, 1e-5, 2e-5
+    env.store.add_records(Task(mm, target, "local"), [(cand(7), MeasureResult(costs=[2e-6], slow_window=True, slow_index=0.4))])
+    marked_only = env.store.add_records(Task(SMALL, target, "local"),
+                                        [(cand(8), MeasureResult(costs=[3e-6], slow_window=True, slow_index=0.5))])
+    rows = {r["workload"]["key"]: r for r in env.get("/api/v1/best/all").json()["items"]}
+    for key, want in ((mm.key, ids[1]), (SMALL.key, marked_only[0])):
+        best = env.get("/api/v1/best", params={"workload_key": key, "target": target}).json()["record"]
+        assert rows[key]["record_id"] == best["id"] == want
 
 
 def test_openapi_has_the_dashboard_reads(sqlite_env):

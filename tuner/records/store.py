@@ -672,7 +672,8 @@ class SQLRecordsStore(RecordsStore):
         Three statements for the whole page: the tasks with the id of their best record as
         correlated subqueries, ranked as `best()` ranks (a re-measured record first, by its
         re-measured cost: the (task_id, retimed_cost) index; else by the tuning-time mean: the
-        (task_id, mean_cost) index; one index range per task, never a scan of the records);
+        (task_id, mean_cost) index; else, a record timed in a slow window, by its mean: the
+        partial index of those; one index range per task, never a scan of the records);
         those records by primary key; the baselines by their fingerprint (the (task_id,
         fingerprint) unique index)."""
         from ..space.base import default_candidate
@@ -681,9 +682,12 @@ class SQLRecordsStore(RecordsStore):
         best_retimed = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, _verified(),
                                                    RecordRow.mean_cost.is_not(None))
                         .order_by(RecordRow.retimed_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
-        best_mean = (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None))
-                     .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
-        best_id = func.coalesce(best_retimed, best_mean)
+
+        def best_mean(marked: bool):
+            window = RecordRow.slow_window.is_(True) if marked else RecordRow.slow_window.is_not(True)
+            return (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None), window)
+                    .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
+        best_id = func.coalesce(best_retimed, best_mean(False), best_mean(True))
         stmt = (select(TaskRow, WorkloadRow, best_id.label("best_id"))
                 .join(WorkloadRow, TaskRow.workload_key == WorkloadRow.key)
                 .order_by(TaskRow.id).limit(page_size(limit)))
