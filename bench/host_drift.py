@@ -41,18 +41,6 @@ WINDOWS = (0.05, 0.2, 0.5, 1.0, 2.0)
 BATCH_S = 1e-3     # each of the three timed in batches of about this long
 
 
-def batch_runner(kernel, arrays):
-    """(run(n): n back-to-back calls, the aligned arrays to keep alive) of a built kernel."""
-    timed, ptrs = kernel._aligned_args(arrays)
-    ptrs = [*ptrs, kernel.error_record()]
-    fn = kernel._load()
-
-    def run(n):
-        for _ in range(n):
-            fn(*ptrs)
-    return run, timed
-
-
 def calls_for(run, seconds: float) -> int:
     run(3)
     t0 = time.perf_counter()
@@ -61,8 +49,9 @@ def calls_for(run, seconds: float) -> int:
     return max(1, round(seconds / max(per, 1e-9)))
 
 
-def cv(values) -> float:
-    return float(statistics.pstdev(values) / statistics.mean(values)) if len(values) > 1 else float("nan")
+def cv(values) -> float | None:
+    """Coefficient of variation; None below two windows (a run shorter than the window)."""
+    return round(float(statistics.pstdev(values) / statistics.mean(values)), 4) if len(values) > 1 else None
 
 
 def drift(samples: np.ndarray) -> dict:
@@ -79,11 +68,12 @@ def drift(samples: np.ndarray) -> dict:
             fma.append(np.median(rows[:, 1] / rows[:, 2]))
             stream.append(np.median(rows[:, 1] / rows[:, 3]))
         for key, values in (("raw_cv", raw), ("over_fma_cv", fma), ("over_stream_cv", stream)):
-            out[key][str(w)] = round(cv(values), 4)
+            out[key][str(w)] = cv(values)
     # at 1 s (a long timing): which yardstick drifts with the kernel, and how much steadier it makes it
-    steadier = min(("fma", "stream"), key=lambda y: out[f"over_{y}_cv"]["1.0"])
-    out["yardstick"] = steadier
-    out["steadier_1s"] = round(out["raw_cv"]["1.0"] / max(out[f"over_{steadier}_cv"]["1.0"], 1e-6), 2)
+    if out["raw_cv"]["1.0"] is not None:
+        steadier = min(("fma", "stream"), key=lambda y: out[f"over_{y}_cv"]["1.0"])
+        out["yardstick"] = steadier
+        out["steadier_1s"] = round(out["raw_cv"]["1.0"] / max(out[f"over_{steadier}_cv"]["1.0"], 1e-6), 2)
     return out
 
 
@@ -101,7 +91,8 @@ def measure(name: str, seconds: float, target) -> np.ndarray:
     kernel = compiler.build(sched, args, target)
     arrays = [*random_inputs(opdef, np.random.default_rng(0)), poisoned(opdef.output.shape, opdef.output.dtype, 0)]
     cal = calibration_kernels()
-    runs = [batch_runner(kernel, arrays), batch_runner(*cal["fma"]), batch_runner(*cal["stream"])]
+    runs = [kernel.batch_runner(arrays), cal["fma"][0].batch_runner(cal["fma"][1]),
+            cal["stream"][0].batch_runner(cal["stream"][1])]
     counts = [calls_for(run, BATCH_S) for run, _ in runs]
     rows = []
     perf = time.perf_counter
@@ -142,7 +133,8 @@ def main() -> int:
     for name, r in results.items():
         for w in WINDOWS:
             k = str(w)
-            print(f"{name:<10} {w:>8} {r['raw_cv'][k]:>8.3f} {r['over_fma_cv'][k]:>9.3f} {r['over_stream_cv'][k]:>12.3f}")
+            shown = ["-" if r[c][k] is None else f"{r[c][k]:.3f}" for c in ("raw_cv", "over_fma_cv", "over_stream_cv")]
+            print(f"{name:<10} {w:>8} {shown[0]:>8} {shown[1]:>9} {shown[2]:>12}")
     print(json.dumps({"kernels": results, "numpy_blas": blas_text, "cpu": target.cpu,
                       "seconds": round(time.perf_counter() - t0, 1)}))
     return 0

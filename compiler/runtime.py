@@ -254,22 +254,32 @@ class Kernel:
         arrays that are not; outputs are copied back): a kernel's speed depends on where its
         buffers start (compiler/buffers.py), and a timing must not depend on where numpy happened
         to put the caller's. Returns a Timing (seconds per call)."""
+        run_batch, timed = self.batch_runner(arrays)
+        with host_lock.exclusive() if lock else contextlib.nullcontext():
+            run_batch(1)                  # the warm-up call runs on the held host too
+            timing = time_samples(run_batch, options)
+        self._copy_back(arrays, timed)
+        return timing
+
+    def batch_runner(self, arrays) -> tuple:
+        """(run_batch, the arrays it runs on): `run_batch(n)` calls the kernel n times back to back
+        on 64-byte-aligned copies of `arrays` where they are not aligned (see `measure`; keep the
+        second value alive while calling it, outputs land there), then raises KernelRuntimeError
+        if any call failed. What every timer of a kernel loops over: the protocol, the TVM-style
+        evaluator, a measuring worker's calibration."""
         timed, ptrs = self._aligned_args(arrays)
         ptrs = [*ptrs, self.error_record()]
         fn = self._load()
+        if self.parallel:
+            before_parallel_call()    # a forked child's rule (compiler/openmp.py), as every call takes it
 
-        def run_batch(n):
+        def run_batch(n: int) -> None:
             failed = 0
             for _ in range(n):
                 failed |= fn(*ptrs)
             if failed:
                 self._run(fn, ptrs[:-1])  # raises KernelRuntimeError with the reason
-
-        with host_lock.exclusive() if lock else contextlib.nullcontext():
-            self._run(fn, ptrs[:-1])      # the warm-up call runs on the held host too
-            timing = time_samples(run_batch, options)
-        self._copy_back(arrays, timed)
-        return timing
+        return run_batch, timed
 
     def _aligned_args(self, arrays) -> tuple:
         """(the arrays a timing runs on, their pointers): the caller's arrays, checked, with
@@ -298,21 +308,15 @@ class Kernel:
             raise ValueError("number and repeat must be at least 1")
 
         def evaluator(*arrays):
-            timed, ptrs = self._aligned_args(arrays)   # as in `measure`
-            ptrs = [*ptrs, self.error_record()]
-            fn = self._load()
-            self._run(fn, ptrs[:-1])
+            run_batch, timed = self.batch_runner(arrays)   # as in `measure`
+            run_batch(1)
             n = number
             results = []
             for _ in range(repeat):
                 while True:
                     t0 = time.perf_counter()
-                    failed = 0
-                    for _ in range(n):
-                        failed |= fn(*ptrs)
+                    run_batch(n)
                     dt = time.perf_counter() - t0
-                    if failed:
-                        self._run(fn, ptrs[:-1])  # raises KernelRuntimeError with the reason
                     if dt * 1000.0 >= min_repeat_ms or min_repeat_ms <= 0:
                         break
                     n = max(n * 2, int(n * min_repeat_ms / max(dt * 1000.0, 1e-3) * 1.2))

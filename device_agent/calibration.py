@@ -77,13 +77,7 @@ def on_cpu_seconds(kernel, arrays, seconds: float = 0.012) -> tuple[float, bool]
     process stopped, throttled or slowed all the time loses no run-queue time, and reads slow."""
     from compiler.timing import ThreadWaitClock, calls_per_sample
 
-    timed, ptrs = kernel._aligned_args(arrays)
-    ptrs = [*ptrs, kernel.error_record()]
-    fn = kernel._load()
-
-    def run_batch(n):
-        for _ in range(n):
-            fn(*ptrs)
+    run_batch, timed = kernel.batch_runner(arrays)
     run_batch(1)                              # warm-up; starts the OpenMP team
     n = calls_per_sample(run_batch, CAL_SAMPLE_S)
     clock = ThreadWaitClock()
