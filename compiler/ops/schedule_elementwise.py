@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from ..arith import unit_step
 from ..codegen_llvm import ACCUMULATE_WORK, GATHER_WORK, MIN_WORK_PER_THREAD
 from ..expr import walk
 from ..schedule import Schedule, create_schedule
@@ -37,7 +38,6 @@ from .schedule_common import (
     lanes,
     largest_divisor,
     parallel_loop,
-    unit_step,
     vectorize_inner,
     want_parallel,
 )

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 
+from ..arith import unit_step
 from ..errors import ScheduleError
 from ..expr import Call, walk
 from ..schedule import Schedule, create_schedule
 from ..target import resolve_target
 from ..tensor import ComputeOp, Reduce, TensorRead, topo_order
 from .scan_carry import scan_axis, scan_plan
-from .schedule_common import MAX_LANES, lanes, parallel_loop, unit_step
+from .schedule_common import MAX_LANES, lanes, parallel_loop
 from .schedule_stages import schedule_stages_at_root
 from .stride_phases import stride_phase_plan
 

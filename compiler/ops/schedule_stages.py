@@ -5,12 +5,13 @@ reads to pack for that, which producers to inline)."""
 
 from __future__ import annotations
 
+from ..arith import unit_step
 from ..expr import walk
 from ..lift import LIFTED_TAG
 from ..schedule import Schedule
 from ..tensor import ComputeOp, PlaceholderOp, TensorRead
 from .scan_carry import scan_axis
-from .schedule_common import unit_step, var_groups
+from .schedule_common import var_groups
 from .schedule_elementwise import schedule_injective_stage, schedule_pad_stage, schedule_reduce_stage
 from .schedule_tile import broadcast_read
 from .stride_phases import is_data_movement
