@@ -5,8 +5,10 @@
   the lane become masks (masked loads/stores), uniform values stay scalar and are broadcast.
 - An `unrolled` loop is emitted once per iteration with its variable a constant.
 - A `parallel` loop is outlined into a function run by libgomp's GOMP_parallel, each thread taking
-  contiguous chunks of iterations as it comes free (libgomp's dynamic schedule, about
-  CHUNKS_PER_THREAD chunks a thread). Its team is sized to the work, not the
+  contiguous chunks of iterations as it comes free (a dynamic schedule, about CHUNKS_PER_THREAD
+  chunks a thread, each claimed by an atomic add on the loop's own counter rather than through
+  libgomp's work-sharing loop, whose start and end took a quarter of a fork/join: 2.19 against
+  1.76 us a region on 2 threads, an Intel Xeon). Its team is sized to the work, not the
   cores: at most one thread per iteration and per MIN_WORK_PER_THREAD elements its body stores
   (vector lanes counted; a reduction's accumulator updates at a quarter), at most
   omp_get_max_threads(). A kernel of a few microseconds on 16 cores otherwise spent longer
@@ -360,19 +362,26 @@ class FunctionEmitter:
         self.builder.position_at_end(exit_)
 
     def emit_parallel(self, s: For):
-        """Outline the loop body; each libgomp thread runs a contiguous chunk of iterations."""
+        """Outline the loop body; each libgomp thread claims contiguous chunks of iterations from
+        the loop's counter (_emit_counted_chunks), set to 0 before the fork."""
         mb = self.mb
         mb.n_outlined += 1
         name = f"{self.fn.name}_par{mb.n_outlined}"
         status = self._status_slot()
-        member = self._outline(s, name + "_body", status, [])
+        b = self.builder
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            counter = _opaque_alloca(b, ir.ArrayType(I64, COUNTER_STRIDE), "chunk_counter")
+            counter.align = 64
+        b.store(ir.Constant(I64, 0), counter)
+        member = self._outline(s, name + "_body", status, [counter])
         thread_entry = ir.Function(mb.module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
         thread_entry.linkage = "internal"
-        b = ir.IRBuilder(thread_entry.append_basic_block("entry"))
-        member.call(b, thread_entry.args[0])
-        b.ret_void()
+        eb = ir.IRBuilder(thread_entry.append_basic_block("entry"))
+        member.call(eb, thread_entry.args[0])
+        eb.ret_void()
         self._fork(thread_entry, member.closure, parallel_team_cap(s), [s], status)
-        _emit_dynamic_chunks(member.child, s)
+        _emit_counted_chunks(member, s)
         member.child.finish()
 
     def emit_team(self, loops: tuple, barriers: tuple):
@@ -867,8 +876,7 @@ class FunctionEmitter:
                             [eb.bitcast(bad, bits), ir.Constant(I1, 0)])
             value = eb.extract_element(v, eb.zext(first, I64) if bits.width < 64 else first)
         self._record_index_error(eb, number, value)
-        if self.in_parallel:   # this thread leaves the loop's chunks; the others stop at their next
-            eb.call(self.mb.declare("GOMP_loop_end_nowait", ir.VoidType(), []), [])
+        # in a parallel loop this thread leaves its chunks; the others stop at their next claim
         self.fail(eb, ir.Constant(I32, KERNEL_INDEX_OUT_OF_RANGE))
         b.position_at_end(ok)
         # the value, clamped where it already lies: LLVM learns its range, which it does not from
@@ -1148,50 +1156,20 @@ _EMIT: dict[type, Callable[[Any, Any], Any]] = {
 CHUNKS_PER_THREAD = 4   # a parallel loop's iterations in this many contiguous chunks per thread
 
 
-def _emit_dynamic_chunks(child, s: For):
-    """The outlined body's loop over the chunks of `s` it claims from libgomp's dynamic
-    schedule: contiguous chunks of about extent / (threads · CHUNKS_PER_THREAD) iterations, each
-    taken by whichever thread is free. With a static split, a thread whose core is shared (a
-    2-vCPU cloud host's neighbour, the tuner's own process) held up every kernel by its whole
-    half; ResNet-50 ran 0.56x onnxruntime beside one busy thread."""
-    mb, cb = child.mb, child.builder
-    nth = cb.sext(cb.call(mb.declare("omp_get_num_threads", I32, []), []), I64)
-    per = cb.mul(nth, ir.Constant(I64, CHUNKS_PER_THREAD))
-    chunk = cb.sdiv(cb.add(ir.Constant(I64, s.extent - 1), per), per)
-    with cb.goto_block(child.entry):
-        cb.position_at_start(child.entry)
-        lo = _opaque_alloca(cb, I64, "chunk_start")
-        hi = _opaque_alloca(cb, I64, "chunk_end")
-    start_fn = mb.declare("GOMP_loop_dynamic_start", ir.IntType(8), [I64, I64, I64, I64, PTR, PTR])
-    next_fn = mb.declare("GOMP_loop_dynamic_next", ir.IntType(8), [PTR, PTR])
-    got = cb.call(start_fn, [ir.Constant(I64, 0), ir.Constant(I64, s.extent), ir.Constant(I64, 1), chunk, lo, hi])
-    body = child.fn.append_basic_block("chunk")
-    done = child.fn.append_basic_block("chunks_done")
-    cb.cbranch(cb.icmp_unsigned("!=", got, ir.Constant(ir.IntType(8), 0)), body, done)
-    cb.position_at_end(body)
-    child.emit_serial_loop(s.var, cb.load(lo, typ=I64), cb.load(hi, typ=I64), s.body,
-                           timed=s if mb.region_clock is not None else None)
-    if mb.checks:   # once a thread's index check failed, the others take no further chunk
-        reported = cb.load_atomic(child.status_ptr, "monotonic", 4, typ=I32)
-        claim = child.fn.append_basic_block("claim")
-        cb.cbranch(cb.icmp_signed("!=", reported, ir.Constant(I32, KERNEL_OK)), done, claim)
-        cb.position_at_end(claim)
-    more = cb.call(next_fn, [lo, hi])
-    cb.cbranch(cb.icmp_unsigned("!=", more, ir.Constant(ir.IntType(8), 0)), body, done)
-    cb.position_at_end(done)
-    cb.call(mb.declare("GOMP_loop_end_nowait", ir.VoidType(), []), [])
-
-
 COUNTER_STRIDE = 8   # i64 slots between two team loops' chunk counters: one cache line each
 
 
 def _emit_counted_chunks(member: _Outlined, s: For):
-    """A team loop's chunks (emit_team): as _emit_dynamic_chunks hands them out, about extent /
-    (team · CHUNKS_PER_THREAD) iterations each with the team counted up to the loop's own cap
-    (so a small loop is cut into as few chunks as it would be as a region of its own), each
-    claimed by an atomic add on the loop's counter by whichever thread is free. Not libgomp's
-    work-sharing loop: a thread that leaves early (its scratch allocation failed) would then
-    skip a work share and read the next loop's bounds from this one's."""
+    """The outlined body's loop over the chunks of `s` (a region of its own, or a team's loop):
+    contiguous chunks of about extent / (team · CHUNKS_PER_THREAD) iterations, with the team
+    counted up to the loop's own cap (a small loop in a team is cut into as few chunks as it
+    would be as a region of its own), each claimed by an atomic add on the loop's counter by
+    whichever thread is free. Dynamic, not a static split: a thread whose core is shared (a
+    2-vCPU cloud host's neighbour, the tuner's own process) held up every kernel by its whole
+    half; ResNet-50 ran 0.56x onnxruntime beside one busy thread. Not libgomp's work-sharing loop
+    (GOMP_loop_dynamic_start/next/end): its start and end cost a quarter of a region's fork/join,
+    and a thread that leaves early (its scratch allocation failed, an index check fired) would
+    skip a work share, so the team's next loop would read its bounds from this one's."""
     child = member.child
     mb, cb = child.mb, child.builder
     counter = member.extra(0)

@@ -8,8 +8,9 @@ Four small native probes, compiled here from LLVM IR and called as kernels:
 - the cost of the profiling build's own clock reads around one iteration (two reads and the
   add into a slot, nothing between): subtracted from every timed iteration;
 - fork/join: one GOMP_parallel of an empty region handing out team · CHUNKS_PER_THREAD empty
-  chunks through the dynamic schedule, exactly the generated code's protocol (team start, chunk
-  claims, the closing barrier), repeated back to back as a model's kernels run, at a team of
+  chunks, each claimed by an atomic add on the region's counter (reset before the fork),
+  exactly the generated code's protocol (team start, chunk claims, the closing barrier;
+  codegen_llvm._emit_counted_chunks), repeated back to back as a model's kernels run, at a team of
   1 and of 2. It is measured with an empty body on purpose: anything in the body would be work,
   and work is what the scaling model counts separately.
 - a barrier inside a running team (what a team's later loops pay, compiler/parallel_teams.py):
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen_llvm import CHUNKS_PER_THREAD
+from .codegen_llvm import CHUNKS_PER_THREAD, COUNTER_STRIDE
 from .runtime import ArgSpec, Kernel, compile_module
 from .target import resolve_target
 
@@ -32,9 +33,6 @@ _IR = """
 declare i64 @llvm.readcyclecounter()
 declare void @GOMP_parallel(ptr, ptr, i32, i32)
 declare i32 @omp_get_num_threads()
-declare i8 @GOMP_loop_dynamic_start(i64, i64, i64, i64, ptr, ptr)
-declare i8 @GOMP_loop_dynamic_next(ptr, ptr)
-declare void @GOMP_loop_end_nowait()
 declare void @GOMP_barrier()
 
 define i32 @tf_probe_ticks(ptr noalias %out, ptr %record) {
@@ -65,26 +63,28 @@ done:
 
 define internal void @tf_probe_region(ptr %data) {
 entry:
-  %lo = alloca i64
-  %hi = alloca i64
   %iters_at = getelementptr i64, ptr %data, i64 2
   %iters = load i64, ptr %iters_at
+  %counter = getelementptr i64, ptr %data, i64 COUNTER
   %nth32 = call i32 @omp_get_num_threads()
   %nth = sext i32 %nth32 to i64
   %per = mul i64 %nth, CHUNKS
   %up = add i64 %iters, %per
   %up1 = sub i64 %up, 1
   %chunk = sdiv i64 %up1, %per
-  %got = call i8 @GOMP_loop_dynamic_start(i64 0, i64 %iters, i64 1, i64 %chunk, ptr %lo, ptr %hi)
-  %any = icmp ne i8 %got, 0
-  br i1 %any, label %body, label %done
+  %last = add i64 %iters, %chunk
+  %last1 = sub i64 %last, 1
+  %chunks = sdiv i64 %last1, %chunk
+  br label %claim
+claim:
+  %c = atomicrmw add ptr %counter, i64 1 monotonic
+  %more = icmp slt i64 %c, %chunks
+  br i1 %more, label %body, label %done
 body:
-  %l = load volatile i64, ptr %lo
-  %more = call i8 @GOMP_loop_dynamic_next(ptr %lo, ptr %hi)
-  %again = icmp ne i8 %more, 0
-  br i1 %again, label %body, label %done
+  %lo = mul i64 %c, %chunk
+  %l = load volatile i64, ptr %iters_at
+  br label %claim
 done:
-  call void @GOMP_loop_end_nowait()
   ret void
 }
 
@@ -121,10 +121,12 @@ entry:
   %team = trunc i64 %team64 to i32
   %reps_at = getelementptr i64, ptr %params, i64 1
   %reps = load i64, ptr %reps_at
+  %counter = getelementptr i64, ptr %params, i64 COUNTER
   %t0 = call i64 @llvm.readcyclecounter()
   br label %loop
 loop:
   %i = phi i64 [0, %entry], [%next, %loop]
+  store i64 0, ptr %counter
   call void @GOMP_parallel(ptr @tf_probe_region, ptr %params, i32 %team, i32 0)
   %next = add i64 %i, 1
   %more = icmp slt i64 %next, %reps
@@ -135,7 +137,7 @@ done:
   store i64 %d, ptr %out
   ret i32 0
 }
-""".replace("CHUNKS", str(CHUNKS_PER_THREAD))
+""".replace("CHUNKS", str(CHUNKS_PER_THREAD)).replace("COUNTER", str(COUNTER_STRIDE))
 
 
 @dataclass
@@ -194,7 +196,8 @@ class _Probes:
         self.ticks = Kernel("tf_probe_ticks", obj, [ArgSpec("out", (1,), "int64")], target)
         self.pairs = Kernel("tf_probe_clock_pairs", obj, [ArgSpec("params", (1,), "int64", False),
                                                           ArgSpec("slots", (4096,), "int64")], target)
-        self.forks = Kernel("tf_probe_forks", obj, [ArgSpec("params", (3,), "int64", False),
+        # params: team, regions, iterations; the chunk counter a cache line on, as a kernel's
+        self.forks = Kernel("tf_probe_forks", obj, [ArgSpec("params", (2 * COUNTER_STRIDE,), "int64"),
                                                     ArgSpec("out", (1,), "int64")], target)
         self.barriers = Kernel("tf_probe_barriers", obj, [ArgSpec("params", (3,), "int64", False),
                                                           ArgSpec("out", (1,), "int64")], target)
@@ -233,7 +236,8 @@ def fork_join_ticks(probes: _Probes, team: int, reps: int = 50, repeats: int = 2
     core (libgomp's barrier then waits a scheduler tick), which is contention, not the cost of
     the region; a run of few regions now and then finds the core free."""
     out = np.zeros(1, np.int64)
-    params = np.array([team, reps, team * CHUNKS_PER_THREAD], np.int64)
+    params = np.zeros(2 * COUNTER_STRIDE, np.int64)
+    params[:3] = team, reps, team * CHUNKS_PER_THREAD
     probes.forks(params, out)   # warm-up: the team exists
     runs = []
     for _ in range(repeats):

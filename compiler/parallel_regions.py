@@ -6,7 +6,7 @@ facts and from single-thread timings, so they must be the facts code generation 
 guess from the schedule: a region is exactly a loop that codegen_llvm.emit_parallel outlines (a
 `parallel` loop of extent > 1, not inside another parallel loop nor a vectorized one; a parallel
 loop nested in a region runs serially inside its chunk), its team cap is
-codegen_llvm.parallel_team_cap of that loop, its chunks are those of _emit_dynamic_chunks
+codegen_llvm.parallel_team_cap of that loop, its chunks are those of _emit_counted_chunks
 (contiguous, about extent / (team · CHUNKS_PER_THREAD) iterations each). A region nested in
 serial loops forks and joins once per iteration of them: `entries` counts those (an upper bound
 where an `if` may skip it; the profiling build counts the real number). Consecutive regions

@@ -7,7 +7,7 @@ fork/join cost (compiler/parallel_probe.py). On N threads:
 
 - the serial part takes what it took (Amdahl);
 - a region runs on team = min(N, team cap) threads and hands out the contiguous chunks the
-  generated code makes for that team (about extent / (team · 4) iterations each); libgomp's
+  generated code makes for that team (about extent / (team · 4) iterations each); the
   dynamic schedule gives the next chunk to whichever thread comes free, so one entry takes the
   makespan of that greedy list schedule over the measured per-iteration costs (the ceil of the
   chunk count over the team, and uneven iterations, both show up here: a region of 3 chunks
@@ -140,7 +140,7 @@ class Prediction:
 
 def makespan(costs: np.ndarray, chunks: list, team: int) -> float:
     """Time until the last of `chunks` ([(first, end)] over per-iteration `costs`) is done when
-    `team` threads each take the next chunk as they come free (libgomp's dynamic schedule)."""
+    `team` threads each take the next chunk as they come free (the generated code's dynamic schedule)."""
     if not chunks:
         return 0.0
     prefix = np.concatenate(([0.0], np.cumsum(costs)))

@@ -85,12 +85,37 @@ def test_parallel_loop_is_outlined_to_libgomp():
     s = C.create_schedule(out)
     s[out].parallel(s[out].op.axis[0])
     ir = _ir(s, [A, out])
-    assert "GOMP_parallel" in ir and "GOMP_loop_dynamic_start" in ir and "GOMP_loop_dynamic_next" in ir
-    k = C.build(s, [A, out])
-    a = np.random.rand(37, 16 * 1024).astype("f4")
-    o = np.full_like(a, np.nan)
-    k(a, o)
-    np.testing.assert_allclose(o, a + 1.0, rtol=1e-6)
+    # chunks claimed by an atomic add on the loop's own counter, not libgomp's work-sharing loop
+    assert "GOMP_parallel" in ir and "atomicrmw add" in ir and "GOMP_loop" not in ir
+    _every_iteration_once(C.build(s, [A, out]), lambda a: a + 1.0, (37, 16 * 1024))
+
+
+def test_a_parallel_loop_inside_a_serial_one_claims_all_its_chunks_on_each_entry():
+    """A parallel loop under a serial loop forks once per outer iteration; its chunk counter
+    starts again at 0 each time, so every entry runs all of its chunks (5 entries of 37 rows)."""
+    A = C.placeholder((5, 37, 4096), name="A")
+    out = C.compute((5, 37, 4096), lambda b, i, j: A[b, i, j] * 2.0 + 1.0, name="out")
+    s = C.create_schedule(out)
+    s[out].parallel(s[out].op.axis[1])
+    ir = _ir(s, [A, out])
+    assert ir.count("call void @\"GOMP_parallel\"") == 1
+    _every_iteration_once(C.build(s, [A, out]), lambda a: a * 2.0 + 1.0, (5, 37, 4096))
+
+
+def _every_iteration_once(kernel, expected, shape):
+    """The kernel's output is `expected(input)` everywhere, on 1 and 2 threads, call after call."""
+    from compiler.openmp import get_max_threads, set_num_threads
+    a = np.random.default_rng(3).uniform(0.5, 2.0, shape).astype("f4")
+    before = get_max_threads()
+    for threads in (1, 2):
+        set_num_threads(threads)
+        try:
+            for _ in range(3):     # the counter starts again at 0 on every call
+                o = np.full_like(a, np.nan)
+                kernel(a, o)
+                np.testing.assert_allclose(o, expected(a), rtol=1e-6)
+        finally:
+            set_num_threads(before)
 
 
 @pytest.mark.parametrize("rows, cols, team", [(8, 16, 1), (64, 4096, 16), (3, 1 << 16, 3)])
