@@ -29,7 +29,7 @@ from .codegen_llvm import CHUNKS_PER_THREAD, COUNTER_STRIDE
 from .runtime import ArgSpec, Kernel, compile_module
 from .target import resolve_target
 
-_IR = """
+PROBE_IR = """
 declare i64 @llvm.readcyclecounter()
 declare void @GOMP_parallel(ptr, ptr, i32, i32)
 declare i32 @omp_get_num_threads()
@@ -190,9 +190,12 @@ class ParallelCosts:
                 "barrier_slope_us_per_thread": (self.barrier(2) - self.barrier(1)) * 1e6}
 
 
-class _Probes:
+class Probes:
+    """The probes of PROBE_IR compiled for `target`, each a Kernel (bench/chunk_claims.py times
+    its fork/join probe beside another chunk protocol)."""
+
     def __init__(self, target):
-        obj = compile_module(_IR, target)
+        obj = compile_module(PROBE_IR, target)
         self.ticks = Kernel("tf_probe_ticks", obj, [ArgSpec("out", (1,), "int64")], target)
         self.pairs = Kernel("tf_probe_clock_pairs", obj, [ArgSpec("params", (1,), "int64", False),
                                                           ArgSpec("slots", (4096,), "int64")], target)
@@ -203,7 +206,7 @@ class _Probes:
                                                           ArgSpec("out", (1,), "int64")], target)
 
 
-def ticks_per_second(probes: _Probes, seconds: float = 0.05) -> float:
+def ticks_per_second(probes: Probes, seconds: float = 0.05) -> float:
     out = np.zeros(1, np.int64)
     rates = []
     for _ in range(3):
@@ -217,7 +220,7 @@ def ticks_per_second(probes: _Probes, seconds: float = 0.05) -> float:
     return statistics.median(rates)
 
 
-def clock_pair_ticks(probes: _Probes) -> float:
+def clock_pair_ticks(probes: Probes) -> float:
     """Ticks one timed iteration's clock reads add: the median over 4096 empty iterations, the
     lowest of a few runs (a run a neighbour interrupted only adds)."""
     slots = np.zeros(4096, np.int64)
@@ -229,7 +232,7 @@ def clock_pair_ticks(probes: _Probes) -> float:
     return best
 
 
-def fork_join_ticks(probes: _Probes, team: int, reps: int = 50, repeats: int = 200) -> float:
+def fork_join_ticks(probes: Probes, team: int, reps: int = 50, repeats: int = 200) -> float:
     """Ticks per empty region on `team` threads: the lowest of `repeats` runs of `reps` regions
     back to back (the pool warm, as between a model's kernels). The lowest, not the median: on
     a shared 2-core host a neighbour's busy thread makes the second thread of a team wait for its
@@ -246,7 +249,7 @@ def fork_join_ticks(probes: _Probes, team: int, reps: int = 50, repeats: int = 2
     return min(runs)
 
 
-def barrier_ticks(probes: _Probes, team: int, fork_join: float, reps: int = 100, repeats: int = 100) -> float:
+def barrier_ticks(probes: Probes, team: int, fork_join: float, reps: int = 100, repeats: int = 100) -> float:
     """Ticks per barrier of a running team on `team` threads: one region of `reps` barriers, its
     fork/join (`fork_join` ticks) taken off, the lowest of `repeats` runs (as fork_join_ticks)."""
     out = np.zeros(1, np.int64)
@@ -265,7 +268,7 @@ def measure_parallel_costs(target=None, teams=(1, 2)) -> ParallelCosts:
     from .openmp import get_max_threads
 
     target = resolve_target(target)
-    probes = _Probes(target)
+    probes = Probes(target)
     rate = ticks_per_second(probes)
     cores = get_max_threads()
     fork_join = {t: fork_join_ticks(probes, t) / rate for t in teams if t <= max(cores, 1)}
