@@ -7,8 +7,8 @@
 - A `parallel` loop is outlined into a function run by libgomp's GOMP_parallel, each thread taking
   contiguous chunks of iterations as it comes free (a dynamic schedule, about CHUNKS_PER_THREAD
   chunks a thread, each claimed by an atomic add on the loop's own counter rather than through
-  libgomp's work-sharing loop, whose start and end took a quarter of a fork/join: 2.19 against
-  1.76 us a region on 2 threads, an Intel Xeon). Its team is sized to the work, not the
+  libgomp's work-sharing loop, whose start and end took a fifth of a fork/join on 2 threads:
+  bench/chunk_claims.py). Its team is sized to the work, not the
   cores: at most one thread per iteration and per MIN_WORK_PER_THREAD elements its body stores
   (vector lanes counted; a reduction's accumulator updates at a quarter), at most
   omp_get_max_threads(). A kernel of a few microseconds on 16 cores otherwise spent longer
@@ -1167,7 +1167,7 @@ def _emit_counted_chunks(member: _Outlined, s: For):
     whichever thread is free. Dynamic, not a static split: a thread whose core is shared (a
     2-vCPU cloud host's neighbour, the tuner's own process) held up every kernel by its whole
     half; ResNet-50 ran 0.56x onnxruntime beside one busy thread. Not libgomp's work-sharing loop
-    (GOMP_loop_dynamic_start/next/end): its start and end cost a quarter of a region's fork/join,
+    (GOMP_loop_dynamic_start/next/end): its start and end cost a fifth of a region's fork/join,
     and a thread that leaves early (its scratch allocation failed, an index check fired) would
     skip a work share, so the team's next loop would read its bounds from this one's."""
     child = member.child
