@@ -27,7 +27,7 @@ export async function render(main, { params }, ctx) {
   const status = h("div");
   const table = dataTable(columns(irPanel, status, ctx), [], {
     label: "Best schedule per task", key: (t) => t.task_id, href: (t) => (t.record_id ? `#/records/${t.record_id}` : null),
-    caption: "Best as apply-best ranks: the re-measured time first, else the mean. A row opens its record; Loop IR shows the schedule lowered.", empty: "No tasks yet.",
+    caption: "Best as apply-best ranks: the re-measured time first, else the measured median; a figure timed in a window its calibration found slow ranks after every other. A row opens its record; Loop IR shows the schedule lowered.", empty: "No tasks yet.",
   });
   const pager = new Pager(() => load());
   const body = h("div", {}, table.el);
