@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# the work-sharing region, called as the probe calls its counted one (params: team, regions, iterations)
+# the work-sharing region; its driver is the probe's own (`forks_of`), calling it instead
 WORK_SHARING_IR = """
 declare i8 @GOMP_loop_dynamic_start(i64, i64, i64, i64, ptr, ptr)
 declare i8 @GOMP_loop_dynamic_next(ptr, ptr)
@@ -62,28 +62,16 @@ done:
   call void @GOMP_loop_end_nowait()
   ret void
 }
-
-define i32 @tf_ws_forks(ptr noalias %params, ptr noalias %out, ptr %record) {
-entry:
-  %team64 = load i64, ptr %params
-  %team = trunc i64 %team64 to i32
-  %reps_at = getelementptr i64, ptr %params, i64 1
-  %reps = load i64, ptr %reps_at
-  %t0 = call i64 @llvm.readcyclecounter()
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %loop]
-  call void @GOMP_parallel(ptr @tf_ws_region, ptr %params, i32 %team, i32 0)
-  %next = add i64 %i, 1
-  %more = icmp slt i64 %next, %reps
-  br i1 %more, label %loop, label %done
-done:
-  %t1 = call i64 @llvm.readcyclecounter()
-  %d = sub i64 %t1, %t0
-  store i64 %d, ptr %out
-  ret i32 0
-}
 """
+
+
+def forks_of(probe_ir: str, region: str, name: str) -> str:
+    """The probe's driver of back-to-back regions (tf_probe_forks) as function `name`, forking
+    `region` instead of the probe's own; the chunk counter it resets is unused by such a region."""
+    start = probe_ir.index("define i32 @tf_probe_forks(")
+    end = probe_ir.index("\n}\n", start) + 3
+    return (probe_ir[start:end].replace("@tf_probe_forks(", f"@{name}(")
+            .replace("@tf_probe_region,", f"@{region},"))
 
 
 def main() -> int:
@@ -102,7 +90,8 @@ def main() -> int:
 
     target = resolve_target(None)
     counted = probe.Probes(target)
-    ir = probe.PROBE_IR + WORK_SHARING_IR.replace("CHUNKS", str(CHUNKS_PER_THREAD))
+    ir = (probe.PROBE_IR + WORK_SHARING_IR.replace("CHUNKS", str(CHUNKS_PER_THREAD))
+          + forks_of(probe.PROBE_IR, "tf_ws_region", "tf_ws_forks"))
     work_sharing = Kernel("tf_ws_forks", compile_module(ir, target),
                           [ArgSpec("params", (2 * COUNTER_STRIDE,), "int64"), ArgSpec("out", (1,), "int64")], target)
     rate = probe.ticks_per_second(counted)
