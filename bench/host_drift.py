@@ -41,14 +41,6 @@ WINDOWS = (0.05, 0.2, 0.5, 1.0, 2.0)
 BATCH_S = 1e-3     # each of the three timed in batches of about this long
 
 
-def calls_for(run, seconds: float) -> int:
-    run(3)
-    t0 = time.perf_counter()
-    run(3)
-    per = (time.perf_counter() - t0) / 3
-    return max(1, round(seconds / max(per, 1e-9)))
-
-
 def cv(values) -> float | None:
     """Coefficient of variation; None below two windows (a run shorter than the window)."""
     return round(float(statistics.pstdev(values) / statistics.mean(values)), 4) if len(values) > 1 else None
@@ -80,6 +72,7 @@ def drift(samples: np.ndarray) -> dict:
 def measure(name: str, seconds: float, target) -> np.ndarray:
     import compiler
     from compiler.ops.base import random_inputs
+    from compiler.timing import calls_per_sample
     from compiler.verify import poisoned
     from device_agent.calibration import calibration_kernels
     from tuner.space import default_candidate, instantiate
@@ -93,7 +86,10 @@ def measure(name: str, seconds: float, target) -> np.ndarray:
     cal = calibration_kernels()
     runs = [kernel.batch_runner(arrays), cal["fma"][0].batch_runner(cal["fma"][1]),
             cal["stream"][0].batch_runner(cal["stream"][1])]
-    counts = [calls_for(run, BATCH_S) for run, _ in runs]
+    counts = []
+    for run, _ in runs:
+        run(3)                                   # warm: its data in cache, the team started
+        counts.append(calls_per_sample(run, BATCH_S))
     rows = []
     perf = time.perf_counter
     end = perf() + seconds

@@ -684,8 +684,8 @@ class SQLRecordsStore(RecordsStore):
                         .order_by(RecordRow.retimed_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
 
         def best_mean(marked: bool):
-            window = RecordRow.slow_window.is_(True) if marked else RecordRow.slow_window.is_not(True)
-            return (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None), window)
+            return (select(RecordRow.id).where(RecordRow.task_id == TaskRow.id, RecordRow.mean_cost.is_not(None),
+                                               _in_slow_window(marked))
                     .order_by(RecordRow.mean_cost, RecordRow.id).limit(1).correlate(TaskRow).scalar_subquery())
         best_id = func.coalesce(best_retimed, best_mean(False), best_mean(True))
         stmt = (select(TaskRow, WorkloadRow, best_id.label("best_id"))
@@ -805,6 +805,12 @@ def _verified(yes: bool = True):
     return (RecordRow.retimed_cost.is_(None)) | (RecordRow.beats_default.is_(False))
 
 
+def _in_slow_window(yes: bool = True):
+    """Records timed in a window a calibration found slow (yes) or not; `IS true` as SQLAlchemy
+    renders it on each back-end, the predicate of their partial index (migration 0010)."""
+    return RecordRow.slow_window.is_(True) if yes else RecordRow.slow_window.is_not(True)
+
+
 @functools.lru_cache(maxsize=2)
 def _best_of_task(by_fingerprint: bool):
     """A task's `limit` best valid records as best() ranks them, as rows of RECORD_COLUMNS plus
@@ -820,7 +826,7 @@ def _best_of_task(by_fingerprint: bool):
                 .where(RecordRow.task_id == bindparam("task_id"), RecordRow.mean_cost.is_not(None),
                        _verified(retimed)))
         if not retimed:   # a slow window's figures rank after every other record's
-            stmt = stmt.where(RecordRow.slow_window.is_(True) if marked else RecordRow.slow_window.is_not(True))
+            stmt = stmt.where(_in_slow_window(marked))
         if by_fingerprint:
             stmt = stmt.where(RecordRow.fingerprint == bindparam("fingerprint"))
         # each part a subquery: SQLite allows no ORDER BY / LIMIT on a bare member of a UNION
