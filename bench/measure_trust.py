@@ -348,11 +348,12 @@ def slow_mode(args) -> int:
     found = {"remeasured": 0, "marked": 0, "windows": 0}
     tuning_seconds = 0.0
     with tempfile.TemporaryDirectory() as tmp, open_store(f"sqlite:///{tmp}/slow_mode.db") as store, \
-            LocalRunner(history=StoreSpeedHistory(store)) as runner:
-        runner.calibrated.start()
-        seeded = runner.calibrated.fill_history()     # the device's history: its unthrottled worker
-        print(f"history: {len(runner.calibrated.report.calibrations)} calibrations of the unthrottled worker "
-              f"({seeded} to fill it)", file=sys.stderr, flush=True)
+            LocalRunner(history=StoreSpeedHistory(store, host_file=False)) as runner:
+        # the run's own history, not the host's file: throttled on purpose, its slow readings
+        # would join the standard every later run of this host is judged by
+        runner.calibrated.start()     # fills the device's history: its unthrottled worker
+        print(f"history: {len(runner.calibrated.report.calibrations)} calibrations of the unthrottled worker",
+              file=sys.stderr, flush=True)
         for name, (op, params) in WORKLOADS.items():
             task = Task(Workload(op, params), str(target), "local")
             opdef = task.workload.opdef()

@@ -20,7 +20,7 @@ from compiler.schedule import create_schedule
 from device_agent import calibration as C
 from tuner.candidate import Candidate, MeasureResult
 from tuner.measure import BuildResult, LocalRunner, MeasureOptions
-from tuner.measure.calibration import StoreSpeedHistory
+from tuner.measure.calibration import HOST_FILE_KEEP, HostSpeedHistory, StoreSpeedHistory
 from tuner.records import SQLRecordsStore
 from tuner.workload import Task, Workload
 
@@ -158,10 +158,51 @@ def test_slow_calibrations_never_lower_the_devices_standard():
         assert state == C.SLOW and index == pytest.approx(0.5)
         history.add(half, state, index)
     assert C.judge(healthy, history.recent(healthy)) == (C.HEALTHY, 1.0)    # recovered: as fast as before
-    # once a reading is healthy, an earlier episode's slow readings count again: a noisy device's
-    # standard does not climb above its readings
+    # once a reading is healthy, an earlier episode's slow readings count again: the standard is
+    # the upper quartile of what the device read, never above what a quarter of its readings reached
     history.add(healthy, C.HEALTHY, 1.0)
-    assert C.reference(history.recent(healthy), healthy)["fma_1"] == pytest.approx(50.0)     # six of ten read 50
+    assert C.reference(history.recent(healthy), healthy)["fma_n"] == pytest.approx(200.0)    # four of ten read 200
+    for _ in range(8):
+        history.add(half, C.SLOW, 0.5)
+    history.add(healthy, C.HEALTHY, 1.0)
+    assert C.reference(history.recent(healthy), healthy)["fma_n"] == pytest.approx(150.0)    # fourteen of nineteen read 100
+
+
+def _cal(fma_1, fma_n, stream_1=20.0, stream_n=38.0, **more):
+    return {"version": C.CALIBRATION_VERSION, "threads": 2, "fma_1": fma_1, "fma_n": fma_n, "stream_1": stream_1,
+            "stream_n": stream_n, "disturbed": [], **more}
+
+
+def test_the_verdict_is_on_the_teams_speed():
+    """A team whose threads came to share a core reads slow though its lone thread reads faster
+    (the core to itself: seen on a Zen 3 VM, FMA 62 -> 89 GFLOPS on one thread, 124 -> 85 on
+    two); a lone thread a third slower while the team holds its speed is no slower a worker (its
+    core's sibling busy); a lone thread at a third of its speed is (stopped on a duty cycle whose
+    all-threads samples fell between the stops)."""
+    past = [_cal(62.0 + i, 124.0 - i, 47.0, 108.0) for i in range(C.MIN_HISTORY)]
+    shared_core = _cal(89.0, 85.0, 55.0, 60.0)
+    state, index = C.judge(shared_core, past)
+    assert state == C.SLOW and index == pytest.approx(60.0 / 108.0)
+    assert C.judge(_cal(45.0, 123.0, 47.0, 108.0), past)[0] == C.HEALTHY          # 0.71 of the lone standard
+    assert C.judge(_cal(20.0, 123.0, 47.0, 108.0), past) == (C.SLOW, pytest.approx(20.0 / 63.5))
+    # neither team figure comparable (disturbed): the one-thread figures judge
+    assert C.judge(_cal(31.0, 60.0, 47.0, 50.0, disturbed=["fma_n", "stream_n"]), past) == (C.SLOW, pytest.approx(31.0 / 63.5))
+
+
+def test_a_history_begun_in_a_slow_regime_learns_the_fast_one():
+    """A device whose first calibrations fell in its slow regime (nothing to judge them by) reads
+    its slow regime as slow once a quarter of its history has seen the fast one; with a median it
+    took the slow regime for the standard until half the history had seen the other."""
+    slow, fast = _cal(89.0, 85.0, 55.0, 60.0), _cal(62.0, 124.0, 47.0, 108.0)
+    history = C.SpeedHistory()
+    for _ in range(C.MIN_HISTORY):
+        history.add(slow, *C.judge(slow, history.recent(slow)))
+    assert C.judge(slow, history.recent(slow))[0] == C.HEALTHY        # no other regime seen yet
+    assert C.judge(fast, history.recent(fast))[0] == C.HEALTHY
+    history.add(fast, *C.judge(fast, history.recent(fast)))
+    history.add(fast, *C.judge(fast, history.recent(fast)))
+    state, index = C.judge(slow, history.recent(slow))
+    assert state == C.SLOW and index < 0.6
 
 
 def test_calibrations_round_trip_in_the_store(db_url):
@@ -175,3 +216,66 @@ def test_calibrations_round_trip_in_the_store(db_url):
         assert [c["fma_1"] for c in got] == [51.0, 52.0] and got[0]["disturbed"] == ["stream_n"]
         assert [c["state"] for c in s.calibrations("x86", "h2")] == ["slow"]
         assert s.calibrations("x86", "h1", threads=4) == []
+
+
+def test_the_hosts_history_outlives_a_store_and_keeps_the_newest(tmp_path, monkeypatch):
+    """Every runner of this host adds to one file per device key (beside the host lock); a new
+    process reads what earlier ones left, the newest HOST_FILE_KEEP of the comparable ones."""
+    monkeypatch.setenv("TUNEFARM_LOCK_DIR", str(tmp_path))
+    first = HostSpeedHistory("x86/avx2")
+    for i in range(2 * HOST_FILE_KEEP + 5):
+        first.add(_cal(60.0, float(i)), C.HEALTHY, 1.0)
+    first.add(dict(_cal(60.0, 1.0), threads=4), C.HEALTHY, 1.0)      # another thread count
+    with open(first.path, "a") as f:
+        f.write('{"version": 2, "threads": 2, "fma_n"')               # a line cut short
+    again = HostSpeedHistory("x86/avx2")
+    got = again.recent(_cal(60.0, 0.0))
+    assert again.path == first.path and len(got) == HOST_FILE_KEEP
+    assert [c["fma_n"] for c in got][-1] == 2 * HOST_FILE_KEEP + 4 and got[-1]["state"] == C.HEALTHY
+    assert HostSpeedHistory("other").recent(_cal(60.0, 0.0)) == []   # per device key
+    assert len(again.recent(dict(_cal(60.0, 0.0), threads=4))) == 1
+
+
+def test_a_fresh_store_judges_against_the_hosts_history(store, tmp_path):
+    """A tuning on a new records file judges its first window against what this host's earlier
+    runs saw, and leaves its calibrations in both; a store that knows the device better is judged
+    by."""
+    fast, slow = _cal(62.0, 124.0, 47.0, 108.0), _cal(89.0, 85.0, 55.0, 60.0)
+    host = HostSpeedHistory()
+    for _ in range(5):
+        host.add(fast, C.HEALTHY, 1.0)
+    history = StoreSpeedHistory(store)
+    assert len(history.recent(slow)) == 5
+    assert C.judge(slow, history.recent(slow))[0] == C.SLOW
+    history.add(slow, C.SLOW, 0.5)
+    assert len(store.calibrations("local", history.host)) == 1 and len(host.recent(slow)) == 6
+    with SQLRecordsStore(f"sqlite:///{tmp_path / 'other.db'}") as other:
+        for _ in range(8):
+            other.add_calibration("local", history.host, slow, C.HEALTHY, 1.0)
+        assert len(StoreSpeedHistory(other).recent(slow)) == 8                       # the longer one
+        assert len(StoreSpeedHistory(other, host_file=False).recent(slow)) == 8
+        assert StoreSpeedHistory(other, host="elsewhere").host_history is None     # not this machine's file
+
+
+def test_an_unwritable_host_history_keeps_the_process_own(tmp_path, caplog):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    history = HostSpeedHistory(directory=str(blocked))
+    history.add(_cal(62.0, 124.0), C.HEALTHY, 1.0)
+    assert len(history.recent(_cal(62.0, 124.0))) == 1
+    assert "unusable" in caplog.text
+
+
+def test_a_new_runner_judges_its_first_window_by_the_hosts_earlier_runs(store, kernels):
+    """A runner of a fresh records file, and one without any, start from what earlier runners of
+    this host left in its file: a verdict from their first calibration."""
+    with LocalRunner(OPTIONS) as first:
+        first.run(TASK, builds(kernels)[:1])
+        taken = len(first.calibrated.report.calibrations)
+    assert taken >= 1 + C.MIN_HISTORY                        # its own start filled the host's history
+    for history in (None, StoreSpeedHistory(store)):
+        with LocalRunner(OPTIONS, history=history) as runner:
+            runner.calibrated.start()
+            cals = runner.calibrated.report.calibrations
+        assert cals[0]["speed_index"] is not None            # judged from its first calibration
+    assert len(HostSpeedHistory().recent(cals[0])) >= taken + 2

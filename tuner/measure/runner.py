@@ -18,6 +18,7 @@ from device_agent.worker import MeasureRequest, WorkerProcess
 from ..candidate import ErrorCode, MeasureResult
 from ..workload import Task
 from .builder import BuildResult
+from .calibration import HostSpeedHistory
 
 
 class Runner(ABC):
@@ -90,14 +91,16 @@ class LocalRunner(Runner):
     The worker is calibrated (device_agent/calibration.py) when it starts and after every `run`
     (a window): a window its closing calibration finds slow is measured again in a fresh worker,
     and marked (`MeasureResult.slow_window`) when no healthy worker could be had. `history`: the
-    device's calibrations to judge against (tuner.measure.calibration.StoreSpeedHistory keeps them
-    in the records store; default: this runner's own, in memory). `calibrate=False` turns it off."""
+    device's calibrations to judge against (tuner.measure.calibration: StoreSpeedHistory keeps them
+    in the records store; default: HostSpeedHistory, this host's file). `calibrate=False` turns it off."""
 
     def __init__(self, options: MeasureOptions | None = None, history: SpeedHistory | None = None,
                  calibrate: bool = True):
         self.options = options if options is not None else MeasureOptions()
         self.worker = WorkerProcess()
         self.emulated = is_emulated()
+        if calibrate and history is None:
+            history = HostSpeedHistory()
         self.calibrated = CalibratedWorker(self.worker, history, threads=self.options.num_threads or None) \
             if calibrate else None
 
