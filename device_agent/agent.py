@@ -503,9 +503,7 @@ class Agent:
         """A starting (with a history filled to judge by) or idle calibration of a slot's worker."""
         try:
             if start:
-                calibrated.start()
-                if calibrated.fill_history():   # the history can judge now: a verdict before any work
-                    calibrated.recheck()
+                calibrated.start()          # with a history filled to judge by, where it is short
             else:
                 calibrated.recheck()
         except RuntimeError as e:   # the worker would not start: its requests report that
@@ -563,7 +561,11 @@ class Agent:
         log.debug("request %s: error code %d, %d costs, %.3f s%s", req.request_id, result.error_code,
                   len(result.costs), result.run_seconds,
                   " (slow window)" if result.slow_window else " (re-measured)" if result.remeasured else "")
-        self._report(item.session, result, deadline=item.received + max(item.work.lease_seconds, 1.0))
+        # retried within its lease, or for one call's time when the lease has run past its first
+        # length (the tracker renews it while this agent's heartbeats name the request)
+        deadline = max(item.received + max(item.work.lease_seconds, 1.0),
+                       time.monotonic() + self.config.call_timeout_seconds)
+        self._report(item.session, result, deadline=deadline)
 
     def _refusal(self, req) -> dict | None:
         """The answer to a request that is not measured (a target this host cannot run, bad

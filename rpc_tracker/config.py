@@ -22,6 +22,7 @@ class TrackerConfig:
     heartbeat_seconds: float = 2.0       # told to agents in Welcome
     agent_timeout_seconds: float = 6.0   # an agent silent this long is dropped
     lease_slack_seconds: float = 5.0     # lease = options.timeout_seconds + this
+    lease_renewals: int = 3              # a holder's heartbeats extend a lease by this many leases at most
     max_attempts: int = 3                # lost leases before a request is answered with an error
     default_timeout_seconds: float = 10.0  # run timeout of requests that give none
     result_ttl_seconds: float = 600.0    # answered results kept for re-submissions

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for 3 of them is dropped")
     p.add_argument("--max-attempts", type=int, default=d.max_attempts,
                    help=f"lost leases before a request is answered with an error (default {d.max_attempts})")
+    p.add_argument("--lease-renewals", type=int, default=d.lease_renewals,
+                   help=f"leases more a request's lease may be renewed by its agent's heartbeats while the agent "
+                        f"works on it (default {d.lease_renewals}; 0: never renewed)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -50,10 +53,12 @@ def config_from_args(args) -> TrackerConfig:
         raise TrackerStartError("--heartbeat must be positive")
     if args.max_attempts < 1:
         raise TrackerStartError("--max-attempts must be at least 1")
+    if args.lease_renewals < 0:
+        raise TrackerStartError("--lease-renewals must not be negative")
     return TrackerConfig(host=args.host, port=args.port, agent_token=args.agent_token or None,
                          tuner_token=args.tuner_token or None, tls_cert=args.tls_cert, tls_key=args.tls_key,
                          heartbeat_seconds=args.heartbeat, agent_timeout_seconds=3 * args.heartbeat,
-                         max_attempts=args.max_attempts)
+                         max_attempts=args.max_attempts, lease_renewals=args.lease_renewals)
 
 
 def serve(args) -> int:

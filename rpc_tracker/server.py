@@ -45,6 +45,7 @@ class TrackerServer:
             raise TrackerStartError("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)")
         self.config = config
         self.state = TrackerState(agent_timeout=config.agent_timeout_seconds, lease_slack=config.lease_slack_seconds,
+                                  lease_renewals=config.lease_renewals,
                                   max_attempts=config.max_attempts, default_timeout=config.default_timeout_seconds,
                                   result_ttl=config.result_ttl_seconds, result_cache_size=config.result_cache_size,
                                   unknown_key_grace=config.unknown_key_grace_seconds)

@@ -24,7 +24,11 @@ Rules, in one place:
   like any other: only its holder may answer, and it is requeued when the agent leaves or the lease
   expires; its lease runs from the latest lease it waits behind, so waiting does not eat into it.
   A free agent always comes first, so work is only ever ahead when no agent could start it now.
-- Leases: handing a request to an agent starts a lease of options.timeout_seconds + slack. A lease
+- Leases: handing a request to an agent starts a lease of options.timeout_seconds + slack. While
+  the holder's heartbeats name the request (it is received and not yet answered), the lease is
+  renewed to a full lease from that heartbeat, up to lease_renewals more leases in all: a live
+  agent that is replacing a crashed or slow worker, calibrating it and measuring again keeps its
+  request, and one whose measuring is stuck behind a live heartbeat still loses it. A lease
   is lost when it expires or its agent leaves (stream closed, silent past agent_timeout); the
   request is queued again, unless it has already been handed out max_attempts times, in which
   case it is answered with a RUNNER_ERROR result that says what happened, so it never hangs.
@@ -234,6 +238,7 @@ class _Request:
         self.attempts = 0
         self.holder: _Agent | None = None
         self.lease_deadline = 0.0
+        self.renew_until = 0.0                     # heartbeats extend the lease up to this
         self.entry: list | None = None             # its live heap entry while queued
         self.handed_to: set[str] = set()           # agent ids that were ever handed it
         self.losses: list[str] = []                # why each lost lease was lost
@@ -265,11 +270,15 @@ class ResultWaiter:
 # ----------------------------------------------------------------------------- the state
 
 class TrackerState:
-    def __init__(self, *, agent_timeout: float = 6.0, lease_slack: float = 5.0, max_attempts: int = 3,
+    def __init__(self, *, agent_timeout: float = 6.0, lease_slack: float = 5.0, lease_renewals: int = 3,
+                 max_attempts: int = 3,
                  default_timeout: float = 10.0, result_ttl: float = 600.0, result_cache_size: int = 100_000,
                  unknown_key_grace: float = 30.0, clock: Callable[[], float] = time.monotonic):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if lease_renewals < 0:
+            raise ValueError(f"lease_renewals must not be negative, got {lease_renewals}")
+        self.lease_renewals = lease_renewals
         self.agent_timeout, self.lease_slack, self.max_attempts = agent_timeout, lease_slack, max_attempts
         self.default_timeout, self.result_ttl, self.result_cache_size = default_timeout, result_ttl, result_cache_size
         self.unknown_key_grace = unknown_key_grace
@@ -340,6 +349,11 @@ class TrackerState:
             agent = self._agent(agent_id)
             agent.last_seen = self._clock()
             agent.reported_holding = tuple(holding)
+            for rid in agent.reported_holding:  # still working on it: a full lease from now, within the cap
+                req = agent.held.get(rid)
+                if req is not None and req.lease_deadline >= agent.last_seen:  # an expired lease stays lost
+                    renewed = min(agent.last_seen + req.timeout + self.lease_slack, req.renew_until)
+                    req.lease_deadline = max(req.lease_deadline, renewed)
             if health is not None:
                 self._take_health(agent, health)
 
@@ -555,7 +569,8 @@ class TrackerState:
             overdue = [r for r in self._requests.values() if r.holder is not None and r.lease_deadline < now]
             for req in overdue:
                 self._lose_lease(req, f"no result from agent {req.holder.name} within its "
-                                      f"{req.timeout + self.lease_slack:g} s lease")
+                                      f"{req.timeout + self.lease_slack:g} s lease (its heartbeats renew it for "
+                                      f"{self.lease_renewals} leases more at most)")
             while self._answered:
                 rid, (_, when, _) = next(iter(self._answered.items()))
                 if now - when <= self.result_ttl:
@@ -741,6 +756,7 @@ class TrackerState:
             # lease it waits behind runs out; its own lease counts from then
             lease += max(0.0, max(r.lease_deadline for r in agent.held.values()) - now)
         req.holder, req.lease_deadline = agent, now + lease
+        req.renew_until = req.lease_deadline + self.lease_renewals * (req.timeout + self.lease_slack)
         req.attempts += 1
         req.handed_to.add(agent.agent_id)
         agent.held[req.request_id] = req

@@ -422,6 +422,34 @@ def test_ahead_lease_counts_from_the_lease_it_waits_behind(state, clock):
     assert got["r1"].attempts == 2 and got["r2"].attempts == 1
 
 
+def test_heartbeats_that_name_a_request_renew_its_lease_up_to_the_cap(clock):
+    state = TrackerState(lease_slack=3.0, lease_renewals=2, clock=clock)
+    a = state.register_agent("a", "k", X86)
+    b = state.register_agent("b", "k", X86)
+    w = state.submit("k", 0, subs("r1", "r2", timeout=1.0))     # leases of 1 + 3 s, renewed to 12 s at most
+    assert work(state, a) == ["r1"] and work(state, b) == ["r2"]
+    for _ in range(3):                                           # a says it works on r1; b names nothing
+        clock.t += 3.0
+        state.heartbeat(a, ["r1", "not-its"]), state.heartbeat(b)
+        state.expire()
+    snap = {x.name: x for x in state.snapshot().agents}
+    assert snap["a"].leases_lost == 0 and snap["b"].leases_lost == 1    # r2's 4 s lease ran out at 4 s
+    assert state.report_result(a, ok("r1")) is False             # at 9 s: its renewed lease still holds
+    assert work(state, b) == ["r2"]                              # again at 6 s: a lease to 10 s, renewed to 18 s at most
+    kept = []
+    for _ in range(5):
+        state.heartbeat(a), state.heartbeat(b, ["r2"])
+        state.expire()
+        kept.append(state.snapshot().agents[1].leases_lost == 1)
+        clock.t += 3.0
+    assert kept == [True, True, True, True, False]               # held at 9-18 s, lost at 21 s
+    assert work(state, a) == ["r2"] and state.report_result(a, ok("r2")) is False
+    got = drain_results(state, w)
+    assert got["r1"].attempts == 1 and got["r1"].agent == "a" and got["r2"].attempts == 3
+    with pytest.raises(ValueError, match="lease_renewals"):
+        TrackerState(lease_renewals=-1)
+
+
 def test_agent_loss_requeues_its_ahead_request_exactly_once(state):
     a = state.register_agent("a", "k", X86, prefetch=1)
     w = state.submit("k", 0, subs("r1", "r2", "r3"))
