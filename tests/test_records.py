@@ -23,8 +23,9 @@ from conftest import pg_schema_url
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.records import SQLRecordsStore, StoreError, codec, open_store
 from tuner.records import engine as engine_mod
+from tuner.records.jobs import UnknownJob
 from tuner.records.models import VERSION_TABLE, Base, RecordRow
-from tuner.records.retakes import retaken_rows
+from tuner.records.retakes import RETAKEN_ROWS
 from tuner.workload import Task, Workload
 
 psycopg = pytest.importorskip("psycopg")
@@ -406,11 +407,14 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
         assert s.job_retakes(job, limit=1)["windows"] == windows[:1]
         empty = s.jobs.submit([(TASK, 1.0, None)], {}, space="sketch", strategy="random", scheduler="round_robin", trials=1)
         assert s.job_retakes(empty) == {"windows": [], "tasks": {}, "capped": False}
+        assert s.job_with_retakes(job) == (s.jobs.get(job), got)        # what a job's page reads, on one connection
+        with pytest.raises(UnknownJob):
+            s.job_with_retakes(empty + 1000)
         with s.db.session() as session:             # the plan: only the partial index's entries are read
             postgres = session.bind.dialect.name == "postgresql"
             if postgres:
                 session.execute(sa.text("SET LOCAL enable_seqscan = off"))   # a tiny table: make it show its choice
-            stmt = retaken_rows(job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
+            stmt = RETAKEN_ROWS.params(job_id=job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
             plan = " ".join(str(r) for r in session.execute(sa.text(
                 ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())
         assert "ix_records_job_id_retaken" in plan, plan

@@ -286,7 +286,12 @@ class JobQueue:
     def get(self, job_id: int) -> Job:
         """The job with its tasks' progress and error count; UnknownJob if there is none."""
         with self._db.read() as s:
-            return self._job(s, self._job_row(s, job_id))
+            return self.read(s, job_id)
+
+    def read(self, conn, job_id: int) -> Job:
+        """`get` on an open read (Database.read's ReadConnection), for a page that reads more
+        beside the job on the same connection."""
+        return self._job(conn, self._job_row(conn, job_id))
 
     def page(self, state: str | None = None, workload: str | None = None, target: str | None = None,
              before_id: int | None = None, limit: int = 50) -> list[Job]:

@@ -12,8 +12,7 @@ task, measured by one worker (agent or local), found slow by one calibration (it
 
 from __future__ import annotations
 
-from sqlalchemy import and_, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, select, text
 
 from .models import JobTaskRow, RecordRow
 
@@ -21,27 +20,29 @@ MAX_RETAKEN_ROWS = 5000      # a job's newest marked records read at most (its p
 REMEASURED, SLOW_WINDOW = "remeasured", "slow_window"
 
 
-def retaken_rows(job_id: int):
-    """The select of a job's marked records, newest first (MAX_RETAKEN_ROWS + 1 at most, to tell
-    a job with more): id, created_at, position, measured_by, remeasured, slow_window, slow_index."""
-    return (select(RecordRow.id, RecordRow.created_at, JobTaskRow.position, RecordRow.measured_by,
-                   RecordRow.remeasured, RecordRow.slow_window, RecordRow.slow_index)
-            .select_from(RecordRow)
-            .outerjoin(JobTaskRow, and_(JobTaskRow.job_id == RecordRow.job_id, JobTaskRow.task_id == RecordRow.task_id))
-            # the partial index's predicate, term for term (a planner matches it so; SQLAlchemy would
-            # spell a boolean column `remeasured = 1` on SQLite, which SQLite's planner does not match)
-            .where(RecordRow.job_id == job_id, RecordRow.job_id.is_not(None),
-                   text("(records.remeasured OR records.slow_window)"))
-            .order_by(RecordRow.job_id.desc(), RecordRow.id.desc()).limit(MAX_RETAKEN_ROWS + 1))
+# The select of a job's marked records (bind `job_id`), newest first (MAX_RETAKEN_ROWS + 1 at most,
+# to tell a job with more). Built once: a job page polls it every 2 s, and building the select
+# cost as much as running it.
+RETAKEN_ROWS = (
+    select(RecordRow.id, RecordRow.created_at, JobTaskRow.position, RecordRow.measured_by,
+           RecordRow.remeasured, RecordRow.slow_window, RecordRow.slow_index)
+    .select_from(RecordRow)
+    .outerjoin(JobTaskRow, and_(JobTaskRow.job_id == RecordRow.job_id, JobTaskRow.task_id == RecordRow.task_id))
+    # the partial index's predicate, term for term (a planner matches it so; SQLAlchemy would
+    # spell a boolean column `remeasured = 1` on SQLite, which SQLite's planner does not match)
+    .where(RecordRow.job_id == bindparam("job_id"), RecordRow.job_id.is_not(None),
+           text("(records.remeasured OR records.slow_window)"))
+    .order_by(RecordRow.job_id.desc(), RecordRow.id.desc()).limit(MAX_RETAKEN_ROWS + 1))
 
 
-def job_retakes(s: Session, job_id: int, limit: int = 200) -> dict:
-    """{"windows": the job's re-taken windows newest first, at most `limit`, each a dict of
+def job_retakes(conn, job_id: int, limit: int = 200) -> dict:
+    """On `conn` (a Connection, or Database.read's ReadConnection): {"windows": the job's
+    re-taken windows newest first, at most `limit`, each a dict of
     position (of its task in the job), measured_by, kind ("remeasured" or "slow_window"),
     slow_index, count, first_at, last_at; "tasks": {position: {"remeasured": records,
     "slow_window": records}}; "capped": whether more marked records than MAX_RETAKEN_ROWS were
     left unread}."""
-    rows = s.execute(retaken_rows(job_id)).all()
+    rows = conn.execute(RETAKEN_ROWS, {"job_id": int(job_id)}).all()
     capped = len(rows) > MAX_RETAKEN_ROWS
     groups: dict[tuple, dict] = {}
     tasks: dict = {}

@@ -30,7 +30,7 @@ from .engine import resolve_url, shown
 from .jobs import JobQueue, UnknownJob, page_size
 from .models import AgentRow, CalibrationRow, JobRow, JobTaskRow, RecordRow, TaskRow, WorkloadRow
 from .tokens import TokenStore
-from .values import Agent, Record, StoreError, UnknownRecord, utcnow
+from .values import Agent, Job, Record, StoreError, UnknownRecord, utcnow
 
 SAMPLE_NEWEST = 1024        # a resumed run's view of its task: the newest records ...
 SAMPLE_FASTEST = 256        # ... and the fastest valid ones (task_sample)
@@ -599,11 +599,17 @@ class SQLRecordsStore(RecordsStore):
     # for its charts, records in other orders than newest first, and the best record of every task.
     # Each is one bounded statement on indexed columns (or one per page), like the reads above.
 
+    def job_with_retakes(self, job_id: int) -> tuple[Job, dict]:
+        """A job (UnknownJob if there is none) and its `job_retakes`, on one connection: what a
+        job's page polls every 2 s."""
+        with self.db.read() as conn:
+            return self.jobs.read(conn, job_id), retakes.job_retakes(conn, job_id)
+
     def job_retakes(self, job_id: int, limit: int = 200) -> dict:
         """The job's measurements taken again after a slow window, or marked: grouped by window,
         newest first, and counted per task (tuner.records.retakes.job_retakes says what it holds)."""
-        with self.db.session() as s:
-            return retakes.job_retakes(s, job_id, limit)
+        with self.db.read() as conn:
+            return retakes.job_retakes(conn, job_id, limit)
 
     def job_measurements(self, job_id: int, after_id: int | None = None, limit: int = 1000) -> tuple[datetime, list[dict]]:
         """(the job's creation time, its records oldest first with ids above `after_id`), each a

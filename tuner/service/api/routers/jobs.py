@@ -67,9 +67,9 @@ def get_job(job_id: JobId, store: Store) -> Response:
     end-to-end latency curve (the job's "estimate" events). `retaken` lists the windows of its
     measurements that a measuring worker's calibration found slow: when, on which agent, at what
     speed, and whether they were measured again in a fresh worker or kept but marked."""
-    job = store.jobs.get(job_id)
+    job, retaken = store.job_with_retakes(job_id)
     curve = store.jobs.events(job_id, kind="estimate", limit=MAX_PAGE) if (job.spec or {}).get("model") else None
-    return json_response(JobOut.of(job, curve=curve, retaken=store.job_retakes(job_id)))
+    return json_response(JobOut.of(job, curve=curve, retaken=retaken))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[Depends(auth.submit)],
