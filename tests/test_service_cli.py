@@ -8,6 +8,7 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -119,10 +120,33 @@ def test_worker_priority_is_checked(tmp_path, capsys):
         assert "--nice must be 0..19" in capsys.readouterr().err
 
 
+def established_connections(pid: int, port: int) -> int:
+    """TCP connections to local `port` that process `pid` holds open (from /proc: its socket
+    descriptors' inodes, matched with /proc/net/tcp{,6} rows in state ESTABLISHED)."""
+    inodes = set()
+    for fd in glob.glob(f"/proc/{pid}/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                fields = row.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if fields[3] == "01" and local_port == port and fields[9] in inodes:
+                    count += 1
+    return count
+
+
 def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics(pg_database):
-    """`tunefarm serve --api-processes 2` on PostgreSQL: two API processes accept on one socket,
-    /metrics counts every request whichever process served it, SIGTERM stops both and revokes the
-    session token, and SIGKILL takes them with it (the next serve removes what it left in /tmp)."""
+    """`tunefarm serve --api-processes 2` on PostgreSQL: two API processes serve one port, each
+    handed its share of the connections, /metrics counts every request whichever process served
+    it, SIGTERM stops both and revokes the session token, and SIGKILL takes them with it (the next
+    serve removes what it left in /tmp)."""
     db = pg_schema_url(pg_database)
     port = free_port()
 
@@ -151,6 +175,18 @@ def test_serve_with_several_api_processes_shares_one_port_and_sums_their_metrics
         served = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                      if line.startswith("tunefarm_http_request_duration_seconds_count") and 'route="/api/v1/jobs"' in line)
         assert served == 40
+        # keep-alive connections are spread over the processes (each listens on a socket of its
+        # own): with one shared socket, one process took 28-31 of 32 and saturated alone
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+        try:
+            deadline = time.monotonic() + 10
+            while sum(held := [established_connections(pid, port) for pid in api_pids]) < 32:
+                assert time.monotonic() < deadline, held
+                time.sleep(0.1)
+            assert min(held) >= 6, held
+        finally:
+            for c in clients:
+                c.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0
         assert not any(_alive(pid) for pid in api_pids)

@@ -1,11 +1,20 @@
-"""The API served by several processes sharing one listening socket (`tunefarm serve --api-processes`).
+"""The API served by several processes on one port (`tunefarm serve --api-processes`).
 
 One API process spends its requests' Python (routing, validation, the store's row handling,
 JSON) under one interpreter lock: at a million records it served 210 requests/s on one core
-of two, with PostgreSQL using a sixth of the other. Several processes accept on the same socket
-(the kernel hands each connection to one of them), each with its own app, store and connection
-pool; the parent only binds the socket, starts them, restarts one that dies, and stops them (and they
-die with it, however it dies: tuner.service.lifeline).
+of two, with PostgreSQL using a sixth of the other. So several processes serve the port, each
+with its own app, store and connection pool; the parent only reserves the port, starts them,
+restarts one that dies, and stops them (and they die with it, however it dies:
+tuner.service.lifeline).
+
+Each process listens on a socket of its own bound to the port with SO_REUSEPORT, and the kernel
+spreads new connections evenly over the listening sockets by their address hash. One listening
+socket shared by all (where each connection goes to whichever process wins the race to accept
+it) handed one process 28 to 31 of 32 keep-alive connections opened together, so a load of a few
+long-lived clients was served by one interpreter lock. The parent's own
+socket is bound with SO_REUSEPORT but never listens, so it holds the port (and resolves port 0)
+without being handed connections. Where SO_REUSEPORT is missing, the processes share the parent's
+listening socket as before.
 
 Request metrics are summed over the processes (prometheus_client's multiprocess mode: each
 process writes its histogram to a file in a directory of the parent's, /metrics reads them all),
@@ -31,17 +40,42 @@ RESTART_WINDOW_S = 10.0     # a process that dies this soon after starting, twic
 STOP_TIMEOUT_S = 30.0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket for the processes to share (IPv6 when `host` is one)."""
+BACKLOG = 2048
+PER_PROCESS_LISTENERS = hasattr(socket, "SO_REUSEPORT")
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if PER_PROCESS_LISTENERS:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
         sock.close()
         raise
-    sock.listen(2048)
+    return sock
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The parent's socket, bound to (host, port) (IPv6 when `host` is one): it reserves the port
+    for the processes, each of which listens on a socket of its own (`process_socket`); without
+    SO_REUSEPORT it listens itself and the processes share it."""
+    sock = _bound_socket(host, port)
+    if not PER_PROCESS_LISTENERS:
+        sock.listen(BACKLOG)
+    return sock
+
+
+def process_socket(reserved: socket.socket) -> socket.socket:
+    """One API process's listening socket on the port `reserved` holds (the shared one itself
+    where each process cannot have its own)."""
+    if not PER_PROCESS_LISTENERS:
+        return reserved
+    host, port = reserved.getsockname()[:2]
+    sock = _bound_socket(host, port)
+    sock.listen(BACKLOG)
     return sock
 
 
@@ -106,8 +140,9 @@ def _alive(pid: int) -> bool:
 
 
 def _api_process(sock: socket.socket, app_options: dict, parent: int) -> None:
-    """One API process: its own app and store, accepting on the shared socket; it ends with the
-    parent however that ends (a SIGKILLed serve must not leave processes answering on its port)."""
+    """One API process: its own app and store, accepting on its own socket of the port; it ends
+    with the parent however that ends (a SIGKILLed serve must not leave processes answering on
+    its port)."""
     import uvicorn
 
     from .api.app import create_app
@@ -118,5 +153,6 @@ def _api_process(sock: socket.socket, app_options: dict, parent: int) -> None:
 
     app = create_app(**app_options)
     settle_heap()
-    host, port = sock.getsockname()[:2]
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=[sock])
+    listener = process_socket(sock)     # listening only once its app is built: no connection waits on a start
+    host, port = listener.getsockname()[:2]
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=[listener])
