@@ -121,7 +121,13 @@ def completed(address: str, key: str = KEY) -> int:
     return sum(k.completed for k in summary(address).keys if k.device_key == key)
 
 
-def wait_registered(address: str, names, key: str = KEY, timeout: float = 30.0):
+# an agent calibrates its workers before it registers (a fresh host fills a short history first),
+# each calibration holding the host's timing lock: three agents starting together beside the
+# suite's other measuring tests took over 30 s to register
+REGISTER_TIMEOUT = 120.0
+
+
+def wait_registered(address: str, names, key: str = KEY, timeout: float = REGISTER_TIMEOUT):
     return wait_for(lambda: set(names) <= set(agents_of(address, key)), timeout,
                     f"agents {sorted(names)} to register under {key!r}")
 
@@ -238,12 +244,13 @@ def test_tuning_run_through_the_farm_stores_the_same_kind_of_records_as_a_local_
     assert sum(r.result.ok for r in farm_records) >= 4
     assert {r.result.measured_by for r in local_records} == {"local"}
     # the same fields, the same kinds of values: only who measured differs
-    # (a window an agent found slow on a busy host carries its slow_index, set only then: compare
-    # an unmarked result where there is one)
-    ok = [r.result for r in farm_records if r.result.ok]
-    farm_ok = next((r for r in ok if not (r.slow_window or r.remeasured)), ok[0])
-    local_ok = next(r.result for r in local_records if r.result.ok)
-    marked = {"slow_index"} if farm_ok.slow_window or farm_ok.remeasured else set()
+    # (a window an agent or the local runner found slow on a busy host carries its slow_index, set
+    # only then: compare unmarked results where there are some)
+    def unmarked_first(records):
+        ok = [r.result for r in records if r.result.ok]
+        return next((r for r in ok if not (r.slow_window or r.remeasured)), ok[0])
+    farm_ok, local_ok = unmarked_first(farm_records), unmarked_first(local_records)
+    marked = {"slow_index"} if any(r.slow_window or r.remeasured for r in (farm_ok, local_ok)) else set()
     assert ({k: type(v) for k, v in vars(farm_ok).items() if k not in marked}
             == {k: type(v) for k, v in vars(local_ok).items() if k not in marked})
 

@@ -98,7 +98,7 @@ class Farm:
     def completed(self) -> int:
         return sum(k.completed for k in self.summary().keys if k.device_key == KEY)
 
-    def wait_registered(self, names, timeout=30.0):
+    def wait_registered(self, names, timeout=120.0):   # agents calibrate before they register (test_farm)
         wait_for(lambda: set(names) <= set(self.agents()), timeout, f"agents {sorted(names)} to register")
 
     def start(self) -> list:

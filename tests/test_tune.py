@@ -573,5 +573,7 @@ def test_search_batches_time_candidates_far_behind_the_best_briefly(tmp_path, ma
                         baseline=False)
     while no_base.step() is not None:
         pass
-    builds_before_retime = len(watched_builder.built)
-    assert no_base.finish().retimed and len(watched_builder.built) == builds_before_retime
+    builds_before_retime, windows_before_retime = len(watched_builder.built), len(runner.seen)
+    no_base.finish()
+    # re-timed (its round may stay marked on a loaded host, its timings then not kept), nothing built
+    assert len(runner.seen) > windows_before_retime and len(watched_builder.built) == builds_before_retime
