@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import warnings
 
 import numpy as np
@@ -577,3 +578,52 @@ def test_search_batches_time_candidates_far_behind_the_best_briefly(tmp_path, ma
     no_base.finish()
     # re-timed (its round may stay marked on a loaded host, its timings then not kept), nothing built
     assert len(runner.seen) > windows_before_retime and len(watched_builder.built) == builds_before_retime
+
+
+def test_a_re_timed_speed_up_is_the_paired_one_when_the_host_changes_speed_between_pairs(tmp_path, machinery):
+    """The re-timing times D c1 D c2 per round; a host whose slow regime (1.8x) falls on every pair
+    of the truly fastest candidate made a median of all the default's timings (half of them slow)
+    over each candidate's own median call the second-fastest the best, at a speed-up neither has.
+    Paired, each candidate is held to the default timed beside it: the fastest is the best, and
+    its speed-up is the truth (1.3x). Timings are scripted (the regime is the point); builds are real."""
+    from tuner.candidate import MeasureResult
+    from tuner.measure.runner import Runner
+    builder, real = machinery
+    DEFAULT_S, SLOW = 1.3e-3, 1.8
+
+    class RegimeHost(Runner):
+        def __init__(self):
+            self.options, self.truth, self.retimed_windows = real.options, {}, 0
+
+        def true_cost(self, cand) -> float:
+            if cand.kind == "default":
+                return DEFAULT_S
+            if cand.fingerprint not in self.truth:       # the first candidate seen is the fastest
+                n = len(self.truth)
+                self.truth[cand.fingerprint] = (1.0 + (0.01 * ((n * 7) % 10) + 0.02 if n else 0.0)) * 1e-3
+            return self.truth[cand.fingerprint]
+
+        def run(self, task, builds, options=None):
+            retime = options is None and len(builds) > 1
+            self.retimed_windows += retime
+            fastest = min(self.truth, key=self.truth.get) if self.truth else None
+            out = []
+            for i, b in enumerate(builds):
+                cost = self.true_cost(b.candidate)
+                paired = builds[i + 1].candidate if b.candidate.kind == "default" and i + 1 < len(builds) else b.candidate
+                if retime and paired.fingerprint == fastest:
+                    cost *= SLOW
+                out.append(MeasureResult(costs=[cost] * 3, median=cost, samples=3, run_seconds=1e-3))
+            time.sleep(0.02 * len(builds))     # what the re-timing's budget is a share of
+            return out
+
+    runner = RegimeHost()
+    store = open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    res = tune(_task(), store, space="sketch", strategy="random", builder=builder, runner=runner, trials=8,
+               batch_size=4, top_k=2, retime_rounds=3, seed=1)
+    assert runner.retimed_windows == 3 and len(res.retimed) == 3          # two candidates and the default
+    fastest = min(runner.truth, key=runner.truth.get)
+    assert res.best_candidate.fingerprint == fastest
+    assert res.speedup_over_default == pytest.approx(DEFAULT_S / runner.truth[fastest])
+    best = store.best(_task().workload.key, _task().target, k=1)[0]
+    assert best.candidate.fingerprint == fastest and best.retimed_cost == pytest.approx(res.best_cost)

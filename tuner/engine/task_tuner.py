@@ -550,9 +550,14 @@ class TaskTuner:
         Each of `retime_rounds` rounds times D c1 D c2 ... D ck (D the default; the candidates'
         order reversed every other round), so every candidate is timed right after the default,
         and a slow minute of a shared machine hits both sides of a comparison; or D c1 c2 ... ck
-        when the candidates are all far ahead of the default (retime_plan). A candidate's
-        figure is the median of its rounds, the default's the median of all its timings; a
-        candidate *beats the default* only when the median of its paired ratios (the round's
+        when the candidates are all far ahead of the default (retime_plan). The default's figure
+        is the median of all its timings; a candidate's is that over the median of its paired
+        ratios (the round's default timing before it / its own): its time in the default's
+        regime, so its speed-up over the default is the paired figure, as the truth it is held
+        to is (bench/measure_trust.py). Two separate medians can take one side from each of a
+        host's speed regimes (a VM's two vCPUs run on one core for seconds at a time: 1.6-1.9x);
+        a pair is timed back to back in one. A candidate with no paired timing keeps the median
+        of its own rounds. A candidate *beats the default* only when the median of its paired ratios (the round's
         default timing before it / its own) exceeds 1 by more than the noise: MIN_GAIN, or half the
         range of those ratios when they disagree more. The best is the fastest candidate that
         beats the default, else the default itself (and the store ranks the others after it)."""
@@ -601,7 +606,11 @@ class TaskTuner:
         spreads = {fp: (max(v) - min(v)) / statistics.median(v) for fp, v in timed.items() if v}
         beats = {fp: beats_default(ratios[fp]) for fp in costs} if base_costs else {}
         if base_costs:
-            costs[base.fingerprint] = statistics.median(base_costs)
+            base_cost = statistics.median(base_costs)
+            for fp in costs:
+                if ratios[fp]:
+                    costs[fp] = base_cost / statistics.median(ratios[fp])
+            costs[base.fingerprint] = base_cost
             spreads[base.fingerprint] = (max(base_costs) - min(base_costs)) / costs[base.fingerprint]
         if not costs:
             return
