@@ -432,9 +432,9 @@ def main() -> int:
     from tuner.workload import Task, Workload
 
     target = compiler.Target.host()
-    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    from blas_info import blas_line
     print(f"host target: -mcpu={target.cpu}, {target.num_cores} cores; busy core: a plain Python busy loop; "
-          f"numpy's BLAS (the drift reference): {blas.get('name')} {blas.get('openblas configuration', '')}\n")
+          f"the drift reference: {blas_line()}\n")
     rows = Rows()
     disagree = {"quiet": [], "busy": []}
     slower_busy, retime_gaps, shifts = 0, {}, []
