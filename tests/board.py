@@ -23,7 +23,7 @@ BUILD_TIMEOUT_S = 3600
 BUILD_LOCK = Path("/tmp/tunefarm-board-build.lock")
 EXIT_CANNOT = 3   # make_board.sh: this machine cannot make a board (not root, no binfmt_misc, no packages)
 
-HOW = ("build the emulated board as root with `scripts/make_board.sh` (Debian's debootstrap, qemu-user-static and "
+HOW = ("build the emulated board as root with `scripts/make_board.sh` (Debian's mmdebstrap, qemu-user-static and "
        "binfmt_misc; it installs them with apt-get when missing)")
 
 
