@@ -49,7 +49,10 @@ class KernelRuntimeError(CompilerError, RuntimeError):
     `status` is the kernel's return code, a bit set (see compiler.codegen_llvm). For an index
     error, `check` is the compiler.index_checks.IndexCheck that fired (its site and valid range)
     and `value` the offending index; a model's runtime adds `node` and `op_type` (the ONNX
-    node's name and type) and `call` (the failing step)."""
+    node's name and type) and `call` (the failing step); `kernel_index`, which of the kernels
+    timed together (runtime.measure_together) failed."""
+
+    kernel_index: int | None = None
 
     def __init__(self, message: str, status: int = 0, *, check=None, value: int | None = None,
                  node: str | None = None, op_type: str | None = None, call: int | None = None):

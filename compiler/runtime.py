@@ -34,7 +34,7 @@ from .lower import lower
 from .openmp import before_parallel_call, get_max_threads, runtime_libraries, set_num_threads
 from .schedule import Schedule
 from .target import Target, llvm_binding, resolve_target
-from .timing import Timing, TimingOptions, time_samples
+from .timing import Timing, TimingOptions, time_together, time_samples
 
 _STATUS_MESSAGES = {
     KERNEL_OUT_OF_MEMORY: "could not allocate its scratch buffers (out of memory)",
@@ -337,6 +337,40 @@ class Kernel:
     def __repr__(self):
         sig = ", ".join(f"{a.name}: {a.dtype}{list(a.shape)}" for a in self.args)
         return f"Kernel({self.name}({sig}) for {self.target.cpu})"
+
+
+def measure_together(runs: list, options: list | TimingOptions | None = None, lock: bool = True) -> list:
+    """Time several kernels by the measurement protocol with their samples taken in turn
+    (compiler.timing.time_together): `runs` is [(kernel, arrays), ...] (kernels may share
+    arrays: each runs on the buffers it is given), `options` one TimingOptions for all or one per
+    kernel. One warm-up call each, then one Timing per kernel, as `Kernel.measure` would give it
+    alone, but every kernel sampled over the same stretch of the host's time, so their ratios do
+    not carry the host's drift between one timing and the next. Outputs are copied back as in
+    `measure`. A kernel that fails raises KernelRuntimeError (`.kernel_index` says which)."""
+    opts = list(options) if isinstance(options, (list, tuple)) else [options] * len(runs)
+    batches, kept = [], []
+    for i, (kernel, arrays) in enumerate(runs):
+        run_batch, timed = kernel.batch_runner(arrays)
+        batches.append(_naming_failures(run_batch, i))
+        kept.append((kernel, arrays, timed))
+    with host_lock.exclusive() if lock else contextlib.nullcontext():
+        for run_batch in batches:
+            run_batch(1)
+        timings = time_together(batches, opts)
+    for kernel, arrays, timed in kept:
+        kernel._copy_back(arrays, timed)
+    return timings
+
+
+def _naming_failures(run_batch, index: int):
+    """`run_batch`, with the index of its kernel set on the KernelRuntimeError it raises."""
+    def run(n: int) -> None:
+        try:
+            run_batch(n)
+        except KernelRuntimeError as e:
+            e.kernel_index = index
+            raise
+    return run
 
 
 @dataclass

@@ -252,44 +252,147 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
     The caller has warmed the kernel up (one call at least). `calls`: the calls per sample when the
     caller knows them (its warm-up call alone lasted a sample: probing again would cost a whole-model
     run of seconds for nothing). `run_batch` may raise; the timing stops with it."""
-    opts = (options or TimingOptions()).check()
+    return time_together([run_batch], [options], clock=clock, sleep=sleep, calls=[calls])[0]
+
+
+def time_together(run_batches: list, options: list | None = None, clock: ThreadWaitClock | None = None,
+                     sleep=time.sleep, calls: list | None = None) -> list:
+    """Time several kernels by the protocol above, their samples taken in turn (a sample of the
+    first, one of the second, ..., then the first again): one Timing per kernel, each from its own
+    samples by its own options and stopping rule, exactly as `time_samples` would alone.
+
+    Why interleaved: a host's speed moves on its own over seconds (a VM whose vCPUs the hypervisor
+    now and then runs on one core, a neighbour's memory traffic; on a Zen 3 VM the same kernel
+    timed twice back to back read 0.74-1.14 of itself). Kernels timed one after the other each
+    take their figure from a different stretch of that drift, so their *ratio* carries it, and a
+    ratio (a candidate against the default, one candidate against another) is what a search and
+    a re-timing decide by. Taken in turn, every kernel samples the same stretch: the drift moves
+    them together and their ratio holds. A kernel whose figure is settled stops sampling (the
+    others go on without it), so a window costs what its kernels timed one by one would.
+    `options`, `calls`: per kernel (None: the defaults, probed). The caller has warmed each
+    kernel up. A `run_batch` that raises stops the whole timing with it."""
+    k = len(run_batches)
+    options = list(options) if options is not None else [None] * k
+    calls = list(calls) if calls is not None else [None] * k
+    if len(options) != k or len(calls) != k:
+        raise ValueError("time_together: one options and one calls entry per kernel")
     own_clock = clock is None
     clock = clock or ThreadWaitClock()
     started = time.perf_counter()
     cpu0 = _cpu_times()
     try:
-        n = max(int(calls), opts.min_calls) if calls else calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
-        clean_all: list = []
-        for attempt in range(opts.attempts):
-            clock.refresh()
-            threads = max(1, clock.threads)
-            samples, clean, lost_ns, wall, cut = _sample(run_batch, n, opts, clock)
-            lost_fraction = min(1.0, lost_ns / 1e9 / (wall * threads)) if wall > 0 else 0.0
-            clean_all.extend(clean)
-            if not clock.available or cut:
-                break
-            quiet = lost_fraction <= opts.disturbed_lost and len(clean) >= opts.min_samples
-            if quiet or attempt == opts.attempts - 1:
-                break
-            sleep(opts.backoff_s * 2 ** attempt)
-        clean_fraction = len(clean) / len(samples) if samples else 0.0
-        use_clean = len(clean_all) >= opts.min_samples or (cut and bool(clean_all))
-        basis = clean_all if use_clean else samples
-        med, mn, spread = _summary(basis)
-        # judged on the last attempt: a moment of load that a retry got past is not a disturbance
-        disturbed = clock.available and (lost_fraction > opts.disturbed_lost or not use_clean)
+        states = [_KernelSampling(rb, (o or TimingOptions()).check(), c) for rb, o, c in zip(run_batches, options, calls)]
+        for st in states:
+            st.start_attempt(clock, time.perf_counter())
+        perf = time.perf_counter
+        while True:
+            running = [st for st in states if not st.done and not st.backing_off]
+            if not running:
+                waiting = [st for st in states if not st.done]
+                if not waiting:
+                    break
+                first = min(st.resume_at for st in waiting)
+                sleep(max(0.0, first - perf()))    # (a back-off: nothing else to sample meanwhile)
+                for st in waiting:
+                    if st.resume_at <= first:
+                        st.start_attempt(clock, perf())
+                continue
+            for st in running:
+                if st.take_sample(clock, interleaved=k > 1):
+                    st.end_attempt(clock, perf(), interleaved=k > 1)
+            now = perf()
+            for st in states:
+                if st.backing_off and st.resume_at <= now:
+                    st.start_attempt(clock, now)
         cpu1 = _cpu_times()
         elapsed = time.perf_counter() - started
         host_busy = 0.0
         if cpu0 is not None and cpu1 is not None and elapsed > 0:
             host_busy = max(0.0, ((cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / elapsed)
-        return Timing(median=med, minimum=mn, spread=spread, count=len(basis), samples=samples, basis=list(basis),
-                      calls_per_sample=n, disturbed=bool(disturbed), lost_fraction=lost_fraction,
-                      clean_fraction=clean_fraction, host_busy=host_busy, attempts=attempt + 1,
-                      checked=clock.available, seconds=elapsed, cut_short=cut)
+        return [st.timing(clock.available, host_busy, elapsed if k == 1 else st.spent) for st in states]
     finally:
         if own_clock:
             clock.close()
+
+
+class _KernelSampling:
+    """One kernel's side of a timing (`time_together`): its samples, attempts and stopping rule."""
+
+    def __init__(self, run_batch, opts: TimingOptions, calls: int | None):
+        self.run_batch, self.opts = run_batch, opts
+        self.n = max(int(calls), opts.min_calls) if calls else calls_per_sample(run_batch, opts.min_sample_s, opts.min_calls)
+        self.clean_all: list = []
+        self.attempt = 0
+        self.done = False
+        self.cut = False
+        self.resume_at = 0.0          # perf_counter time its next attempt may start ...
+        self.backing_off = False      # ... while it waits for it
+        self.lost_fraction = 0.0
+        self.spent = 0.0              # seconds of its own samples and back-offs (its share of a window)
+
+    def start_attempt(self, clock: ThreadWaitClock, now: float) -> None:
+        clock.refresh()
+        self.threads = max(1, clock.threads)
+        self.samples, self.clean = [], []
+        self.lost_ns, self.own_s = 0, 0.0
+        self.t_start = now
+        self.backing_off = False
+
+    def take_sample(self, clock: ThreadWaitClock, interleaved: bool) -> bool:
+        """One sample; True when this attempt is over (by the stopping rule or the slow cutoff).
+        Its elapsed time is its own samples' (`interleaved`: the others' samples between them are
+        not its time) or the attempt's wall time (alone)."""
+        opts, perf = self.opts, time.perf_counter
+        w0 = clock.wait_ns()
+        t0 = perf()
+        self.run_batch(self.n)
+        t1 = perf()
+        waited = clock.wait_ns() - w0
+        dt = t1 - t0
+        self.own_s += dt
+        self.spent += dt
+        self.samples.append(dt / self.n)
+        self.lost_ns += waited
+        if waited <= max(opts.clean_floor_s, opts.clean_share * dt) * 1e9:
+            self.clean.append(dt / self.n)
+            if _past_cutoff(self.clean, opts.slow_cutoff_s):
+                self.cut = True
+                return True
+        elapsed = self.own_s if interleaved else t1 - self.t_start
+        if len(self.samples) >= opts.max_samples or (elapsed >= opts.max_seconds and len(self.samples) >= opts.min_samples):
+            return True
+        if elapsed >= opts.min_seconds and len(self.clean) >= opts.min_samples \
+                and median_rel_err(self.clean) <= opts.target_rel_err:
+            return True
+        return elapsed >= opts.max_seconds * 4   # a kernel so slow that min_samples take too long
+
+    def end_attempt(self, clock: ThreadWaitClock, now: float, interleaved: bool) -> None:
+        """Close an attempt: done when quiet, cut or out of attempts; else back off, doubling."""
+        opts = self.opts
+        wall = self.own_s if interleaved else now - self.t_start
+        self.lost_fraction = min(1.0, self.lost_ns / 1e9 / (wall * self.threads)) if wall > 0 else 0.0
+        self.clean_all.extend(self.clean)
+        quiet = self.lost_fraction <= opts.disturbed_lost and len(self.clean) >= opts.min_samples
+        if not clock.available or self.cut or quiet or self.attempt == opts.attempts - 1:
+            self.done = True
+            return
+        self.resume_at = now + opts.backoff_s * 2 ** self.attempt
+        self.spent += opts.backoff_s * 2 ** self.attempt
+        self.attempt += 1
+        self.backing_off = True
+
+    def timing(self, checked: bool, host_busy: float, seconds: float) -> Timing:
+        opts = self.opts
+        clean_fraction = len(self.clean) / len(self.samples) if self.samples else 0.0
+        use_clean = len(self.clean_all) >= opts.min_samples or (self.cut and bool(self.clean_all))
+        basis = self.clean_all if use_clean else self.samples
+        med, mn, spread = _summary(basis)
+        # judged on the last attempt: a moment of load that a retry got past is not a disturbance
+        disturbed = checked and (self.lost_fraction > opts.disturbed_lost or not use_clean)
+        return Timing(median=med, minimum=mn, spread=spread, count=len(basis), samples=self.samples,
+                      basis=list(basis), calls_per_sample=self.n, disturbed=bool(disturbed),
+                      lost_fraction=self.lost_fraction, clean_fraction=clean_fraction, host_busy=host_busy,
+                      attempts=self.attempt + 1, checked=checked, seconds=seconds, cut_short=self.cut)
 
 
 def calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int:
@@ -303,38 +406,6 @@ def calls_per_sample(run_batch, min_sample_s: float, min_calls: int = 1) -> int:
         if dt >= min_sample_s or n >= 1 << 20:
             return n
         n = max(n * 2, int(n * min_sample_s * 1.2 / max(dt, 1e-9)))
-
-
-def _sample(run_batch, n: int, opts: TimingOptions, clock: ThreadWaitClock):
-    """One attempt: samples (s per call), the clean ones, run-queue wait (ns), wall seconds, and
-    whether it stopped at the slow cutoff."""
-    samples: list = []
-    clean: list = []
-    lost_ns = 0
-    t_start = time.perf_counter()
-    perf = time.perf_counter
-    while True:
-        w0 = clock.wait_ns()
-        t0 = perf()
-        run_batch(n)
-        t1 = perf()
-        waited = clock.wait_ns() - w0
-        dt = t1 - t0
-        samples.append(dt / n)
-        lost_ns += waited
-        if waited <= max(opts.clean_floor_s, opts.clean_share * dt) * 1e9:
-            clean.append(dt / n)
-            if _past_cutoff(clean, opts.slow_cutoff_s):
-                return samples, clean, lost_ns, perf() - t_start, True
-        elapsed = t1 - t_start
-        if len(samples) >= opts.max_samples or (elapsed >= opts.max_seconds and len(samples) >= opts.min_samples):
-            break
-        if elapsed >= opts.min_seconds and len(clean) >= opts.min_samples \
-                and median_rel_err(clean) <= opts.target_rel_err:
-            break
-        if elapsed >= opts.max_seconds * 4:   # a kernel so slow that min_samples take too long
-            break
-    return samples, clean, lost_ns, perf() - t_start, False
 
 
 def single_call_timing(seconds: float) -> Timing:

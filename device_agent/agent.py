@@ -455,8 +455,10 @@ class Agent:
         worker = WorkerProcess(startup_timeout=self.config.worker_startup_seconds)
         self._workers.append(worker)
         cfg = self.config
+        # a window here is whatever requests were queued, of any jobs, each under its own lease and
+        # timeout: they are timed one at a time, so each is answered within its own time
         calibrated = CalibratedWorker(worker, self.health.history, degrade_after=cfg.degrade_after,
-                                      max_replacements=cfg.max_replacements) if cfg.calibrate else None
+                                      max_replacements=cfg.max_replacements, interleave=False) if cfg.calibrate else None
         try:
             worker.start()
             if calibrated is not None:

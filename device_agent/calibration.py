@@ -309,7 +309,8 @@ class WindowReport:
 class CalibratedWorker:
     """A measuring `WorkerProcess` that is calibrated when it starts and after every window.
 
-    `measure_window(items)` measures [(request, timeout), ...] in order and returns their answers
+    `measure_window(items)` measures [(request, timeout), ...] (timed together, their samples in
+    turn, with `interleave`: WorkerProcess.run_window; else one by one) and returns their answers
     (measure_one's dicts) after the window's closing calibration: re-measured in a replacement
     process when that found the worker slow, and marked `slow_window` when no healthy worker
     could be had (see the module docstring). `report` sums what happened over the worker's life.
@@ -317,8 +318,9 @@ class CalibratedWorker:
 
     def __init__(self, worker, history: SpeedHistory | None = None, threads: int | None = None,
                  calibration_timeout: float = 60.0, on_calibration=None, degrade_after: int | None = None,
-                 max_replacements: int | None = None):
+                 max_replacements: int | None = None, interleave: bool = True):
         self.worker = worker
+        self.interleave = interleave   # a window's kernels timed together (WorkerProcess.run_window)
         # None: the module's DEGRADE_AFTER / MAX_REPLACEMENTS, read when used
         self.degrade_after, self.max_replacements = degrade_after, max_replacements
         self.history = history if history is not None else SpeedHistory()
@@ -429,7 +431,7 @@ class CalibratedWorker:
         """Answers of [(request, timeout), ...], calibrated around (see the class docstring)."""
         if self._calibrated_pid is None or self._calibrated_pid != self.worker.pid:
             self.start()    # a new worker (first window, or one replaced after a crash) is calibrated first
-        answers = [self.worker.run(req, timeout) for req, timeout in items]
+        answers = self.worker.run_window(items, self.interleave)
         while True:
             if self.worker.pid != self._calibrated_pid:
                 break        # a kernel crashed or hung the worker: its replacement is calibrated next window
@@ -451,7 +453,7 @@ class CalibratedWorker:
             if state == SLOW:
                 self._settle(state, index)
                 break        # no healthy worker to be had: the window stays marked
-            answers = [dict(self.worker.run(req, timeout), remeasured=True, slow_index=slow_index)
-                       for req, timeout in items]
+            answers = [dict(a, remeasured=True, slow_index=slow_index)
+                       for a in self.worker.run_window(items, self.interleave)]
             self.report.remeasured += len(items)
         return answers

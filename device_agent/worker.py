@@ -151,72 +151,143 @@ def _remember_reference(key, entry) -> None:
 
 def measure_one(request: MeasureRequest | dict, on_start=None) -> dict:
     """Check one kernel against its reference, then time it; in this process (see WorkerProcess).
+    A window of one (`measure_window`)."""
+    return measure_window([request], on_start)[0]
 
-    Everything that runs a kernel holds the host's exclusive timing lock (compiler.host_lock);
-    `on_start()` is called once it is held."""
+
+@dataclass
+class _Loaded:
+    """A request whose kernels are loaded and agree on their arguments: what the check needs."""
+
+    request: MeasureRequest
+    cand: object
+    ref: object
+    ref_key: tuple
+    cached: tuple | None
+
+
+@dataclass
+class _Checked:
+    """A request whose kernel computed the right answer: what the timing needs."""
+
+    index: int
+    cand: object
+    ref_key: tuple
+    inputs: list
+    out_specs: list
+    threads: int
+    opts: MeasureOptions
+
+
+def measure_window(requests: list, on_start=None) -> list:
+    """Check each kernel of a window against its reference, then time those that passed together,
+    their samples taken in turn (compiler.runtime.measure_together); in this process. One answer
+    dict per request, in order, each as measure_one's.
+
+    Timed together, a window's kernels (a search batch; a re-timing's default and candidates)
+    sample the same stretch of the host's time, so the host's drift between one timing and the
+    next does not enter their ratios (see compiler.timing.time_together). Kernels of the same
+    reference run on one set of input and output buffers, so the window's working set is one
+    kernel's, as it is when each is timed alone. Everything that runs a kernel holds the host's
+    exclusive timing lock (compiler.host_lock); `on_start()` is called once it is held."""
     from compiler import host_lock
-    from compiler.errors import CompilerError
-    from compiler.runtime import check_runnable, load_kernel
 
-    if isinstance(request, dict):
-        request = MeasureRequest.from_dict(request)
     t0 = time.perf_counter()
+    spent = [0.0] * len(requests)
+    answers: list = [None] * len(requests)
 
-    def done(code, msg="", costs=None):
-        return _result(code, msg, costs, time.perf_counter() - t0)
+    def done(i, code, msg="", costs=None):
+        return _result(code, msg, costs, spent[i])
 
-    try:
+    loaded: list = []
+    for i, request in enumerate(requests):
+        t = time.perf_counter()
         try:
-            cand = load_kernel(request.kernel_bytes)
-        except CompilerError as e:
-            return done(RUNNER_ERROR, f"cannot load the candidate kernel: {e}")
-        if request.reference_bytes is None:
-            return done(RUNNER_ERROR, "no reference kernel to check the candidate against")
-        ref_key = (hashlib.sha256(request.reference_bytes).digest(), request.options.seed, request.num_inputs)
-        cached = _REFERENCE_CACHE.get(ref_key)
-        if cached:
-            _REFERENCE_CACHE.move_to_end(ref_key)
-        try:
-            ref = cached[0] if cached else load_kernel(request.reference_bytes)
-        except CompilerError as e:
-            return done(RUNNER_ERROR, f"cannot load the reference kernel: {e}")
-        sig = [(tuple(a.shape), a.dtype) for a in cand.args]
-        if sig != [(tuple(a.shape), a.dtype) for a in ref.args]:
-            return done(RUNNER_ERROR, f"candidate and reference kernels take different arguments: "
-                                      f"{cand!r} vs {ref!r}")
-        n_in = request.num_inputs
-        if not 0 <= n_in < len(cand.args):
-            return done(RUNNER_ERROR, f"num_inputs={n_in} but the kernel has {len(cand.args)} arguments "
-                                      f"(at least one must be an output)")
-        for what, kernel in (("candidate", cand), ("reference", ref)):
-            try:   # the kernel's own header, whatever target the request named
-                check_runnable(kernel.target)
-            except CompilerError as e:
-                return done(UNSUPPORTED_TARGET, f"this machine cannot run the {what} kernel: {e}")
+            got = _load(MeasureRequest.from_dict(request) if isinstance(request, dict) else request)
+        except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
+            got = (RUNNER_ERROR, f"measuring failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        spent[i] += time.perf_counter() - t
+        if isinstance(got, _Loaded):
+            loaded.append((i, got))
+        else:
+            answers[i] = done(i, *got)
+    if loaded:
         with host_lock.exclusive():
             if on_start is not None:
                 on_start()   # the run's clock starts now, not while waiting for the host
-            return _check_and_time(request, cand, ref, ref_key, cached, done)
-    except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
-        tb = traceback.format_exc(limit=4)
-        return done(RUNNER_ERROR, f"measuring failed: {type(e).__name__}: {e}\n{tb}")
+            checked = []
+            for i, item in loaded:
+                t = time.perf_counter()
+                try:
+                    got = _check_one(i, item)
+                except Exception as e:  # noqa: BLE001
+                    got = (RUNNER_ERROR, f"measuring failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+                spent[i] += time.perf_counter() - t
+                if isinstance(got, _Checked):
+                    checked.append(got)
+                elif isinstance(got, dict):        # far behind: its checked call is its figure
+                    answers[i] = dict(done(i, NO_ERROR, "", got["costs"]), timing=got["timing"])
+                else:
+                    answers[i] = done(i, *got)
+            _time_checked(checked, answers, spent, done)
+    for i, a in enumerate(answers):
+        if a is None:   # cannot happen; a window never answers short
+            answers[i] = _result(RUNNER_ERROR, "no answer was made for this request", run_seconds=time.perf_counter() - t0)
+    return answers
 
 
-def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -> dict:
-    """measure_one's part that runs kernels (under the host's exclusive lock): the reference
-    result, the check, the timing."""
+def _load(request: MeasureRequest):
+    """_Loaded, or (error code, message) for a request that cannot be checked."""
+    from compiler.errors import CompilerError
+    from compiler.runtime import check_runnable, load_kernel
+
+    try:
+        cand = load_kernel(request.kernel_bytes)
+    except CompilerError as e:
+        return RUNNER_ERROR, f"cannot load the candidate kernel: {e}"
+    if request.reference_bytes is None:
+        return RUNNER_ERROR, "no reference kernel to check the candidate against"
+    ref_key = (hashlib.sha256(request.reference_bytes).digest(), request.options.seed, request.num_inputs)
+    cached = _REFERENCE_CACHE.get(ref_key)
+    if cached:
+        _REFERENCE_CACHE.move_to_end(ref_key)
+    try:
+        ref = cached[0] if cached else load_kernel(request.reference_bytes)
+    except CompilerError as e:
+        return RUNNER_ERROR, f"cannot load the reference kernel: {e}"
+    sig = [(tuple(a.shape), a.dtype) for a in cand.args]
+    if sig != [(tuple(a.shape), a.dtype) for a in ref.args]:
+        return RUNNER_ERROR, f"candidate and reference kernels take different arguments: {cand!r} vs {ref!r}"
+    n_in = request.num_inputs
+    if not 0 <= n_in < len(cand.args):
+        return RUNNER_ERROR, (f"num_inputs={n_in} but the kernel has {len(cand.args)} arguments "
+                              f"(at least one must be an output)")
+    for what, kernel in (("candidate", cand), ("reference", ref)):
+        try:   # the kernel's own header, whatever target the request named
+            check_runnable(kernel.target)
+        except CompilerError as e:
+            return UNSUPPORTED_TARGET, f"this machine cannot run the {what} kernel: {e}"
+    return _Loaded(request, cand, ref, ref_key, cached)
+
+
+def _check_one(index: int, item: _Loaded):
+    """The part of a measurement before its timing, under the host's exclusive lock: the reference
+    result, the check. _Checked; or {"costs", "timing"} for a kernel whose checked call put it far
+    behind the search's best (that call is its one sample: compiler.timing); or (error code, message)."""
     from compiler.errors import CompilerError, KernelRuntimeError
     from compiler.runtime import set_num_threads
 
+    request, cand, ref = item.request, item.cand, item.ref
     n_in, opts = request.num_inputs, request.options
-    threads = opts.num_threads or cand.target.num_cores
-    set_num_threads(max(1, min(int(threads), os.cpu_count() or 1)))
+    threads = max(1, min(int(opts.num_threads or cand.target.num_cores), os.cpu_count() or 1))
+    set_num_threads(threads)
     out_specs = cand.args[n_in:]
     try:
         cand.load()
         ref.load()
     except CompilerError as e:
-        return done(RUNNER_ERROR, f"cannot load kernel: {e}")
+        return RUNNER_ERROR, f"cannot load kernel: {e}"
+    cached = item.cached if item.cached else _REFERENCE_CACHE.get(item.ref_key)
     if cached:
         _, inputs, refs = cached
     else:
@@ -224,25 +295,56 @@ def _check_and_time(request: MeasureRequest, cand, ref, ref_key, cached, done) -
         # (often a slow naive kernel) is computed once per task, not once per candidate
         inputs = random_arrays(cand.args[:n_in], opts.seed)
         refs = _run_kernel(ref, inputs, out_specs, 0)
-        _remember_reference(ref_key, (ref, inputs, refs))
+        _remember_reference(item.ref_key, (ref, inputs, refs))
     try:
         msg, first_call = _check(cand, refs, inputs, out_specs, opts.rtol, opts.atol)
-        if msg:
-            return done(WRONG_ANSWER, msg)
-        if opts.slow_cutoff_s and first_call > FAR_BEHIND * opts.slow_cutoff_s:
-            # far behind the search's best: its checked call is its one sample (compiler.timing)
-            result = done(NO_ERROR, "", [first_call])
-            result["timing"] = single_call_timing(first_call).to_dict()
-            return result
-        arrays = [a.copy() for a in inputs] + [poisoned(s.shape, s.dtype, 0) for s in out_specs]
-        if opts.cooldown_ms > 0:
-            time.sleep(opts.cooldown_ms / 1000.0)
-        timing = cand.measure(*arrays, options=opts.timing_options(), lock=False)
     except KernelRuntimeError as e:
-        return done(RUNTIME_ERROR, str(e))
-    result = done(NO_ERROR, "", kept_samples(timing))
-    result["timing"] = timing.to_dict()
-    return result
+        return RUNTIME_ERROR, str(e)
+    if msg:
+        return WRONG_ANSWER, msg
+    if opts.slow_cutoff_s and first_call > FAR_BEHIND * opts.slow_cutoff_s:
+        return {"costs": [first_call], "timing": single_call_timing(first_call).to_dict()}
+    return _Checked(index, cand, item.ref_key, inputs, list(out_specs), threads, opts)
+
+
+def _time_checked(checked: list, answers: list, spent: list, done) -> None:
+    """Time the checked kernels together (those of one thread count at a time), filling their
+    answers; a kernel that fails while timed gets RUNTIME_ERROR and the others are timed again
+    without it."""
+    from compiler.buffers import aligned_copy
+    from compiler.errors import KernelRuntimeError
+    from compiler.runtime import measure_together, set_num_threads
+
+    groups: dict = {}
+    for c in checked:
+        groups.setdefault(c.threads, []).append(c)
+    for threads, group in groups.items():
+        set_num_threads(threads)
+        buffers: dict = {}     # ref_key -> the arrays its kernels run on, shared
+        for c in group:
+            if c.ref_key not in buffers:
+                buffers[c.ref_key] = [aligned_copy(a.copy()) for a in c.inputs] + \
+                    [aligned_copy(poisoned(s.shape, s.dtype, 0)) for s in c.out_specs]
+        cooldown = max(c.opts.cooldown_ms for c in group)
+        if cooldown > 0:
+            time.sleep(cooldown / 1000.0)
+        while group:
+            try:
+                timings = measure_together([(c.cand, buffers[c.ref_key]) for c in group],
+                                           [c.opts.timing_options() for c in group], lock=False)
+            except KernelRuntimeError as e:
+                bad = group.pop(e.kernel_index if e.kernel_index is not None else 0)
+                answers[bad.index] = done(bad.index, RUNTIME_ERROR, str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
+                msg = f"measuring failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+                for c in group:
+                    answers[c.index] = done(c.index, RUNNER_ERROR, msg)
+                break
+            for c, timing in zip(group, timings):
+                spent[c.index] += timing.seconds
+                answers[c.index] = dict(done(c.index, NO_ERROR, "", kept_samples(timing)), timing=timing.to_dict())
+            break
 
 
 KEPT_SAMPLES = 32
@@ -342,8 +444,21 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
         req = _read_frame(in_fd)
         if req is None:
             return
-        serve_one = calibration_answer if isinstance(req, dict) and req.get("calibrate") else measure_one
+        serve_one = measure_one
+        if isinstance(req, dict) and req.get("calibrate"):
+            serve_one = calibration_answer
+        elif isinstance(req, dict) and "window" in req:
+            serve_one = window_answer
         _write_frame(proto_out, serve_one(req, on_start=lambda: _write_frame(proto_out, _STARTED)))
+
+
+def window_answer(request: dict, on_start=None) -> dict:
+    """The answer to a window request ({"window": [request dict, ...]}): {"window": [measure_one's
+    answer dict, ...]} (measure_window), or RUNNER_ERROR with the reason."""
+    try:
+        return dict(_result(NO_ERROR), window=measure_window(list(request["window"]), on_start))
+    except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
+        return _result(RUNNER_ERROR, f"measuring the window failed: {type(e).__name__}: {e}")
 
 
 def calibration_answer(request: dict, on_start=None) -> dict:
@@ -525,6 +640,21 @@ class WorkerProcess:
                                               + (f": {err}" if err else ""),
                                run_seconds=time.monotonic() - t0)
             return answer
+
+    def run_window(self, items: list, interleave: bool = True) -> list:
+        """Answers (measure_one's dicts) of [(request, timeout), ...]: measured as one window, its
+        kernels timed together (measure_window), when `interleave` and there are several; else
+        one request at a time. A window that crashed or hung the child (or that a child of an
+        older version did not understand) is measured again one request at a time, so the kernel
+        at fault, and only it, is answered with the crash or the timeout."""
+        if not interleave or len(items) < 2:
+            return [self.run(req, timeout) for req, timeout in items]
+        payload = {"window": [req.to_dict() if isinstance(req, MeasureRequest) else dict(req) for req, _ in items]}
+        answer = self.run(payload, sum(timeout for _, timeout in items))
+        got = answer.get("window")
+        if isinstance(got, list) and len(got) == len(items):
+            return got
+        return [self.run(req, timeout) for req, timeout in items]
 
     def close(self):
         with self._lock:

@@ -243,6 +243,41 @@ def test_measure_one_in_process(mm_built):
     assert res["error_code"] == W.RUNNER_ERROR and "load" in res["error_msg"]
 
 
+def test_a_window_is_checked_kernel_by_kernel_and_timed_together(mm_built, pool):
+    """measure_window: every kernel checked on its own (a wrong one answered WRONG_ANSWER, a
+    broken request RUNNER_ERROR), the rest timed together; answers in the requests' order, each
+    with its own figure and run time; the worker's window request answers the same."""
+    other = pool.build(Task.create(MM_T), [trace(MM_T)])[0]     # B transposed: same arguments, wrong answer
+    opts = MeasureOptions(number=1, repeat=5, min_repeat_ms=1)
+    good, naive = (MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, opts) for br in mm_built)
+    wrong = MeasureRequest(other.kernel_bytes, mm_built[0].reference_bytes, mm_built[0].num_inputs, opts)
+    junk = {"kernel_bytes": b"junk", "reference_bytes": mm_built[0].reference_bytes, "num_inputs": 2}
+    answers = W.measure_window([good, wrong, junk, naive])
+    codes = [a["error_code"] for a in answers]
+    assert codes == [W.NO_ERROR, W.WRONG_ANSWER, W.RUNNER_ERROR, W.NO_ERROR], answers
+    for a in (answers[0], answers[3]):
+        assert a["timing"]["count"] >= 5 and a["costs"] and a["run_seconds"] > 0
+    assert answers[3]["timing"]["median"] > answers[0]["timing"]["median"]   # naive is the slower, in its own figure
+    served = W.window_answer({"window": [good.to_dict(), wrong.to_dict()]})
+    assert [a["error_code"] for a in served["window"]] == [W.NO_ERROR, W.WRONG_ANSWER]
+    assert W.window_answer({"window": None})["error_code"] == W.RUNNER_ERROR
+
+
+def test_a_window_that_crashes_the_worker_is_measured_again_one_by_one(mm_built):
+    """WorkerProcess.run_window: a kernel that kills the child in a window costs the window, not
+    the other kernels' answers: they are measured again alone, and only it gets the crash."""
+    crash = replace_kernel(mm_built[0], ir_kernel(SEGFAULT, mm_built[0]))
+    opts = MeasureOptions(number=1, repeat=3, min_repeat_ms=1, timeout=5.0)
+    reqs = [MeasureRequest(br.kernel_bytes, br.reference_bytes, br.num_inputs, opts)
+            for br in (mm_built[0], crash, mm_built[1])]
+    with WorkerProcess() as worker:
+        answers = worker.run_window([(r, 5.0) for r in reqs])
+        assert [a["error_code"] for a in answers] == [W.NO_ERROR, W.RUNTIME_ERROR, W.NO_ERROR], answers
+        assert "SIGSEGV" in answers[1]["error_msg"] and worker.restarts == 2   # the window's crash, then its own
+        one_by_one = worker.run_window([(reqs[0], 5.0), (reqs[2], 5.0)], interleave=False)
+        assert [a["error_code"] for a in one_by_one] == [W.NO_ERROR, W.NO_ERROR]
+
+
 # ----------------------------------------------------------------------------- local runner
 
 def test_correct_kernels_get_sane_costs(runner, mm_built, pool):

@@ -85,24 +85,30 @@ def to_measure_result(answer: dict, br: BuildResult, measured_by: str, emulated:
 
 
 class LocalRunner(Runner):
-    """Measures on this machine, one candidate at a time (so timings do not disturb each other),
+    """Measures on this machine, one kernel running at a time (so timings do not disturb each other),
     in one worker process that is replaced when a kernel crashes or hangs.
 
     The worker is calibrated (device_agent/calibration.py) when it starts and after every `run`
     (a window): a window its closing calibration finds slow is measured again in a fresh worker,
     and marked (`MeasureResult.slow_window`) when no healthy worker could be had. `history`: the
     device's calibrations to judge against (tuner.measure.calibration: StoreSpeedHistory keeps them
-    in the records store; default: HostSpeedHistory, this host's file). `calibrate=False` turns it off."""
+    in the records store; default: HostSpeedHistory, this host's file). `calibrate=False` turns it off.
+
+    A `run`'s kernels are timed together, their samples taken in turn (`interleave`;
+    device_agent.worker.measure_window): a batch's candidates, or a re-timing's default and
+    candidates, all sample the same stretch of the host's time, so the host's drift from one
+    timing to the next does not enter their ratios. `interleave=False`: one after the other."""
 
     def __init__(self, options: MeasureOptions | None = None, history: SpeedHistory | None = None,
-                 calibrate: bool = True):
+                 calibrate: bool = True, interleave: bool = True):
         self.options = options if options is not None else MeasureOptions()
+        self.interleave = interleave
         self.worker = WorkerProcess()
         self.emulated = is_emulated()
         if calibrate and history is None:
             history = HostSpeedHistory()
-        self.calibrated = CalibratedWorker(self.worker, history, threads=self.options.num_threads or None) \
-            if calibrate else None
+        self.calibrated = CalibratedWorker(self.worker, history, threads=self.options.num_threads or None,
+                                           interleave=interleave) if calibrate else None
 
     def timings_emulated(self) -> bool | None:
         return self.emulated
@@ -120,7 +126,7 @@ class LocalRunner(Runner):
         if self.calibrated is not None:
             answers = self.calibrated.measure_window(items) if items else []
         else:
-            answers = [self.worker.run(req, timeout) for req, timeout in items]
+            answers = self.worker.run_window(items, self.interleave)
         for i, answer in zip(todo, answers):
             out[i] = to_measure_result(answer, build_results[i], "local", self.emulated)
         return out
