@@ -128,44 +128,46 @@ def test_calls_known_to_the_caller_are_not_probed_and_long_runs_skip_later_warm_
 
 
 class DriftingHost:
-    """Kernels of a fixed cost on a host that runs at half speed after its first `fast_calls`
-    calls: a host's drift between one timing and the next."""
+    """Kernels of a fixed cost on a host that slows down steadily, by `per_call` of its speed
+    each call: a host's drift between one timing and the next."""
 
-    def __init__(self, fast_calls: int):
-        self.calls, self.fast_calls, self.order = 0, fast_calls, []
+    def __init__(self, per_call: float):
+        self.calls, self.per_call, self.order = 0, per_call, []
 
     def kernel(self, name: str, seconds: float):
         def run_batch(n):
             for _ in range(n):
                 self.calls += 1
                 self.order.append(name)
-                time.sleep(seconds * (1.0 if self.calls <= self.fast_calls else 2.0))
+                time.sleep(seconds * (1.0 + self.per_call * self.calls))
         return run_batch
 
 
-def test_kernels_timed_together_sample_in_turn_and_their_ratio_does_not_carry_the_drift():
-    """Timed one after the other, two equal kernels take their figures from the two sides of the
-    host's change of speed (ratio 2); timed together, each from both sides alike (ratio 1), each
-    still by its own options and stopping rule."""
+def test_kernels_timed_together_take_turns_and_their_ratio_does_not_carry_the_drift():
+    """Timed one after the other, two equal kernels take their figures from two stretches of the
+    host's drift (ratio ~1.4); timed together, in turns, from the same stretch (ratio ~1), each
+    still by its own options and stopping rule, and each turn opened by an untimed call."""
     from compiler.timing import time_together
     opts = TimingOptions(min_samples=20, max_samples=20, min_seconds=0.0, min_sample_s=0.0)
-    host = DriftingHost(fast_calls=20)
-    a = time_samples(host.kernel("a", 0.001), opts, clock=QuietClock(), calls=1)
-    b = time_samples(host.kernel("b", 0.001), opts, clock=QuietClock(), calls=1)
-    assert b.median / a.median > 1.7
-    host = DriftingHost(fast_calls=20)
-    a, b = time_together([host.kernel("a", 0.001), host.kernel("b", 0.001)], [opts, opts],
+    host = DriftingHost(per_call=1 / 40)
+    a = time_samples(host.kernel("a", 0.002), opts, clock=QuietClock(), calls=1)
+    b = time_samples(host.kernel("b", 0.002), opts, clock=QuietClock(), calls=1)
+    assert b.median / a.median > 1.3
+    host = DriftingHost(per_call=1 / 40)
+    a, b = time_together([host.kernel("a", 0.002), host.kernel("b", 0.002)], [opts, opts],
                          clock=QuietClock(), calls=[1, 1])
-    assert host.order[:6] == ["a", "b"] * 3                    # in turn, one sample each
-    assert a.count == b.count == 20 and 0.8 < b.median / a.median < 1.25
+    first_b, last_a = host.order.index("b"), len(host.order) - 1 - host.order[::-1].index("a")
+    assert 2 <= first_b <= 8 and last_a > first_b                # turns of a few samples, in turn
+    assert a.count == b.count == 20 and 0.87 < b.median / a.median < 1.15
     # a kernel that has its figure stops; the other samples on alone, to its own rule
-    host = DriftingHost(fast_calls=10 ** 6)
+    host = DriftingHost(per_call=0.0)
     short = TimingOptions(min_samples=5, max_samples=5, min_seconds=0.0, min_sample_s=0.0)
     a, b = time_together([host.kernel("a", 0.001), host.kernel("b", 0.002)], [short, opts],
                          clock=QuietClock(), calls=[1, 1])
-    assert host.order.count("a") == 5 and host.order.count("b") == 20 and host.order[-15:] == ["b"] * 15
-    assert 1.7 < b.median / a.median < 2.6
-    assert 0 < a.seconds < b.seconds                           # each is charged its own samples
+    assert a.count == 5 and host.order.count("a") == 6            # its samples and one warm-up call
+    assert b.count == 20 and host.order[-10:] == ["b"] * 10
+    assert 1.6 < b.median / a.median < 2.6
+    assert 0 < a.seconds < b.seconds                              # each is charged its own time
 
 
 def test_a_busy_kernel_backs_off_while_the_others_sample_on():
@@ -192,7 +194,7 @@ def test_a_busy_kernel_backs_off_while_the_others_sample_on():
     t_busy, t_quiet = time_together([busy, quiet], [opts, opts], clock=clock, sleep=sleeps.append, calls=[1, 1])
     assert t_busy.attempts == 3 and t_busy.disturbed and t_busy.clean_fraction == 0.0
     assert t_quiet.attempts == 1 and not t_quiet.disturbed and t_quiet.count >= 5
-    assert sleeps == pytest.approx([0.01, 0.02], abs=5e-3)
+    assert sum(sleeps) <= 0.03 + 5e-3      # only what the other's sampling did not fill of the back-offs
 
 
 def test_kernels_measured_together_say_which_one_failed():
