@@ -340,7 +340,7 @@ class Kernel:
 
 
 def measure_together(runs: list, options: list | TimingOptions | None = None, lock: bool = True) -> list:
-    """Time several kernels by the measurement protocol with their samples taken in turn
+    """Time several kernels by the measurement protocol, taking turns
     (compiler.timing.time_together): `runs` is [(kernel, arrays), ...] (kernels may share
     arrays: each runs on the buffers it is given), `options` one TimingOptions for all or one per
     kernel. One warm-up call each, then one Timing per kernel, as `Kernel.measure` would give it

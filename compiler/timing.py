@@ -258,10 +258,10 @@ def time_samples(run_batch, options: TimingOptions | None = None, clock: ThreadW
 
 
 def time_together(run_batches: list, options: list | None = None, clock: ThreadWaitClock | None = None,
-                     sleep=time.sleep, calls: list | None = None) -> list:
-    """Time several kernels by the protocol above, their samples taken in turn (a sample of the
-    first, one of the second, ..., then the first again): one Timing per kernel, each from its own
-    samples by its own options and stopping rule, exactly as `time_samples` would alone.
+                  sleep=time.sleep, calls: list | None = None) -> list:
+    """Time several kernels by the protocol above, taking turns (a short burst of samples of the
+    first, then of the second, ..., then the first again): one Timing per kernel, each from its
+    own samples by its own options and stopping rule, as `time_samples` would take it alone.
 
     Why interleaved: a host's speed moves on its own over seconds (a VM whose vCPUs the hypervisor
     now and then runs on one core, a neighbour's memory traffic; on a Zen 3 VM the same kernel
@@ -273,7 +273,7 @@ def time_together(run_batches: list, options: list | None = None, clock: ThreadW
     others go on without it), so a window costs what its kernels timed one by one would.
     Each kernel's turn is a burst of samples (TURN_S) after one untimed call (for kernels under
     WARM_BELOW_S a call): a kernel sampled straight after another finds the caches as the other
-    left them, and a 256³ matmul of 0.2 ms read 18 % slower so than timed alone; warmed, each
+    left them, and a 256³ matmul of 0.2 ms read 18 % slower than timed alone; warmed, each
     turn's samples see the kernel as a timing of it alone does.
     `options`, `calls`: per kernel (None: the defaults, probed). The caller has warmed each
     kernel up. A `run_batch` that raises stops the whole timing with it."""

@@ -181,7 +181,7 @@ class _Checked:
 
 def measure_window(requests: list, on_start=None) -> list:
     """Check each kernel of a window against its reference, then time those that passed together,
-    their samples taken in turn (compiler.runtime.measure_together); in this process. One answer
+    taking turns (compiler.runtime.measure_together); in this process. One answer
     dict per request, in order, each as measure_one's.
 
     Timed together, a window's kernels (a search batch; a re-timing's default and candidates)

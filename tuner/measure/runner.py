@@ -94,7 +94,7 @@ class LocalRunner(Runner):
     device's calibrations to judge against (tuner.measure.calibration: StoreSpeedHistory keeps them
     in the records store; default: HostSpeedHistory, this host's file). `calibrate=False` turns it off.
 
-    A `run`'s kernels are timed together, their samples taken in turn (`interleave`;
+    A `run`'s kernels are timed together, taking turns (`interleave`;
     device_agent.worker.measure_window): a batch's candidates, or a re-timing's default and
     candidates, all sample the same stretch of the host's time, so the host's drift from one
     timing to the next does not enter their ratios. `interleave=False`: one after the other."""
