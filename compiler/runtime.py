@@ -34,7 +34,7 @@ from .lower import lower
 from .openmp import before_parallel_call, get_max_threads, runtime_libraries, set_num_threads
 from .schedule import Schedule
 from .target import Target, llvm_binding, resolve_target
-from .timing import Timing, TimingOptions, time_together, time_samples
+from .timing import Timing, TimingOptions, time_samples, time_together
 
 _STATUS_MESSAGES = {
     KERNEL_OUT_OF_MEMORY: "could not allocate its scratch buffers (out of memory)",

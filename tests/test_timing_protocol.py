@@ -202,7 +202,8 @@ def test_kernels_measured_together_say_which_one_failed():
     worker answers it alone with the failure and times the rest again."""
     import numpy as np
 
-    from compiler import Target, build, tensor as T
+    from compiler import Target, build
+    from compiler import tensor as T
     from compiler.errors import KernelRuntimeError
     from compiler.runtime import measure_together
     from compiler.schedule import create_schedule
