@@ -179,7 +179,7 @@ class _Checked:
     opts: MeasureOptions
 
 
-def measure_window(requests: list, on_start=None) -> list:
+def measure_window(requests: list, on_start=None, on_progress=None) -> list:
     """Check each kernel of a window against its reference, then time those that passed together,
     taking turns (compiler.runtime.measure_together); in this process. One answer
     dict per request, in order, each as measure_one's.
@@ -189,7 +189,10 @@ def measure_window(requests: list, on_start=None) -> list:
     next does not enter their ratios (see compiler.timing.time_together). Kernels of the same
     reference run on one set of input and output buffers, so the window's working set is one
     kernel's, as it is when each is timed alone. Everything that runs a kernel holds the host's
-    exclusive timing lock (compiler.host_lock); `on_start()` is called once it is held."""
+    exclusive timing lock (compiler.host_lock); `on_start()` is called once it is held, and
+    `on_progress(i)` once the i-th request's check is over (whatever its outcome; a request that
+    could not be loaded is over before the lock is taken), so a parent timing the window knows
+    which kernel a hang or a crash belongs to (WorkerProcess.run_window)."""
     from compiler import host_lock
 
     t0 = time.perf_counter()
@@ -216,6 +219,10 @@ def measure_window(requests: list, on_start=None) -> list:
             if on_start is not None:
                 on_start()   # the run's clock starts now, not while waiting for the host
             checked = []
+            loaded_at = {i for i, _ in loaded}
+            for i in range(len(requests)):
+                if i not in loaded_at and on_progress is not None:
+                    on_progress(i)
             for i, item in loaded:
                 t = time.perf_counter()
                 try:
@@ -229,6 +236,8 @@ def measure_window(requests: list, on_start=None) -> list:
                     answers[i] = dict(done(i, NO_ERROR, "", got["costs"]), timing=got["timing"])
                 else:
                     answers[i] = done(i, *got)
+                if on_progress is not None:
+                    on_progress(i)
             _time_checked(checked, answers, spent, done)
     for i, a in enumerate(answers):
         if a is None:   # cannot happen; a window never answers short
@@ -449,14 +458,19 @@ def serve(in_fd: int = 0, out_fd: int = 1) -> None:
             serve_one = calibration_answer
         elif isinstance(req, dict) and "window" in req:
             serve_one = window_answer
-        _write_frame(proto_out, serve_one(req, on_start=lambda: _write_frame(proto_out, _STARTED)))
+        start = lambda: _write_frame(proto_out, _STARTED)  # noqa: E731
+        if serve_one is window_answer:
+            answer = window_answer(req, on_start=start, on_progress=lambda i: _write_frame(proto_out, {"progress": i}))
+        else:
+            answer = serve_one(req, on_start=start)
+        _write_frame(proto_out, answer)
 
 
-def window_answer(request: dict, on_start=None) -> dict:
+def window_answer(request: dict, on_start=None, on_progress=None) -> dict:
     """The answer to a window request ({"window": [request dict, ...]}): {"window": [measure_one's
     answer dict, ...]} (measure_window), or RUNNER_ERROR with the reason."""
     try:
-        return dict(_result(NO_ERROR), window=measure_window(list(request["window"]), on_start))
+        return dict(_result(NO_ERROR), window=measure_window(list(request["window"]), on_start, on_progress))
     except Exception as e:  # noqa: BLE001 - the measuring side failed; say how, keep serving
         return _result(RUNNER_ERROR, f"measuring the window failed: {type(e).__name__}: {e}")
 
@@ -593,10 +607,14 @@ class WorkerProcess:
         return self
 
     # -------------------------------------------------------------- requests
-    def run(self, request: MeasureRequest | dict, timeout: float) -> dict:
-        """Measure one request in the child; never raises for a kernel's misbehaviour."""
+    def run(self, request: MeasureRequest | dict, timeout: float, stages: list | None = None) -> dict:
+        """Measure one request in the child; never raises for a kernel's misbehaviour. `stages`:
+        for a window request, each of its requests' timeouts: each kernel's check then runs under
+        its own timeout, the timing of them all under their sum (`timeout` is not used), and an
+        answer of a crash or a timeout names the request at fault (`window_stage`; None: the timing)."""
         payload = request.to_dict() if isinstance(request, MeasureRequest) else dict(request)
         with self._lock:
+            self._stage, self._limit = None, timeout
             try:
                 self._ensure_ready()
             except RuntimeError as e:
@@ -613,7 +631,7 @@ class WorkerProcess:
                 if answer == _STARTED:
                     started = True
                     t0 = time.monotonic()
-                    answer = _read_frame(proc.stdout.fileno(), t0 + timeout)
+                    answer = self._read_answer(proc.stdout.fileno(), timeout, stages)
             except TimeoutError:
                 self._kill()
                 self.restarts += 1
@@ -622,8 +640,8 @@ class WorkerProcess:
                     return _result(RUNNER_ERROR, f"the host's timing lock was not free within {LOCK_WAIT_TIMEOUT_S:g} s "
                                                  f"(another tunefarm process holds it; worker restarted)",
                                    run_seconds=time.monotonic() - t0)
-                return _result(RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s "
-                                            f"(worker killed)", run_seconds=time.monotonic() - t0)
+                return self._at_fault(_result(RUN_TIMEOUT, f"the kernel did not finish within {self._limit:g} s "
+                                                           f"(worker killed)", run_seconds=time.monotonic() - t0), stages)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 answer = None
             if answer is None:  # the child died: a crashing kernel
@@ -636,25 +654,59 @@ class WorkerProcess:
                 self.restarts += 1
                 self._start()
                 what = signal_name(rc) if rc is not None else "unknown cause"
-                return _result(RUNTIME_ERROR, f"the kernel crashed the worker ({what})"
-                                              + (f": {err}" if err else ""),
-                               run_seconds=time.monotonic() - t0)
+                return self._at_fault(_result(RUNTIME_ERROR, f"the kernel crashed the worker ({what})"
+                                                             + (f": {err}" if err else ""),
+                                              run_seconds=time.monotonic() - t0), stages)
             return answer
+
+    def _read_answer(self, fd: int, timeout: float, stages: list | None):
+        """The child's answer frame. For a window (`stages`), past its progress frames: the
+        kernel being checked (the first whose check is not over) has its own timeout, the timing
+        of them all their sum; `_stage` and `_limit` say which stage ran and under what."""
+        if not stages:
+            return _read_frame(fd, time.monotonic() + timeout)
+        over: set = set()
+        while True:
+            pending = [i for i in range(len(stages)) if i not in over]
+            self._stage = pending[0] if pending else None
+            self._limit = stages[pending[0]] if pending else sum(stages)
+            frame = _read_frame(fd, time.monotonic() + self._limit)
+            if isinstance(frame, dict) and set(frame) == {"progress"}:
+                over.add(int(frame["progress"]))
+                continue
+            return frame
+
+    def _at_fault(self, answer: dict, stages: list | None) -> dict:
+        """A crash's or a timeout's answer, naming the window's request at fault where known."""
+        if stages:
+            answer["window_stage"] = self._stage
+        return answer
 
     def run_window(self, items: list, interleave: bool = True) -> list:
         """Answers (measure_one's dicts) of [(request, timeout), ...]: measured as one window, its
         kernels timed together (measure_window), when `interleave` and there are several; else
-        one request at a time. A window that crashed or hung the child (or that a child of an
-        older version did not understand) is measured again one request at a time, so the kernel
-        at fault, and only it, is answered with the crash or the timeout."""
+        one request at a time. Each kernel's check runs under its own timeout (the child says when
+        each is over), so a kernel that crashes or hangs the child there is answered with that,
+        and the others are measured again together; one that does so while they are timed (or a
+        child of an older version that did not understand) has the window measured again one
+        request at a time, so the kernel at fault, and only it, is answered with it."""
         if not interleave or len(items) < 2:
             return [self.run(req, timeout) for req, timeout in items]
         payload = {"window": [req.to_dict() if isinstance(req, MeasureRequest) else dict(req) for req, _ in items]}
-        answer = self.run(payload, sum(timeout for _, timeout in items))
+        stages = [float(timeout) for _, timeout in items]
+        answer = self.run(payload, sum(stages), stages=stages)
         got = answer.get("window")
         if isinstance(got, list) and len(got) == len(items):
             return got
-        return [self.run(req, timeout) for req, timeout in items]
+        stage = answer.pop("window_stage", None)
+        if stage is None:      # in the timing, or a child that did not understand: one by one
+            return [self.run(req, timeout) for req, timeout in items]
+        out: list = [None] * len(items)
+        out[stage] = answer    # its check crashed or hung the child: the others, again together
+        rest = [j for j in range(len(items)) if j != stage]
+        for j, a in zip(rest, self.run_window([items[j] for j in rest], interleave)):
+            out[j] = a
+        return out
 
     def close(self):
         with self._lock:
