@@ -269,8 +269,11 @@ def time_together(run_batches: list, options: list | None = None, clock: ThreadW
     take their figure from a different stretch of that drift, so their *ratio* carries it, and a
     ratio (a candidate against the default, one candidate against another) is what a search and
     a re-timing decide by. Taken in turn, every kernel samples the same stretch: the drift moves
-    them together and their ratio holds. A kernel whose figure is settled stops sampling (the
-    others go on without it), so a window costs what its kernels timed one by one would.
+    them together and their ratio holds. A kernel whose median has settled samples on while
+    another has not, within its own caps (max_seconds, max_samples): left out, it kept a figure
+    from a fast start while the other sampled on alone into a slow stretch (a conv paired with
+    itself read 1.66 once so). On a steady host they all settle about together, and a window
+    costs what its kernels timed one by one would; on a drifting one, up to their caps.
     Each kernel's turn is a burst of samples (TURN_S) after one untimed call (for kernels under
     WARM_BELOW_S a call): a kernel sampled straight after another finds the caches as the other
     left them, and a 256³ matmul of 0.2 ms read 18 % slower than timed alone; warmed, each
@@ -311,8 +314,11 @@ def time_together(run_batches: list, options: list | None = None, clock: ThreadW
                     continue
                 st.warm()
                 turn_end = perf() + TURN_S
+                # a settled kernel samples on while another has not settled: its figure then
+                # comes from the same stretch of the host's time as the other's
+                hold = any(not o.done and not o.settled for o in states if o is not st)
                 while True:
-                    if st.take_sample(clock, interleaved=True):
+                    if st.take_sample(clock, interleaved=True, hold=hold):
                         st.end_attempt(clock, perf(), interleaved=True)
                         break
                     if perf() >= turn_end:
@@ -354,6 +360,7 @@ class _KernelSampling:
         self.lost_ns, self.own_s = 0, 0.0
         self.t_start = now
         self.backing_off = False
+        self.settled = False          # its median met the stopping rule
 
     def warm(self) -> None:
         """An untimed call before the kernel's turn of a timing together (`time_together`),
@@ -364,10 +371,11 @@ class _KernelSampling:
         self.run_batch(1)
         self.spent += time.perf_counter() - t0
 
-    def take_sample(self, clock: ThreadWaitClock, interleaved: bool) -> bool:
+    def take_sample(self, clock: ThreadWaitClock, interleaved: bool, hold: bool = False) -> bool:
         """One sample; True when this attempt is over (by the stopping rule or the slow cutoff).
         Its elapsed time is its own samples' (`interleaved`: the others' samples between them are
-        not its time) or the attempt's wall time (alone)."""
+        not its time) or the attempt's wall time (alone). `hold`: a settled median does not end
+        the attempt (another kernel of the timing has not settled); its caps still do."""
         opts, perf = self.opts, time.perf_counter
         w0 = clock.wait_ns()
         t0 = perf()
@@ -387,8 +395,10 @@ class _KernelSampling:
         elapsed = self.own_s if interleaved else t1 - self.t_start
         if len(self.samples) >= opts.max_samples or (elapsed >= opts.max_seconds and len(self.samples) >= opts.min_samples):
             return True
-        if elapsed >= opts.min_seconds and len(self.clean) >= opts.min_samples \
+        if not self.settled and elapsed >= opts.min_seconds and len(self.clean) >= opts.min_samples \
                 and median_rel_err(self.clean) <= opts.target_rel_err:
+            self.settled = True
+        if self.settled and not hold:
             return True
         return elapsed >= opts.max_seconds * 4   # a kernel so slow that min_samples take too long
 

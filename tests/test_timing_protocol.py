@@ -174,6 +174,13 @@ def test_kernels_timed_together_take_turns_and_their_ratio_does_not_carry_the_dr
     assert b.count == 20 and host.order[-10:] == ["b"] * 10
     assert 1.6 < b.median / a.median < 2.6
     assert 0 < a.seconds < b.seconds                              # each is charged its own time
+    # a kernel whose median settled samples on while the other has not: the same stretch of time
+    host = DriftingHost(per_call=0.0)
+    settles_at_once = TimingOptions(min_samples=3, min_seconds=0.0, min_sample_s=0.0, target_rel_err=1.0)
+    a, b = time_together([host.kernel("a", 0.001), host.kernel("b", 0.002)], [settles_at_once, opts],
+                         clock=QuietClock(), calls=[1, 1])
+    assert b.count == 20 and a.count > 3 and a.seconds > 0.5 * b.seconds
+    assert len(host.order) - host.order[::-1].index("a") > host.order.index("b")
 
 
 def test_a_busy_kernel_backs_off_while_the_others_sample_on():
