@@ -64,8 +64,10 @@ SLOWER_BEYOND_NOISE = 0.02   # a chosen best this much slower than the default i
 
 @contextmanager
 def busy_core(seconds: float):
-    """A plain busy-loop process (one core's worth) that ends by itself after `seconds`."""
-    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+    """A plain busy-loop process (one core's worth) that ends by itself after `seconds`, or when
+    this process is gone (a benchmark killed from outside must not leave a core busy)."""
+    code = (f"import os, time\nparent = os.getppid()\nend = time.time() + {seconds}\n"
+            f"while time.time() < end and os.getppid() == parent:\n    pass\n")
     proc = subprocess.Popen([sys.executable, "-c", code])
     time.sleep(0.3)
     try:

@@ -356,7 +356,8 @@ class _KernelSampling:
     def start_attempt(self, clock: ThreadWaitClock, now: float) -> None:
         clock.refresh()
         self.threads = max(1, clock.threads)
-        self.samples, self.clean = [], []
+        self.samples: list = []
+        self.clean: list = []
         self.lost_ns, self.own_s = 0, 0.0
         self.t_start = now
         self.backing_off = False

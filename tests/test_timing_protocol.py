@@ -145,22 +145,23 @@ class DriftingHost:
 
 def test_kernels_timed_together_take_turns_and_their_ratio_does_not_carry_the_drift(monkeypatch):
     """Timed one after the other, two equal kernels take their figures from two stretches of the
-    host's drift (ratio ~1.4); timed together, in turns, from the same stretch (ratio ~1), each
+    host's drift (ratio ~1.7); timed together, in turns, from the same stretch (ratio ~1), each
     still by its own options and stopping rule, and each turn opened by an untimed call."""
     from compiler import timing
     from compiler.timing import time_together
     opts = TimingOptions(min_samples=20, max_samples=20, min_seconds=0.0, min_sample_s=0.0)
-    host = DriftingHost(per_call=1 / 40)
-    a = time_samples(host.kernel("a", 0.002), opts, clock=QuietClock(), calls=1)
-    b = time_samples(host.kernel("b", 0.002), opts, clock=QuietClock(), calls=1)
+    # sleeps of 4-12 ms: a loaded machine's oversleeping stays small beside the drift
+    host = DriftingHost(per_call=1 / 20)
+    a = time_samples(host.kernel("a", 0.004), opts, clock=QuietClock(), calls=1)
+    b = time_samples(host.kernel("b", 0.004), opts, clock=QuietClock(), calls=1)
     assert b.median / a.median > 1.3
     # turns of one sample each (TURN_S 0), so the test does not hang on how long a sleep lasts
     monkeypatch.setattr(timing, "TURN_S", 0.0)
-    host = DriftingHost(per_call=1 / 40)
-    a, b = time_together([host.kernel("a", 0.002), host.kernel("b", 0.002)], [opts, opts],
+    host = DriftingHost(per_call=1 / 20)
+    a, b = time_together([host.kernel("a", 0.004), host.kernel("b", 0.004)], [opts, opts],
                          clock=QuietClock(), calls=[1, 1])
-    assert host.order[:8] == ["a", "a", "b", "b"] * 2                # an untimed call, then a sample
-    assert a.count == b.count == 20 and 0.9 < b.median / a.median < 1.12
+    assert host.order[:4] == ["a", "a", "b", "b"]                    # an untimed call, then a sample
+    assert a.count == b.count == 20 and 0.87 < b.median / a.median < 1.15
     monkeypatch.undo()
     host = DriftingHost(per_call=0.0)
     time_together([host.kernel("a", 0.002), host.kernel("b", 0.002)], [opts, opts], clock=QuietClock(), calls=[1, 1])
@@ -172,7 +173,7 @@ def test_kernels_timed_together_take_turns_and_their_ratio_does_not_carry_the_dr
                          clock=QuietClock(), calls=[1, 1])
     assert a.count == 5 and host.order.count("a") == 6            # its samples and one warm-up call
     assert b.count == 20 and host.order[-10:] == ["b"] * 10
-    assert 1.6 < b.median / a.median < 2.6
+    assert 1.3 < b.median / a.median < 2.6
     assert 0 < a.seconds < b.seconds                              # each is charged its own time
     # a kernel whose median settled samples on while the other has not: the same stretch of time
     host = DriftingHost(per_call=0.0)
