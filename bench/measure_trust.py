@@ -512,16 +512,20 @@ def main() -> int:
                 busy_costs = [r.cost for r in runner.run(task, builds)]
             rank_corr = spearman(quiet_costs, busy_costs)
 
-            # one kernel, 5 separate measuring processes
             # one kernel, 5 separate measuring processes; numpy's matmul between them is the
-            # machine's own drift over the same minutes (the protocol cannot remove that)
+            # machine's own drift over the same minutes (the protocol cannot remove that). Each
+            # process's figure is a row, with the marks its calibration gave it
             medians, numpy_medians = [], []
-            for _ in range(5):
+            for i in range(5):
                 with LocalRunner() as fresh:
-                    medians.append(fresh.run(task, builds[:1])[0].cost)
+                    res = fresh.run(task, builds[:1])[0]
+                medians.append(res.cost)
                 time.sleep(0.3)
                 numpy_medians.append(numpy_window())
                 time.sleep(0.3)
+                marks = ",".join(m for m in ("slow_window", "remeasured") if getattr(res, m)) or "-"
+                rows.append(("matmul 256³", f"repeat {i + 1}", f"{res.cost * 1e3:.4f} ms", f"numpy {numpy_medians[-1] * 1e3:.4f} ms",
+                             f"spread {res.spread or 0.0:.3f}", "default", marks, "-"))
             repeat_cv = statistics.pstdev(medians) / statistics.mean(medians)
             drift_cv = statistics.pstdev(numpy_medians) / statistics.mean(numpy_medians)
 
@@ -537,6 +541,8 @@ def main() -> int:
         "retime_gap": max(retime_gaps.values()),
         "retime_gaps": retime_gaps,
         "repeat_cv": round(repeat_cv, 4),
+        "repeat_ms": [round(m * 1e3, 4) for m in medians],
+        "numpy_repeat_ms": [round(m * 1e3, 4) for m in numpy_medians],
         "numpy_drift_cv": round(drift_cv, 4),
         "disturbed_fraction_quiet": round(disturbed["quiet"][0] / max(1, disturbed["quiet"][1]), 4),
         "disturbed_fraction_under_load": round(disturbed["busy"][0] / max(1, disturbed["busy"][1]), 4),

@@ -15,6 +15,15 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   a frequency governor) is averaged into every sample instead of hiding between them, and each
   sample's run-queue wait (time other processes took) is taken out of it (`on_cpu_seconds`): the
   calibration says how fast the process runs when it runs, so a loaded host is not a slow worker.
+  A fifth speed, `sync_n`, is the team's own: barriers a second of a running team of all the
+  worker's threads (compiler/parallel_probe.py's barrier probe; none on one thread). Cores whose
+  caches are far apart pass a cache line between them slowly; a cloud VM's two vCPUs spend seconds
+  at a time so placed (Zen 4 VM: a barrier 0.50 us against 0.25, a fork and join 1.26 us against
+  0.59), and then every kernel whose threads share data or meet often runs slower while the FMA
+  tile and the stream, each thread on its own data, do not notice (the 256³ matmul default 1.31x,
+  the 3x3 conv default about 2x, a candidate with one parallel loop barely): a comparison of
+  two kernels taken then holds only then. The barrier is what moves, sharply and with little
+  noise, so it is what tells that regime.
 - **The device's own history** (`SpeedHistory`): the calibrations of this device key on this host
   (the records store's `calibrations` table for the local runner, the agent's own for an agent).
   A calibration's *speed index* is the lowest of its speeds' ratios to the history's upper
@@ -55,7 +64,7 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("tunefarm.calibration")
 
-CALIBRATION_VERSION = 2      # bumped whenever the kernels, their schedules or the way they are timed change
+CALIBRATION_VERSION = 3      # bumped whenever the kernels, their schedules or the way they are timed change
 SLOW_RATIO = 0.8             # a calibration below this share of the device's median is slow
 MIN_HISTORY = 3              # comparable calibrations needed before anything is judged
 HISTORY_SIZE = 25            # the newest calibrations the median is taken over
@@ -63,12 +72,13 @@ DEGRADE_AFTER = 3            # windows in a row slow after replacement: the devi
 MAX_REPLACEMENTS = 2         # fresh processes tried per slow window before giving up on it
 CAL_SAMPLE_S = 2e-3          # a calibration sample lasts at least this (see the module docstring)
 CAL_MIN_SAMPLES = 5          # clean samples a calibration figure needs, or it counts as disturbed
-METRICS = ("fma_1", "fma_n", "stream_1", "stream_n")
-TEAM_METRICS = ("fma_n", "stream_n")   # the speeds the verdict is taken on (speed_index) ...
+METRICS = ("fma_1", "fma_n", "stream_1", "stream_n", "sync_n")
+TEAM_METRICS = ("fma_n", "stream_n", "sync_n")   # the speeds the verdict is taken on (speed_index) ...
 LONE_THREAD_SLOW_RATIO = 0.6  # ... with the one-thread speeds where they fall below this share
 
 FMA_SHAPE = (256, 256, 128)  # M, N, K of the FMA tile
 STREAM_N = 1 << 20           # floats of the stream's arrays
+SYNC_BARRIERS = 100          # barriers of the team per call of the sync probe
 
 HEALTHY, SLOW, UNKNOWN, DEGRADED = "healthy", "slow", "unknown", "degraded"
 
@@ -118,7 +128,8 @@ _KERNELS_LOCK = threading.Lock()
 
 
 def calibration_kernels() -> dict:
-    """{"fma": (kernel, arrays), "stream": (kernel, arrays)}, built once per process for the host."""
+    """{"fma": (kernel, arrays), "stream": (kernel, arrays), "sync": (kernel, arrays)}, built once
+    per process for the host (the sync probe's team size is its first parameter: set per call)."""
     with _KERNELS_LOCK:
         if not _KERNELS:
             _KERNELS.update(_build_kernels())
@@ -164,8 +175,12 @@ def _build_kernels() -> dict:
 
     def arr(*shape):
         return (rng.random(shape, dtype=np.float32) * 0.9 + 0.1).astype(np.float32)
+    from compiler.parallel_probe import Probes
+    from compiler.target import resolve_target
+    sync = Probes(resolve_target(None)).barriers   # params: team, barriers, 0; out: its ticks
     return {"fma": (fma, [arr(m, k), arr(k, n), np.zeros((m, n), np.float32)]),
-            "stream": (stream, [arr(STREAM_N), arr(STREAM_N), np.zeros(STREAM_N, np.float32)])}
+            "stream": (stream, [arr(STREAM_N), arr(STREAM_N), np.zeros(STREAM_N, np.float32)]),
+            "sync": (sync, [np.array([1, SYNC_BARRIERS, 0], np.int64), np.zeros(1, np.int64)])}
 
 
 _WARMED: set = set()          # thread counts this process has calibrated at
@@ -174,14 +189,16 @@ _WARMED: set = set()          # thread counts this process has calibrated at
 def calibrate(threads: int | None = None, lock: bool = True) -> dict:
     """Time the calibration kernels in this process on one thread and on `threads` (default: every
     core), holding the host's timing lock unless `lock` is False (the caller holds it). Returns
-    {"version", "threads", "fma_1", "fma_n" (GFLOPS), "stream_1", "stream_n" (GB/s),
+    {"version", "threads", "fma_1", "fma_n" (GFLOPS), "stream_1", "stream_n" (GB/s), "sync_n"
+    (millions of barriers a second of a team of `threads`; only for two threads or more),
     "disturbed" (the metrics whose timing other processes disturbed), "seconds", "pid"}."""
     import contextlib
 
     from compiler import host_lock
     from compiler.runtime import set_num_threads
 
-    kernels = calibration_kernels()
+    kernels = dict(calibration_kernels())
+    sync_kernel, sync_arrays = kernels.pop("sync")
     n = max(1, min(int(threads or os.cpu_count() or 1), os.cpu_count() or 1))
     m, nn, k = FMA_SHAPE
     work = {"fma": 2.0 * m * nn * k / 1e9, "stream": 12.0 * STREAM_N / 1e9}
@@ -200,6 +217,12 @@ def calibrate(threads: int | None = None, lock: bool = True) -> dict:
                     out[f"{name}_{suffix}"] = work[name] / per_call
                     if unsure:
                         disturbed.append(f"{name}_{suffix}")
+            if n > 1:   # the team's barriers (the probe forks its own team of n)
+                sync_arrays[0][0] = n
+                per_call, unsure = on_cpu_seconds(sync_kernel, sync_arrays)
+                out["sync_n"] = SYNC_BARRIERS / per_call / 1e6
+                if unsure:
+                    disturbed.append("sync_n")
             _WARMED.add(n)
     out["disturbed"] = disturbed
     out["seconds"] = time.perf_counter() - t0
@@ -216,7 +239,7 @@ def _clean(cal: dict, metric: str) -> bool:
     """Whether the calibration's figure for `metric` is its own: other processes did not disturb
     its timing (a foreign busy loop slows the all-threads figures of a loaded host; that is load,
     which the measurements' own checks see, not the worker's speed)."""
-    return metric in cal and metric not in (cal.get("disturbed") or ())
+    return cal.get(metric) is not None and metric not in (cal.get("disturbed") or ())
 
 
 def reference(history: list, cal: dict) -> dict:

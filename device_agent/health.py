@@ -43,7 +43,7 @@ def _figure(value) -> float:
 def calibration_message(pb, cal: dict):
     """A calibration dict (calibrate()'s, with id, state and speed_index) as a pb.Calibration."""
     index = cal.get("speed_index")
-    figures = {m: _figure(cal[m]) for m in METRICS}
+    figures = {m: _figure(cal.get(m) or 0.0) for m in METRICS}   # (no sync_n on one thread)
     disturbed = sorted(set(cal.get("disturbed") or ()) | {m for m, v in figures.items() if v == 0.0})
     return pb.Calibration(id=str(cal["id"]), version=int(cal["version"]), threads=int(cal["threads"]),
                           **figures, disturbed=disturbed,

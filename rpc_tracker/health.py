@@ -31,7 +31,7 @@ HOST_HISTORY = 100                           # calibrations kept per device key 
 MAX_HOSTS = 4096                             # (device key, host) histories kept, least recently used out
 MAX_CALIBRATIONS = 200                       # calibrations one report may carry
 MAX_ID = 128
-FIGURES = ("fma_1", "fma_n", "stream_1", "stream_n")
+FIGURES = ("fma_1", "fma_n", "stream_1", "stream_n", "sync_n")
 
 
 @dataclass

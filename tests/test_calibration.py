@@ -205,15 +205,37 @@ def test_a_history_begun_in_a_slow_regime_learns_the_fast_one():
     assert state == C.SLOW and index < 0.6
 
 
+def test_a_team_that_meets_slowly_is_a_slow_worker_though_each_thread_computes_as_fast():
+    """The regime a cloud VM's vCPUs fall into for seconds (Zen 4 VM: a barrier 0.50 us against
+    0.25; the 256³ matmul default 1.31x slower, the FMA tile and the stream unmoved): only the
+    team's barrier speed drops, and it alone makes the verdict. A one-thread worker has no team
+    to judge (no sync_n), and its history's missing figure is no figure."""
+    past = [_cal(62.0, 124.0 - i, 47.0, 108.0, sync_n=3.9 - 0.05 * i) for i in range(C.MIN_HISTORY)]
+    far_apart = _cal(62.0, 122.0, 47.0, 106.0, sync_n=1.95)
+    state, index = C.judge(far_apart, past)
+    assert state == C.SLOW and index == pytest.approx(1.95 / 3.875)
+    assert C.judge(_cal(62.0, 122.0, 47.0, 106.0, sync_n=3.3), past)[0] == C.HEALTHY   # 0.85: the usual spread
+    assert C.judge(_cal(62.0, 122.0, 47.0, 106.0, sync_n=1.95, disturbed=["sync_n"]), past)[0] == C.HEALTHY
+    lone = [dict(_cal(62.0, 62.0, 47.0, 47.0), threads=1, sync_n=None) for _ in range(C.MIN_HISTORY)]
+    assert C.judge(dict(_cal(62.0, 61.0, 47.0, 46.0), threads=1), lone)[0] == C.HEALTHY
+
+
+def test_a_calibration_measures_the_teams_barriers_on_two_threads_and_more():
+    cal = C.calibrate(threads=2)
+    assert cal["version"] == C.CALIBRATION_VERSION and 0.05 < cal["sync_n"] < 1000.0   # M barriers/s
+    assert "sync_n" not in C.calibrate(threads=1)
+
+
 def test_calibrations_round_trip_in_the_store(db_url):
     with SQLRecordsStore(db_url) as s:
         cal = {"version": 1, "threads": 2, "fma_1": 50.0, "fma_n": 90.0, "stream_1": 10.0, "stream_n": 12.0,
                "disturbed": ["stream_n"]}
         for i in range(3):
-            s.add_calibration("x86", "h1", dict(cal, fma_1=50.0 + i), "healthy", 1.0)
+            s.add_calibration("x86", "h1", dict(cal, fma_1=50.0 + i, sync_n=3.5), "healthy", 1.0)
         s.add_calibration("x86", "h2", cal, "slow", 0.5)
         got = s.calibrations("x86", "h1", limit=2)
         assert [c["fma_1"] for c in got] == [51.0, 52.0] and got[0]["disturbed"] == ["stream_n"]
+        assert got[0]["sync_n"] == 3.5 and s.calibrations("x86", "h2")[0]["sync_n"] is None
         assert [c["state"] for c in s.calibrations("x86", "h2")] == ["slow"]
         assert s.calibrations("x86", "h1", threads=4) == []
 

@@ -76,7 +76,7 @@ def test_migration_creates_schema_and_is_idempotent(empty_db_url):
         assert s.count() == 1
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0010"]
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == ["0011"]
     engine.dispose()
 
 
@@ -91,7 +91,7 @@ def test_postgresql_is_never_migrated_implicitly(pg_database):
     engine = sa.create_engine(url)
     with engine.begin() as conn:                  # as if written by the previous tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0002'"))
-    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0010; run `tunefarm db upgrade"):
+    with pytest.raises(StoreError, match=r"at schema 0002, this tunefarm needs 0011; run `tunefarm db upgrade"):
         open_store(url)
     with engine.begin() as conn:                  # written by a newer tunefarm
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0999'"))

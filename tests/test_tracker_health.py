@@ -126,6 +126,8 @@ def test_calibrations_are_kept_per_key_and_host_each_once(state):
     (pb.AgentHealth(calibrations=[calibration("x/1", fma=-1.0)]), "calibrations[0].fma_1 must be a finite, non-negative"),
     (pb.AgentHealth(calibrations=[calibration("x/1", fma=math.inf)]), "calibrations[0].fma_1 must be a finite, non-negative"),
     (pb.AgentHealth(calibrations=[calibration("x/1", verdict="degraded")]), "verdict 'degraded' is not one of"),
+    (pb.AgentHealth(calibrations=[pb.Calibration(id="x/1", version=3, threads=2, sync_n=-2.0)]),
+     "calibrations[0].sync_n must be a finite, non-negative"),
     (pb.AgentHealth(calibrations=[calibration(f"x/{i}") for i in range(H.MAX_CALIBRATIONS + 1)]), "at most"),
 ])
 def test_malformed_health_reports_are_refused_naming_the_field(msg, needle):
@@ -149,3 +151,19 @@ def test_farm_status_shows_health_and_speed_index():
     assert "degraded" in lines["bad"] and "0.42" in lines["bad"]
     assert "unknown" in lines["old"] and "—" in lines["old"]
     assert "degraded (no work until a calibration shows it recovered): bad" in text
+
+
+def test_a_calibrations_team_barrier_speed_travels_to_the_tracker_and_back():
+    """sync_n goes in the protocol's Calibration and comes back as judging reads it; a one-thread
+    calibration has none: it travels as 0, listed among the figures no sample gave (never judged)."""
+    from device_agent.calibration import CALIBRATION_VERSION
+    from device_agent.health import calibration_dict, calibration_message
+    cal = {"id": "a/1", "version": CALIBRATION_VERSION, "threads": 2, "fma_1": 60.0, "fma_n": 120.0,
+           "stream_1": 40.0, "stream_n": 90.0, "sync_n": 3.9, "disturbed": [], "state": "healthy", "speed_index": 1.0}
+    back = calibration_dict(pb.Calibration.FromString(calibration_message(pb, cal).SerializeToString()))
+    assert back["sync_n"] == 3.9 and back["disturbed"] == []
+    lone = dict(cal, threads=1)
+    del lone["sync_n"]
+    msg = calibration_message(pb, lone)
+    assert msg.sync_n == 0.0 and "sync_n" in msg.disturbed
+    H.report_of(pb.AgentHealth(calibrations=[msg]), "HeartbeatRequest.health")     # accepted as it is

@@ -267,6 +267,7 @@ class CalibrationRow(Base):
     fma_n: Mapped[float] = mapped_column(Float)          # ... on `threads`
     stream_1: Mapped[float] = mapped_column(Float)       # GB/s of the stream, one thread
     stream_n: Mapped[float] = mapped_column(Float)
+    sync_n: Mapped[float | None] = mapped_column(Float, nullable=True)   # M barriers/s of the team (none on 1 thread)
     disturbed: Mapped[list] = mapped_column(JSON)        # the metrics other processes disturbed
     speed_index: Mapped[float | None] = mapped_column(Float, nullable=True)   # against the history before it
     state: Mapped[str] = mapped_column(String(16))       # healthy, slow or unknown

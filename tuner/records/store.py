@@ -464,6 +464,7 @@ class SQLRecordsStore(RecordsStore):
         values = {"device_key": device_key, "host": host, "version": int(calibration["version"]),
                   "threads": int(calibration["threads"]), "created_at": utcnow(),
                   **{m: float(calibration[m]) for m in ("fma_1", "fma_n", "stream_1", "stream_n")},
+                  "sync_n": None if calibration.get("sync_n") is None else float(calibration["sync_n"]),
                   "disturbed": list(calibration.get("disturbed") or []),
                   "speed_index": None if speed_index is None else float(speed_index), "state": str(state)}
         with self.db.session(write=True) as s:
