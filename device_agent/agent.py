@@ -113,6 +113,7 @@ class AgentConfig:
     window_requests: int = 8          # requests of one window at most (measured, then calibrated, then reported)
     degrade_after: int | None = None  # slow windows in a row before degraded (None: calibration.DEGRADE_AFTER)
     max_replacements: int | None = None  # fresh workers tried per slow window (None: calibration.MAX_REPLACEMENTS)
+    recovery_wait_seconds: float | None = None   # then waiting out a host-wide slow spell (None: calibration.RECOVERY_WAIT_S)
 
     def __post_init__(self):
         if not self.device_key or not self.device_key.strip():
@@ -133,6 +134,8 @@ class AgentConfig:
             raise ValueError(f"degrade_after must be at least 1, got {self.degrade_after}")
         if self.max_replacements is not None and self.max_replacements < 1:
             raise ValueError(f"max_replacements must be at least 1, got {self.max_replacements}")
+        if self.recovery_wait_seconds is not None and not 0 <= self.recovery_wait_seconds <= 600:
+            raise ValueError(f"recovery_wait_seconds must be 0 to 600, got {self.recovery_wait_seconds}")
 
 
 
@@ -458,7 +461,8 @@ class Agent:
         # a window here is whatever requests were queued, of any jobs, each under its own lease and
         # timeout: they are timed one at a time, so each is answered within its own time
         calibrated = CalibratedWorker(worker, self.health.history, degrade_after=cfg.degrade_after,
-                                      max_replacements=cfg.max_replacements, interleave=False) if cfg.calibrate else None
+                                      max_replacements=cfg.max_replacements, recovery_wait=cfg.recovery_wait_seconds,
+                                      interleave=False) if cfg.calibrate else None
         try:
             worker.start()
             if calibrated is not None:

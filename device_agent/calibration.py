@@ -40,6 +40,9 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   replaced (a new process, placed anew by the OS, its OpenMP team bound afresh) and calibrated,
   and the window is measured again (`remeasured`). A slow verdict is confirmed by a second
   calibration first, so one unlucky timing replaces nothing.
+- **A slow spell of the host**: where every replacement reads slow too, the last one is
+  calibrated again for a few seconds (`RECOVERY_WAIT_S`) before the window is given up on: a
+  host-wide spell passes, a slow process does not.
 - **Degraded**: a device whose replacement workers stay slow for `DEGRADE_AFTER` windows in a
   row is reported degraded (`state`); its windows are no longer measured again (it would not
   help), and their answers stay marked, so nothing downstream takes a best from them. A marked or
@@ -70,6 +73,8 @@ MIN_HISTORY = 3              # comparable calibrations needed before anything is
 HISTORY_SIZE = 25            # the newest calibrations the median is taken over
 DEGRADE_AFTER = 3            # windows in a row slow after replacement: the device is degraded
 MAX_REPLACEMENTS = 2         # fresh processes tried per slow window before giving up on it
+RECOVERY_WAIT_S = 8.0        # then calibrations this long at most, for a host-wide slow spell to pass
+RECOVERY_PAUSE_S = 0.5       # between those calibrations
 CAL_SAMPLE_S = 2e-3          # a calibration sample lasts at least this (see the module docstring)
 CAL_MIN_SAMPLES = 5          # clean samples a calibration figure needs, or it counts as disturbed
 METRICS = ("fma_1", "fma_n", "stream_1", "stream_n", "sync_n")
@@ -341,11 +346,11 @@ class CalibratedWorker:
 
     def __init__(self, worker, history: SpeedHistory | None = None, threads: int | None = None,
                  calibration_timeout: float = 60.0, on_calibration=None, degrade_after: int | None = None,
-                 max_replacements: int | None = None, interleave: bool = True):
+                 max_replacements: int | None = None, interleave: bool = True, recovery_wait: float | None = None):
         self.worker = worker
         self.interleave = interleave   # a window's kernels timed together (WorkerProcess.run_window)
-        # None: the module's DEGRADE_AFTER / MAX_REPLACEMENTS, read when used
-        self.degrade_after, self.max_replacements = degrade_after, max_replacements
+        # None: the module's DEGRADE_AFTER / MAX_REPLACEMENTS / RECOVERY_WAIT_S, read when used
+        self.degrade_after, self.max_replacements, self.recovery_wait = degrade_after, max_replacements, recovery_wait
         self.history = history if history is not None else SpeedHistory()
         self.threads = threads
         self.calibration_timeout = calibration_timeout
@@ -382,7 +387,12 @@ class CalibratedWorker:
         return state, index
 
     def _replace(self) -> tuple[str, float | None]:
-        """A new process until one calibrates healthy (MAX_REPLACEMENTS tries): its verdict."""
+        """A new process until one calibrates healthy (MAX_REPLACEMENTS tries), then, where every
+        one read slow, calibrations of the last for up to RECOVERY_WAIT_S: its verdict. A fresh
+        process mends a slowness of its own (its team on one core's two hyperthreads, a process
+        stopped on a duty cycle); a slow spell of the whole host (a VM's vCPUs placed far apart
+        for seconds: Zen 4 VM, four fresh processes in a row) passes only with time, and a window
+        measured again once it has is a window not lost."""
         state, index = SLOW, None
         tries = MAX_REPLACEMENTS if self.max_replacements is None else self.max_replacements
         for _ in range(max(1, tries)):
@@ -390,7 +400,11 @@ class CalibratedWorker:
             self.report.replacements += 1
             state, index = self._verdict()
             if state != SLOW:
-                break
+                return state, index
+        deadline = time.monotonic() + (RECOVERY_WAIT_S if self.recovery_wait is None else self.recovery_wait)
+        while state == SLOW and time.monotonic() + RECOVERY_PAUSE_S < deadline:
+            time.sleep(RECOVERY_PAUSE_S)
+            state, index = self._verdict()
         return state, index
 
     def start(self) -> str:

@@ -2,6 +2,7 @@
 
     python -m device_agent --tracker HOST:PORT --key KEY [--token T] [--slots N] [--prefetch N] [--name NAME] [--tls-ca FILE]
                            [--no-calibration] [--recheck SECONDS] [--degrade-after N] [--replacements N]
+                           [--recovery-wait SECONDS]
 
 The token may come from $TUNEFARM_AGENT_TOKEN instead of the command line (where other users of
 the machine could read it). Exit status: 0 after a drain (SIGTERM/SIGINT), 2 on a usage error,
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 3)")
     p.add_argument("--replacements", type=int, default=None, metavar="N",
                    help="fresh measuring workers tried for a slow window before it is marked (default 2)")
+    p.add_argument("--recovery-wait", type=float, default=None, metavar="SECONDS",
+                   help="when every fresh worker reads slow too, calibrate the last one again for this long for a "
+                        "host-wide slow spell to pass before the window is marked (default 8; 0: mark at once)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
 
 
@@ -63,7 +67,8 @@ def run_from_args(args) -> int:
                              prefetch=args.prefetch,
                              name=args.name, tls_ca=args.tls_ca, drain_grace_seconds=args.drain_grace,
                              calibrate=not args.no_calibration, recheck_seconds=args.recheck,
-                             degrade_after=args.degrade_after, max_replacements=args.replacements)
+                             degrade_after=args.degrade_after, max_replacements=args.replacements,
+                             recovery_wait_seconds=args.recovery_wait)
     except ValueError as e:
         print(f"tunefarm agent: error: {e}", file=sys.stderr)
         return EXIT_USAGE

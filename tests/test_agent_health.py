@@ -45,7 +45,7 @@ from tuner.workload import Task
 
 AGENTS = {   # name: (device key, extra options)
     "drifting": ("health-remeasure", ()),
-    "degrading": ("health-degrade", ("--recheck", "1", "--degrade-after", "2", "--replacements", "1")),
+    "degrading": ("health-degrade", ("--recheck", "1", "--degrade-after", "2", "--replacements", "1", "--recovery-wait", "0")),
 }
 # a request takes a few tenths of a second: long enough to start a throttle while it is measured,
 # short enough under one (its sampling is capped, one attempt on a busy host) to keep each test to seconds

@@ -10,6 +10,9 @@ timing afterwards."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from throttle import Throttle
@@ -113,9 +116,34 @@ def test_a_worker_throttled_mid_run_is_detected_replaced_and_its_window_measured
 
 
 @QUIET_HOST
+def test_a_slow_spell_of_the_whole_host_is_waited_out_and_the_window_measured_again(store, kernels, monkeypatch):
+    """Every process of the device slow (a host-wide spell: each replacement reads slow too), then
+    the spell passes while the last replacement is calibrated again: the window is measured again
+    then, not given up on and marked."""
+    monkeypatch.setattr(C, "MAX_REPLACEMENTS", 1)
+    with seeded_runner(store) as runner:
+        runner.calibrated.start()
+        with Throttle(lambda: runner.worker.pid, follow=True) as throttle:
+            def lift():   # the spell passes a moment after the replacement read slow
+                while runner.calibrated.report.replacements < 1:
+                    time.sleep(0.05)
+                time.sleep(1.5)
+                throttle.stop()
+            lifter = threading.Thread(target=lift, daemon=True)
+            lifter.start()
+            results = runner.run(TASK, builds(kernels))
+            lifter.join(30)
+        report = runner.calibrated.report
+    assert throttle.cycles > 10 and report.slow_windows >= 1 and report.replacements == 1
+    assert all(r.ok and r.remeasured and not r.slow_window for r in results)   # measured again, not marked
+    assert report.state == C.HEALTHY
+
+
+@QUIET_HOST
 def test_a_device_that_stays_slow_is_degraded_and_its_figures_rank_last(store, kernels, monkeypatch):
     monkeypatch.setattr(C, "DEGRADE_AFTER", 1)
     monkeypatch.setattr(C, "MAX_REPLACEMENTS", 1)
+    monkeypatch.setattr(C, "RECOVERY_WAIT_S", 1.0)
     with seeded_runner(store) as runner:
         runner.calibrated.start()
         with Throttle(lambda: runner.worker.pid, follow=True):     # every process of the device is slow

@@ -68,7 +68,8 @@ def farm_site(tmp_path_factory):
                     "--agent-token", AGENT_TOKEN, "--tuner-token", TUNER_TOKEN, "--heartbeat", "0.5"], tmp / "tracker.log")]
     env = {"TUNEFARM_AGENT_TOKEN": AGENT_TOKEN, "TUNEFARM_LOCK_DIR": str(lock)}
     agents = {}
-    for name, extra in (("steady-agent", ()), ("stuck-agent", ("--recheck", "1", "--degrade-after", "2", "--replacements", "1"))):
+    for name, extra in (("steady-agent", ()), ("stuck-agent", ("--recheck", "1", "--degrade-after", "2", "--replacements", "1",
+                                                                    "--recovery-wait", "0"))):
         agents[name] = spawn([sys.executable, "-m", "tuner.cli", "agent", "--tracker", address, "--key", KEY, "--name", name,
                               *extra], tmp / f"{name}.log", env)
         procs.append(agents[name])
