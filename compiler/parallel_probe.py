@@ -206,6 +206,45 @@ class Probes:
                                                           ArgSpec("out", (1,), "int64")], target)
 
 
+TEAM_BARRIERS_IR = """
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+declare void @GOMP_barrier()
+
+define internal void @tf_team_barrier_loop(ptr %data) {
+entry:
+  %reps_at = getelementptr i64, ptr %data, i64 1
+  %reps = load i64, ptr %reps_at
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  call void @GOMP_barrier()
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %reps
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+
+define i32 @tf_team_barriers(ptr noalias %params, ptr %record) {
+entry:
+  %team64 = load i64, ptr %params
+  %team = trunc i64 %team64 to i32
+  call void @GOMP_parallel(ptr @tf_team_barrier_loop, ptr %params, i32 %team, i32 0)
+  ret i32 0
+}
+"""
+
+
+def team_barrier_kernel(target) -> Kernel:
+    """A kernel of one parallel region of a team of params[0] threads passing params[1] barriers
+    back to back: what a team's synchronisation costs, timed from outside like any kernel. No
+    cycle counter (unlike the probes above, which the scaling model reads on x86): an Arm board's
+    cycle counter is not readable from user space, and the measuring worker calibrates with this
+    (device_agent/calibration.py) on every device."""
+    obj = compile_module(TEAM_BARRIERS_IR, target)
+    return Kernel("tf_team_barriers", obj, [ArgSpec("params", (2,), "int64", False)], target)
+
+
 def ticks_per_second(probes: Probes, seconds: float = 0.05) -> float:
     out = np.zeros(1, np.int64)
     rates = []
@@ -276,4 +315,4 @@ def measure_parallel_costs(target=None, teams=(1, 2)) -> ParallelCosts:
     return ParallelCosts(rate, clock_pair_ticks(probes) / rate, fork_join, cores, barrier)
 
 
-__all__ = ["ParallelCosts", "measure_parallel_costs"]
+__all__ = ["ParallelCosts", "measure_parallel_costs", "team_barrier_kernel"]

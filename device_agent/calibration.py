@@ -16,7 +16,7 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   sample's run-queue wait (time other processes took) is taken out of it (`on_cpu_seconds`): the
   calibration says how fast the process runs when it runs, so a loaded host is not a slow worker.
   A fifth speed, `sync_n`, is the team's own: barriers a second of a running team of all the
-  worker's threads (compiler/parallel_probe.py's barrier probe; none on one thread). Cores whose
+  worker's threads (compiler.parallel_probe.team_barrier_kernel; none on one thread). Cores whose
   caches are far apart pass a cache line between them slowly; a cloud VM's two vCPUs spend seconds
   at a time so placed (Zen 4 VM: a barrier 0.50 us against 0.25, a fork and join 1.26 us against
   0.59), and then every kernel whose threads share data or meet often runs slower while the FMA
@@ -180,12 +180,12 @@ def _build_kernels() -> dict:
 
     def arr(*shape):
         return (rng.random(shape, dtype=np.float32) * 0.9 + 0.1).astype(np.float32)
-    from compiler.parallel_probe import Probes
+    from compiler.parallel_probe import team_barrier_kernel
     from compiler.target import resolve_target
-    sync = Probes(resolve_target(None)).barriers   # params: team, barriers, 0; out: its ticks
+    sync = team_barrier_kernel(resolve_target(None))   # params: team, barriers
     return {"fma": (fma, [arr(m, k), arr(k, n), np.zeros((m, n), np.float32)]),
             "stream": (stream, [arr(STREAM_N), arr(STREAM_N), np.zeros(STREAM_N, np.float32)]),
-            "sync": (sync, [np.array([1, SYNC_BARRIERS, 0], np.int64), np.zeros(1, np.int64)])}
+            "sync": (sync, [np.array([1, SYNC_BARRIERS], np.int64)])}
 
 
 _WARMED: set = set()          # thread counts this process has calibrated at
