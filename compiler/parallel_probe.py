@@ -29,7 +29,25 @@ from .codegen_llvm import CHUNKS_PER_THREAD, COUNTER_STRIDE
 from .runtime import ArgSpec, Kernel, compile_module
 from .target import resolve_target
 
-PROBE_IR = """
+BARRIER_LOOP_IR = """
+; params[1] barriers back to back, on every thread of the region that calls it
+define internal void @tf_probe_barrier_loop(ptr %data) {
+entry:
+  %reps_at = getelementptr i64, ptr %data, i64 1
+  %reps = load i64, ptr %reps_at
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  call void @GOMP_barrier()
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %reps
+  br i1 %more, label %loop, label %done
+done:
+  ret void
+}
+"""
+
+PROBE_IR = ("""
 declare i64 @llvm.readcyclecounter()
 declare void @GOMP_parallel(ptr, ptr, i32, i32)
 declare i32 @omp_get_num_threads()
@@ -88,21 +106,7 @@ done:
   ret void
 }
 
-define internal void @tf_probe_barrier_loop(ptr %data) {
-entry:
-  %reps_at = getelementptr i64, ptr %data, i64 1
-  %reps = load i64, ptr %reps_at
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %loop]
-  call void @GOMP_barrier()
-  %next = add i64 %i, 1
-  %more = icmp slt i64 %next, %reps
-  br i1 %more, label %loop, label %done
-done:
-  ret void
-}
-
+""" + BARRIER_LOOP_IR + """
 define i32 @tf_probe_barriers(ptr noalias %params, ptr noalias %out, ptr %record) {
 entry:
   %team64 = load i64, ptr %params
@@ -137,7 +141,7 @@ done:
   store i64 %d, ptr %out
   ret i32 0
 }
-""".replace("CHUNKS", str(CHUNKS_PER_THREAD)).replace("COUNTER", str(COUNTER_STRIDE))
+""").replace("CHUNKS", str(CHUNKS_PER_THREAD)).replace("COUNTER", str(COUNTER_STRIDE))
 
 
 @dataclass
@@ -210,26 +214,12 @@ TEAM_BARRIERS_IR = """
 declare void @GOMP_parallel(ptr, ptr, i32, i32)
 declare void @GOMP_barrier()
 
-define internal void @tf_team_barrier_loop(ptr %data) {
-entry:
-  %reps_at = getelementptr i64, ptr %data, i64 1
-  %reps = load i64, ptr %reps_at
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %loop]
-  call void @GOMP_barrier()
-  %next = add i64 %i, 1
-  %more = icmp slt i64 %next, %reps
-  br i1 %more, label %loop, label %done
-done:
-  ret void
-}
-
+""" + BARRIER_LOOP_IR + """
 define i32 @tf_team_barriers(ptr noalias %params, ptr %record) {
 entry:
   %team64 = load i64, ptr %params
   %team = trunc i64 %team64 to i32
-  call void @GOMP_parallel(ptr @tf_team_barrier_loop, ptr %params, i32 %team, i32 0)
+  call void @GOMP_parallel(ptr @tf_probe_barrier_loop, ptr %params, i32 %team, i32 0)
   ret i32 0
 }
 """
