@@ -226,7 +226,9 @@ def calibrate(threads: int | None = None, lock: bool = True) -> dict:
                 sync_arrays[0][0] = n
                 per_call, unsure = on_cpu_seconds(sync_kernel, sync_arrays)
                 out["sync_n"] = SYNC_BARRIERS / per_call / 1e6
-                if unsure:
+                # a team's barrier waits for its slowest thread: beside foreign load that the
+                # other all-threads figures saw, it reads the load (half speed now and then)
+                if unsure or any(f"{name}_n" in disturbed for name in kernels):
                     disturbed.append("sync_n")
             _WARMED.add(n)
     out["disturbed"] = disturbed
@@ -388,7 +390,8 @@ class CalibratedWorker:
 
     def _replace(self) -> tuple[str, float | None]:
         """A new process until one calibrates healthy (MAX_REPLACEMENTS tries), then, where every
-        one read slow, calibrations of the last for up to RECOVERY_WAIT_S: its verdict. A fresh
+        one read slow on a host nothing else loaded (the last calibration undisturbed),
+        calibrations of the last for up to RECOVERY_WAIT_S: its verdict. A fresh
         process mends a slowness of its own (its team on one core's two hyperthreads, a process
         stopped on a duty cycle); a slow spell of the whole host (a VM's vCPUs placed far apart
         for seconds: Zen 4 VM, four fresh processes in a row) passes only with time, and a window
@@ -401,6 +404,9 @@ class CalibratedWorker:
             state, index = self._verdict()
             if state != SLOW:
                 return state, index
+        last = self.report.calibrations[-1] if self.report.calibrations else {}
+        if last.get("disturbed"):
+            return state, index      # other processes hold the cores: load, which waiting does not tell from a spell
         deadline = time.monotonic() + (RECOVERY_WAIT_S if self.recovery_wait is None else self.recovery_wait)
         while state == SLOW and time.monotonic() + RECOVERY_PAUSE_S < deadline:
             time.sleep(RECOVERY_PAUSE_S)
