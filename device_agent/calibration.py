@@ -40,9 +40,10 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   replaced (a new process, placed anew by the OS, its OpenMP team bound afresh) and calibrated,
   and the window is measured again (`remeasured`). A slow verdict is confirmed by a second
   calibration first, so one unlucky timing replaces nothing.
-- **A slow spell of the host**: where every replacement reads slow too, the last one is
-  calibrated again for a few seconds (`RECOVERY_WAIT_S`) before the window is given up on: a
-  host-wide spell passes, a slow process does not.
+- **A slow spell of the host**: where every replacement reads slow too and nothing else loads
+  the host (the last calibration undisturbed), the last one is calibrated again for a few
+  seconds (`RECOVERY_WAIT_S`) before the window is given up on: a host-wide spell passes, a slow
+  process does not, and load is not waited for.
 - **Degraded**: a device whose replacement workers stay slow for `DEGRADE_AFTER` windows in a
   row is reported degraded (`state`); its windows are no longer measured again (it would not
   help), and their answers stay marked, so nothing downstream takes a best from them. A marked or

@@ -248,6 +248,37 @@ def test_a_team_that_meets_slowly_is_a_slow_worker_though_each_thread_computes_a
     assert C.judge(dict(_cal(62.0, 61.0, 47.0, 46.0), threads=1), lone)[0] == C.HEALTHY
 
 
+class _ScriptedWorker:
+    """A measuring worker whose calibrations are given in turn: the replacement and waiting
+    decisions of CalibratedWorker._replace, without their seconds of real processes."""
+
+    def __init__(self, calibrations):
+        self.calibrations, self.pid, self.replaced = list(calibrations), 1, 0
+
+    def run(self, request, timeout):
+        return {"calibration": dict(self.calibrations.pop(0), pid=self.pid)}
+
+    def replace(self):
+        self.pid += 1
+        self.replaced += 1
+
+
+def test_a_spell_is_waited_for_only_on_a_host_nothing_else_loads(monkeypatch):
+    """Every replacement slow: on a quiet host the last is calibrated again until it reads healthy;
+    where the slow calibration saw foreign load, nothing is waited for (load does not pass by
+    waiting, and the barrier reads it)."""
+    monkeypatch.setattr(C, "RECOVERY_PAUSE_S", 0.01)
+    monkeypatch.setattr(C, "RECOVERY_WAIT_S", 5.0)
+    healthy = _cal(62.0, 124.0, 47.0, 108.0, sync_n=3.9)
+    spell = _cal(62.0, 122.0, 47.0, 106.0, sync_n=1.9)
+    past = [dict(healthy, state=C.HEALTHY, speed_index=1.0)] * C.MIN_HISTORY
+    quiet = C.CalibratedWorker(_ScriptedWorker([spell] * 4 + [healthy]), C.SpeedHistory(past), max_replacements=1)
+    assert quiet._replace()[0] == C.HEALTHY and quiet.worker.replaced == 1 and not quiet.worker.calibrations
+    loaded = dict(spell, disturbed=["fma_n"])
+    busy = C.CalibratedWorker(_ScriptedWorker([loaded] * 2 + [healthy] * 3), C.SpeedHistory(past), max_replacements=1)
+    assert busy._replace()[0] == C.SLOW and len(busy.worker.calibrations) == 3   # not calibrated again
+
+
 def test_a_calibration_measures_the_teams_barriers_on_two_threads_and_more():
     cal = C.calibrate(threads=2)
     assert cal["version"] == C.CALIBRATION_VERSION and 0.05 < cal["sync_n"] < 1000.0   # M barriers/s
