@@ -152,7 +152,7 @@ def _sqlite_file_to_create(url: URL) -> Path | None:
     return None if path.exists() else path
 
 
-POOL_SIZE = 12        # connections a server store keeps open (one per API thread: tuner.service.api.app)
+POOL_SIZE = 12        # connections a server store keeps open (more than an API process's handler threads)
 POOL_OVERFLOW = 4     # more, opened for a burst and closed after it
 
 

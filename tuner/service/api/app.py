@@ -16,7 +16,6 @@ from anyio import to_thread
 from fastapi import FastAPI
 
 from ...records import open_store
-from ...records.engine import POOL_SIZE
 from ..dashboard import install as install_dashboard
 from . import errors
 from .auth import TokenCache, TokenTouches
@@ -30,6 +29,14 @@ from .routers import best, farm, health, jobs, model_jobs, records, targets, wor
 API_PREFIX = "/api/v1"
 DEFAULT_MAX_MODEL_BYTES = 256 << 20   # ResNet-50 in float32 is ~100 MB, BERT-base ~440 MB: raise it for those
 VERSION = "1.0.0"
+# Handler threads per API process. A handler's Python holds the interpreter lock for most of
+# its time, so more threads than cores-worth of lock only add lock handoffs and context
+# switches: with 12 threads a request cost a quarter more CPU (bench/service_load.py at
+# saturation, Zen 4: 325-433 requests/s at 12 threads, 457-571 at 3-4, read p99 under load
+# 60-124 ms against 20-48). Two threads let one slow request (a submit, a cold lowering of a
+# best record) hold up the rest: p99 180 ms. Fewer than the store's pool: a handler never waits
+# for a connection.
+API_THREADS = 4
 
 
 def create_app(store_url: str | None = None, *, public_read: bool = False, tracker: str | None = None,
@@ -43,9 +50,9 @@ def create_app(store_url: str | None = None, *, public_read: bool = False, track
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.store = open_store(store_url)      # StoreError (e.g. schema behind) stops the server
-        # the handlers run in anyio's thread pool: as many threads as the store has connections
-        # (anyio's default of 40 queued them for connections and on the interpreter lock)
-        to_thread.current_default_thread_limiter().total_tokens = POOL_SIZE
+        # the handlers run in anyio's thread pool, API_THREADS of them (anyio's default of 40
+        # queued them for connections and on the interpreter lock)
+        to_thread.current_default_thread_limiter().total_tokens = API_THREADS
         try:
             yield
         finally:
