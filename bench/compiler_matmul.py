@@ -1,7 +1,8 @@
 """fp32 matmul with the default (hand-written) schedule against numpy's `@`, in the same run.
 
 Reports GFLOPS of both (interleaved, median of repeats), the build time (lower + codegen +
-LLVM compile + load), and the speed-up of 2 threads over 1. Last line: one JSON object.
+LLVM compile + load), and the speed-up of all threads (as many as this process may use: its CPU
+affinity, numpy's too) over 1. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def main():
     result["blas"] = blas_report()
     print(blas_line())
     print(f"{'kernel':<28}{'GFLOPS':>10}")
-    print(f"{'tunefarm (2 threads)':<28}{result['gflops']:>10}")
+    print(f"{f'tunefarm ({target.num_cores} thread' + ('s)' if target.num_cores > 1 else ')'):<28}{result['gflops']:>10}")
     print(f"{'tunefarm (1 thread)':<28}{result['gflops_1_thread']:>10}")
     print(f"{'numpy @ (OpenBLAS)':<28}{result['numpy_gflops']:>10}")
     print(f"ratio {result['ratio']}  build {result['build_ms_median']} ms  threads speed-up {result['threads_speedup']}")

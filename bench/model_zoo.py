@@ -839,6 +839,7 @@ def main() -> int:
 
     import compiler
     from compiler.graph import ShapeSpecializedModel, from_onnx
+    from compiler.target import usable_cores
 
     exporters = EXPORTERS if args.exporter == "both" else (args.exporter,)
     batches, seqs = list(dict.fromkeys(args.batch)), list(dict.fromkeys(args.seq))
@@ -948,7 +949,7 @@ def main() -> int:
 
     def export_all(tmp: str) -> dict:
         """{(name, exporter): (seconds, None or why it failed)}: each torch-defined model exported
-        with symbolic axes into tmp/NAME.EXPORTER/NAME.onnx before anything is timed, two export
+        with symbolic axes into tmp/NAME.EXPORTER/NAME.onnx before anything is timed, several export
         processes at a time (an export is minutes of mostly one-threaded Python: one after another
         they were a sixth of the run; nothing is timed while they run)."""
         todo = [(name, exporter) for name in args.models if not name.startswith("light_") for exporter in exporters]
@@ -964,8 +965,11 @@ def main() -> int:
             print(f"[{elapsed()}] {name}/{exporter}: exported" + (f" (failed: {failed})" if failed else ""), flush=True)
             return round(time.perf_counter() - t0, 1), failed
 
-        print(f"[{elapsed()}] exporting {len(todo)} files, two at a time ...", flush=True)
-        with ThreadPoolExecutor(2) as pool:
+        # two at a time on 2 cores; on a many-core machine half its cores (at most 8: each is a
+        # torch process of a few GB)
+        at_once = max(2, min(8, usable_cores() // 2))
+        print(f"[{elapsed()}] exporting {len(todo)} files, {at_once} at a time ...", flush=True)
+        with ThreadPoolExecutor(at_once) as pool:
             return dict(zip(todo, pool.map(one, todo)))
 
     with tempfile.TemporaryDirectory() as tmp:

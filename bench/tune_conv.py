@@ -8,10 +8,12 @@ worker, records in a fresh SQLite file, end-of-run re-timing), build the best re
 apply-best, and check the default and the tuned kernel against a float64 reference. Then, with
 nothing else of tunefarm running, time the default, the tuned kernel and
 `torch.nn.functional.conv2d` (PyTorch's CPU build calls oneDNN) on the same inputs, alternately
-for `--rounds` rounds, all by the measurement protocol, both libraries on 2 threads.
+for `--rounds` rounds, all by the measurement protocol.
 
 Prints a table, then one JSON line: `tuned_vs_onednn` and `default_vs_onednn` per layer (oneDNN's
-time / ours, same run; > 1 means we are faster) with their `geomean`, trials and tuning seconds.
+time / ours, same run; > 1 means we are faster) with their `geomean`, `default_ms` and
+`onednn_ms` (medians), trials and tuning seconds. Threads: as many as this process may use (its
+CPU affinity), for both libraries.
 Needs the `bench` extra (`pip install -e '.[bench]'`: torch 2.13.0, CPU build).
 """
 
@@ -139,7 +141,7 @@ def main() -> int:
           f"oneDNN {'on' if torch.backends.mkldnn.is_available() else 'OFF'}; {blas_line()}")
     print(f"sketch space, {args.trials} trials per layer; {args.rounds} alternating rounds\n", flush=True)
 
-    rows, tuned_vs, default_vs, tune_seconds, speedups = [], {}, {}, {}, {}
+    rows, tuned_vs, default_vs, tune_seconds, speedups, default_ms, onednn_ms = [], {}, {}, {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for layer in args.layers or SETS[args.set]:
             opdef = get_op("conv2d_nchw", **params(layer))
@@ -179,6 +181,7 @@ def main() -> int:
                     t_torch.append(pause() or time_callable(onednn, ()).median)
             d, t, o = (statistics.median(v) for v in (t_def, t_tuned, t_torch))
             tuned_vs[layer], default_vs[layer] = round(o / t, 3), round(o / d, 3)
+            default_ms[layer], onednn_ms[layer] = round(d * 1e3, 4), round(o * 1e3, 4)
             gf = [f"{opdef.flops / sec / 1e9:.0f}" for sec in (d, t, o)]
             row = (layer, *gf, f"{o / d:.3f}", f"{o / t:.3f}",
                    f"{tune_seconds.get(layer, 0):.0f}", f"{max(errs):.1e}")
@@ -193,6 +196,7 @@ def main() -> int:
     default_vs["geomean"] = round(geomean(v for k, v in default_vs.items()), 3)
     print(json.dumps({"tuned_vs_onednn": tuned_vs, "default_vs_onednn": default_vs,
                       "speedup_over_default": speedups, "tune_seconds": tune_seconds,
+                      "default_ms": default_ms, "onednn_ms": onednn_ms,
                       "trials": args.trials, "rounds": args.rounds, "threads": threads, "cpu": target.cpu}))
     return 0
 
