@@ -249,18 +249,7 @@ def _host_fields() -> tuple:
     feats = llvm.get_host_cpu_features().flatten()
     # keep only enabled features: shorter strings, and the same target text on equal machines
     enabled = ",".join(f for f in feats.split(",") if f.startswith("+"))
-    return (llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, usable_cores())
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset, a
-    batch scheduler's allocation), not every core the machine has. A host target made for 64
-    cores in a process allowed 4 would cut its parallel loops for 64 threads and run a libgomp
-    team of 4 (libgomp sizes its team by the affinity mask)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):     # not Linux
-        return os.cpu_count() or 1
+    return (llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled, os.cpu_count() or 1)
 
 
 @lru_cache(maxsize=256)

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from compiler.errors import CompilerError
 from compiler.runtime import check_runnable
-from compiler.target import Target, usable_cores
+from compiler.target import Target
 from compiler.target_string import enabled_features
 
 
@@ -133,7 +133,7 @@ def describe_host() -> dict:
     """The fields of the protocol's DeviceInfo for this machine."""
     host = Target.host()
     return dict(triple=host.triple, cpu=host.cpu, features=host_features(host),
-                cores=usable_cores(), memory_bytes=memory_bytes(),
+                cores=os.cpu_count() or 1, memory_bytes=memory_bytes(),
                 agent_version=agent_version(), hostname=socket.gethostname(),
                 emulated=is_emulated(), llvmlite_version=llvmlite_version())
 

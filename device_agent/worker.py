@@ -285,11 +285,10 @@ def _check_one(index: int, item: _Loaded):
     behind the search's best (that call is its one sample: compiler.timing); or (error code, message)."""
     from compiler.errors import CompilerError, KernelRuntimeError
     from compiler.runtime import set_num_threads
-    from compiler.target import usable_cores
 
     request, cand, ref = item.request, item.cand, item.ref
     n_in, opts = request.num_inputs, request.options
-    threads = max(1, min(int(opts.num_threads or cand.target.num_cores), usable_cores()))
+    threads = max(1, min(int(opts.num_threads or cand.target.num_cores), os.cpu_count() or 1))
     set_num_threads(threads)
     out_specs = cand.args[n_in:]
     try:

@@ -28,7 +28,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from compiler import host_lock
-from compiler.target import usable_cores
 
 from ..candidate import Candidate, ErrorCode
 from ..workload import Task, Workload
@@ -168,7 +167,7 @@ class BuilderPool:
 
     def __init__(self, n_workers: int | None = None, timeout: float = 20.0, initializer=None,
                  start_method: str = "spawn"):
-        self.n_workers = max(1, int(n_workers or usable_cores()))
+        self.n_workers = max(1, int(n_workers or os.cpu_count() or 1))
         if timeout <= 0:
             raise ValueError(f"build timeout must be positive, got {timeout!r}")
         self.timeout = float(timeout)
