@@ -1,8 +1,8 @@
 """fp32 matmul with the default (hand-written) schedule against numpy's `@`, in the same run.
 
 Reports GFLOPS of both (interleaved, median of repeats), the build time (lower + codegen +
-LLVM compile + load), and the speed-up of all threads (as many as this process may use: its CPU
-affinity, numpy's too) over 1. Last line: one JSON object.
+LLVM compile + load), and the speed-up of `--threads` (default: every core; numpy's BLAS on as
+many) over 1. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -38,10 +38,17 @@ def main():
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of ours vs numpy")
     ap.add_argument("--builds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of ours and numpy's BLAS (default: every core; the kernel is made for every core)")
     args = ap.parse_args()
     n = args.n
     op = get_op("matmul", M=n, N=n, K=n)
     target = compiler.Target.host()
+    threads = args.threads or target.num_cores
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(threads, user_api="blas")
+    compiler.set_num_threads(threads)
 
     build_ms = []
     for _ in range(args.builds):
@@ -62,7 +69,7 @@ def main():
         ref_t.append(median_seconds(lambda: a @ b, 3, number))
         compiler.set_num_threads(1)
         ours_1t.append(median_seconds(lambda: kernel(a, b, c), 3, number))
-        compiler.set_num_threads(target.num_cores)
+        compiler.set_num_threads(threads)
     t_ours, t_np, t_1 = statistics.median(ours), statistics.median(ref_t), statistics.median(ours_1t)
     result = {
         "n": n,
@@ -74,11 +81,12 @@ def main():
         "gflops_1_thread": round(flops / t_1 / 1e9, 1),
         "rel_err": rel_err,
         "target": target.cpu,
+        "threads": threads,
     }
     result["blas"] = blas_report()
     print(blas_line())
     print(f"{'kernel':<28}{'GFLOPS':>10}")
-    print(f"{f'tunefarm ({target.num_cores} thread' + ('s)' if target.num_cores > 1 else ')'):<28}{result['gflops']:>10}")
+    print(f"{f'tunefarm ({threads} thread' + ('s)' if threads > 1 else ')'):<28}{result['gflops']:>10}")
     print(f"{'tunefarm (1 thread)':<28}{result['gflops_1_thread']:>10}")
     print(f"{'numpy @ (OpenBLAS)':<28}{result['numpy_gflops']:>10}")
     print(f"ratio {result['ratio']}  build {result['build_ms_median']} ms  threads speed-up {result['threads_speedup']}")

@@ -8,9 +8,10 @@ The one prepared run for a lent many-core machine: within `--budget` seconds (de
 - `bench/compiler_matmul.py --n 2048` (the default matmul against numpy)
 
 at each of `--threads` (default 1 2 4 8 16, those this process may use), each run in its own
-process restricted to that many cores (CPU affinity: tunefarm's host target, libgomp, oneDNN,
-onnxruntime and OpenBLAS all size themselves by it, so every side runs on the same cores and
-tunefarm's defaults are made for that core count, as a user's process pinned so would get them).
+process on that many threads of every library, its CPU affinity restricted to that many cores
+(so no side's threads wander onto cores another run's leave warm). tunefarm's kernels are made
+for every core of the machine either way, the kernels `bench/scaling.py --cores` predicts: a
+measured speed-up is one kernel's time on one thread over its time on N.
 The most-threads runs come first, then one thread (each speed-up's base), then the rest while
 the budget lasts: a run that would not fit, judged by the same benchmark's last run, is skipped
 and named. Beside each measured speed-up (a kernel's or a network's time on one thread over its
@@ -54,9 +55,10 @@ def usable_cpus() -> list[int]:
 
 def command(bench: str, threads: int, models: list[str] | None) -> list[str]:
     if bench == "conv":
-        return ["tune_conv.py", "--trials", "0", "--rounds", str(ROUNDS["conv"])]
+        return ["tune_conv.py", "--trials", "0", "--rounds", str(ROUNDS["conv"]), "--threads", str(threads)]
     if bench == "matmul":
-        return ["compiler_matmul.py", "--n", "2048", "--rounds", str(ROUNDS["matmul"]), "--builds", "3"]
+        return ["compiler_matmul.py", "--n", "2048", "--rounds", str(ROUNDS["matmul"]), "--builds", "3",
+                "--threads", str(threads)]
     return ["model_zoo.py", "--threads", str(threads), "--rounds", str(ROUNDS["zoo"])] + (
         ["--models", *models] if models else [])
 

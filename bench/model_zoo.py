@@ -74,6 +74,7 @@ import gc
 import inspect
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -839,7 +840,6 @@ def main() -> int:
 
     import compiler
     from compiler.graph import ShapeSpecializedModel, from_onnx
-    from compiler.target import usable_cores
 
     exporters = EXPORTERS if args.exporter == "both" else (args.exporter,)
     batches, seqs = list(dict.fromkeys(args.batch)), list(dict.fromkeys(args.seq))
@@ -967,7 +967,7 @@ def main() -> int:
 
         # two at a time on 2 cores; on a many-core machine half its cores (at most 8: each is a
         # torch process of a few GB)
-        at_once = max(2, min(8, usable_cores() // 2))
+        at_once = max(2, min(8, (os.cpu_count() or 2) // 2))
         print(f"[{elapsed()}] exporting {len(todo)} files, {at_once} at a time ...", flush=True)
         with ThreadPoolExecutor(at_once) as pool:
             return dict(zip(todo, pool.map(one, todo)))

@@ -12,8 +12,8 @@ for `--rounds` rounds, all by the measurement protocol.
 
 Prints a table, then one JSON line: `tuned_vs_onednn` and `default_vs_onednn` per layer (oneDNN's
 time / ours, same run; > 1 means we are faster) with their `geomean`, `default_ms` and
-`onednn_ms` (medians), trials and tuning seconds. Threads: as many as this process may use (its
-CPU affinity), for both libraries.
+`onednn_ms` (medians), trials and tuning seconds. Both libraries run on `--threads` (default:
+every core); the kernels are the host target's, made for every core.
 Needs the `bench` extra (`pip install -e '.[bench]'`: torch 2.13.0, CPU build).
 """
 
@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--set", choices=list(SETS), default="resnet50",
                     help="ResNet-50's layers, other networks' convolutions (dilated, grouped, depthwise, odd sizes), or all")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of both libraries (default: every core; the kernels are made for every core)")
     args = ap.parse_args()
 
     torch = import_torch()
@@ -134,7 +136,7 @@ def main() -> int:
     from tuner.numpy_baselines import time_callable
 
     target = compiler.Target.host()
-    threads = target.num_cores
+    threads = args.threads or target.num_cores
     torch.set_num_threads(threads)
     compiler.set_num_threads(threads)
     print(f"host target: -mcpu={target.cpu}, {threads} threads; torch {torch.__version__}, "
