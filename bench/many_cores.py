@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -80,7 +80,8 @@ def run_one(bench: str, threads: int, cpus: list[int], models, timeout: float, l
     """One benchmark in a child process on the first `threads` of `cpus`: (its JSON, "" or why
     not, seconds)."""
     allowed = set(cpus[:threads])
-    cmd = [sys.executable, str(BENCH / command(bench, threads, models)[0]), *command(bench, threads, models)[1:]]
+    script, *flags = command(bench, threads, models)
+    cmd = [sys.executable, str(BENCH / script), *flags]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, timeout), cwd=BENCH.parent,
@@ -113,7 +114,7 @@ def plural(threads: int) -> str:
 
 def geomean(values) -> float:
     values = [v for v in values if v and v > 0]
-    return round(math.exp(sum(map(math.log, values)) / len(values)), 3) if values else 0.0
+    return round(statistics.geometric_mean(values), 3) if values else 0.0
 
 
 def figures(bench: str, result: dict) -> tuple[dict, dict]:
