@@ -23,6 +23,7 @@ from conftest import pg_schema_url
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.records import SQLRecordsStore, StoreError, codec, open_store
 from tuner.records import engine as engine_mod
+from tuner.records.jobs import _JOB_BY_ID as JOB_BY_ID
 from tuner.records.jobs import UnknownJob
 from tuner.records.models import VERSION_TABLE, Base, RecordRow
 from tuner.records.retakes import RETAKEN_ROWS
@@ -408,16 +409,18 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
         empty = s.jobs.submit([(TASK, 1.0, None)], {}, space="sketch", strategy="random", scheduler="round_robin", trials=1)
         assert s.job_retakes(empty) == {"windows": [], "tasks": {}, "capped": False}
         assert s.job_with_retakes(job) == (s.jobs.get(job), got)        # what a job's page reads, on one connection
+        assert s.job_with_retakes(empty) == (s.jobs.get(empty), s.job_retakes(empty))     # the job row said: none
         with pytest.raises(UnknownJob):
             s.job_with_retakes(empty + 1000)
         with s.db.session() as session:             # the plan: only the partial index's entries are read
             postgres = session.bind.dialect.name == "postgresql"
             if postgres:
                 session.execute(sa.text("SET LOCAL enable_seqscan = off"))   # a tiny table: make it show its choice
-            stmt = RETAKEN_ROWS.params(job_id=job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
-            plan = " ".join(str(r) for r in session.execute(sa.text(
-                ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())
-        assert "ix_records_job_id_retaken" in plan, plan
+            for read in (RETAKEN_ROWS, JOB_BY_ID):      # the marked records, and the job row's "any of them?"
+                stmt = read.params(job_id=job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
+                plan = " ".join(str(r) for r in session.execute(sa.text(
+                    ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())
+                assert "ix_records_job_id_retaken" in plan, plan
 
 
 def test_best_ranks_slow_window_records_last_and_finds_them_in_their_own_index(db_url):

@@ -18,7 +18,7 @@ import os
 import socket
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from ..workload import Task
@@ -32,6 +32,12 @@ MAX_PAGE = 500
 # a job's failed measurements, counted with the job row (the records.job_id index: one range)
 _JOB_ERRORS = (select(func.count(RecordRow.id)).where(RecordRow.job_id == JobRow.id, RecordRow.error_code != 0)
                .correlate(JobRow).scalar_subquery().label("errors"))
+# whether any of the job's records was re-taken or marked (the ix_records_job_id_retaken partial
+# index, its predicate term for term as retakes.RETAKEN_ROWS has it): a polled job reads its
+# re-taken windows only when there are some, one statement fewer for almost every poll
+_JOB_RETAKEN = (exists(select(RecordRow.id).where(RecordRow.job_id == JobRow.id, RecordRow.job_id.is_not(None),
+                                                  text("(records.remeasured OR records.slow_window)")))
+                .correlate(JobRow).label("retaken"))
 _JOB_TASK_COLUMNS = (JobTaskRow.job_id, JobTaskRow.position, JobTaskRow.task_id, JobTaskRow.weight, JobTaskRow.flops,
                      JobTaskRow.trials, JobTaskRow.batches, JobTaskRow.errors, JobTaskRow.best_cost,
                      JobTaskRow.best_record_id, JobTaskRow.baseline_cost, JobTaskRow.timings, JobTaskRow.disturbed_timings)
@@ -45,7 +51,7 @@ def _job_select():
 
 # the statements of a job read, built once: building one and computing its cache key cost
 # more CPU than running it (SQLAlchemy memoizes the key on the statement object)
-_JOB_BY_ID = _job_select().where(JobRow.id == bindparam("job_id"))
+_JOB_BY_ID = _job_select().add_columns(_JOB_RETAKEN).where(JobRow.id == bindparam("job_id"))
 _TASKS_OF_JOBS = (select(*_JOB_TASK_COLUMNS).where(JobTaskRow.job_id.in_(bindparam("job_ids", expanding=True)))
                   .order_by(JobTaskRow.job_id, JobTaskRow.position))
 
@@ -291,7 +297,13 @@ class JobQueue:
     def read(self, conn, job_id: int) -> Job:
         """`get` on an open read (Database.read's ReadConnection), for a page that reads more
         beside the job on the same connection."""
-        return self._job(conn, self._job_row(conn, job_id))
+        return self.read_polled(conn, job_id)[0]
+
+    def read_polled(self, conn, job_id: int) -> tuple[Job, bool]:
+        """(`read`, whether any of the job's measurements was re-taken or marked): what a polled
+        job's page needs to know before it reads those (store.job_with_retakes)."""
+        row = self._job_row(conn, job_id)
+        return self._job(conn, row), bool(row.retaken)
 
     def page(self, state: str | None = None, workload: str | None = None, target: str | None = None,
              before_id: int | None = None, limit: int = 50) -> list[Job]:

@@ -35,6 +35,11 @@ RETAKEN_ROWS = (
     .order_by(RecordRow.job_id.desc(), RecordRow.id.desc()).limit(MAX_RETAKEN_ROWS + 1))
 
 
+def none_retaken() -> dict:
+    """What `job_retakes` says of a job none of whose measurements was re-taken or marked."""
+    return {"windows": [], "tasks": {}, "capped": False}
+
+
 def job_retakes(conn, job_id: int, limit: int = 200) -> dict:
     """On `conn` (a Connection, or Database.read's ReadConnection): {"windows": the job's
     re-taken windows newest first, at most `limit`, each a dict of

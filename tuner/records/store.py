@@ -604,7 +604,8 @@ class SQLRecordsStore(RecordsStore):
         """A job (UnknownJob if there is none) and its `job_retakes`, on one connection: what a
         job's page polls every 2 s."""
         with self.db.read() as conn:
-            return self.jobs.read(conn, job_id), retakes.job_retakes(conn, job_id)
+            job, retaken = self.jobs.read_polled(conn, job_id)
+            return job, (retakes.job_retakes(conn, job_id) if retaken else retakes.none_retaken())
 
     def job_retakes(self, job_id: int, limit: int = 200) -> dict:
         """The job's measurements taken again after a slow window, or marked: grouped by window,

@@ -35,7 +35,10 @@ VERSION = "1.0.0"
 # saturation, Zen 4: 325-433 requests/s at 12 threads, 457-571 at 3-4, read p99 under load
 # 60-124 ms against 20-48). Two threads let one slow request (a submit, a cold lowering of a
 # best record) hold up the rest: p99 180 ms. Fewer than the store's pool: a handler never waits
-# for a connection.
+# for a connection. Not the event loop either: hot reads made `async` (run on the loop, no thread
+# hand-off) cost 40 % less CPU a job poll with one process alone (bench/api_cpu.py), but each
+# process then had one database round trip in flight and left the CPU to the job workers while
+# it waited: 353 requests/s at saturation against 541 in the same hour, p99 under load 57 ms.
 API_THREADS = 4
 
 
