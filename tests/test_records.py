@@ -23,8 +23,7 @@ from conftest import pg_schema_url
 from tuner.candidate import Candidate, ErrorCode, MeasureResult
 from tuner.records import SQLRecordsStore, StoreError, codec, open_store
 from tuner.records import engine as engine_mod
-from tuner.records.jobs import _JOB_BY_ID as JOB_BY_ID
-from tuner.records.jobs import UnknownJob
+from tuner.records.jobs import POLLED_JOB_BY_ID, UnknownJob
 from tuner.records.models import VERSION_TABLE, Base, RecordRow
 from tuner.records.retakes import RETAKEN_ROWS
 from tuner.workload import Task, Workload
@@ -416,7 +415,7 @@ def test_a_jobs_retaken_windows_are_read_from_its_marked_records_only(db_url):
             postgres = session.bind.dialect.name == "postgresql"
             if postgres:
                 session.execute(sa.text("SET LOCAL enable_seqscan = off"))   # a tiny table: make it show its choice
-            for read in (RETAKEN_ROWS, JOB_BY_ID):      # the marked records, and the job row's "any of them?"
+            for read in (RETAKEN_ROWS, POLLED_JOB_BY_ID):      # the marked records, and the job row's "any of them?"
                 stmt = read.params(job_id=job).compile(dialect=session.bind.dialect, compile_kwargs={"literal_binds": True})
                 plan = " ".join(str(r) for r in session.execute(sa.text(
                     ("EXPLAIN " if postgres else "EXPLAIN QUERY PLAN ") + str(stmt))).all())

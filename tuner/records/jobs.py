@@ -51,7 +51,8 @@ def _job_select():
 
 # the statements of a job read, built once: building one and computing its cache key cost
 # more CPU than running it (SQLAlchemy memoizes the key on the statement object)
-_JOB_BY_ID = _job_select().add_columns(_JOB_RETAKEN).where(JobRow.id == bindparam("job_id"))
+_JOB_BY_ID = _job_select().where(JobRow.id == bindparam("job_id"))
+POLLED_JOB_BY_ID = _JOB_BY_ID.add_columns(_JOB_RETAKEN)     # what read_polled reads: the job and "any re-taken?"
 _TASKS_OF_JOBS = (select(*_JOB_TASK_COLUMNS).where(JobTaskRow.job_id.in_(bindparam("job_ids", expanding=True)))
                   .order_by(JobTaskRow.job_id, JobTaskRow.position))
 
@@ -292,17 +293,13 @@ class JobQueue:
     def get(self, job_id: int) -> Job:
         """The job with its tasks' progress and error count; UnknownJob if there is none."""
         with self._db.read() as s:
-            return self.read(s, job_id)
-
-    def read(self, conn, job_id: int) -> Job:
-        """`get` on an open read (Database.read's ReadConnection), for a page that reads more
-        beside the job on the same connection."""
-        return self.read_polled(conn, job_id)[0]
+            return self._job(s, self._job_row(s, job_id))
 
     def read_polled(self, conn, job_id: int) -> tuple[Job, bool]:
-        """(`read`, whether any of the job's measurements was re-taken or marked): what a polled
-        job's page needs to know before it reads those (store.job_with_retakes)."""
-        row = self._job_row(conn, job_id)
+        """(`get` on an open read, Database.read's ReadConnection; whether any of the job's
+        measurements was re-taken or marked): what a polled job's page reads first, on the
+        connection it reads those on if there are some (store.job_with_retakes)."""
+        row = self._job_row(conn, job_id, POLLED_JOB_BY_ID)
         return self._job(conn, row), bool(row.retaken)
 
     def page(self, state: str | None = None, workload: str | None = None, target: str | None = None,
@@ -355,8 +352,8 @@ class JobQueue:
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def _job_row(s: Session, job_id: int):
-        row = s.connection().execute(_JOB_BY_ID, {"job_id": int(job_id)}).first()
+    def _job_row(s: Session, job_id: int, stmt=_JOB_BY_ID):
+        row = s.connection().execute(stmt, {"job_id": int(job_id)}).first()
         if row is None:
             raise UnknownJob(f"no job {job_id}")
         return row
