@@ -151,7 +151,7 @@ class ThreadWaitClock:
             pass
 
 
-def _cpu_times() -> tuple[float, float] | None:
+def cpu_times() -> tuple[float, float] | None:
     """(busy seconds of the whole host, CPU seconds of this process) or None without /proc."""
     try:
         with open("/proc/stat") as f:
@@ -165,6 +165,15 @@ def _cpu_times() -> tuple[float, float] | None:
     idle = values[3] + (values[4] if len(values) > 4 else 0)   # idle + iowait
     busy = sum(values[:8]) - idle                              # user..steal, not guest (counted in user)
     return busy / ticks, (int(own[11]) + int(own[12])) / ticks  # utime + stime of all threads
+
+
+def foreign_busy(before: tuple[float, float] | None, after: tuple[float, float] | None, elapsed: float) -> float:
+    """CPUs' worth of other processes' work between two `cpu_times()` readings `elapsed` seconds
+    apart (0.0 when either is missing). /proc/stat counts in ticks of 10 ms: over a tenth of a
+    second the figure is good to about 0.2 CPU."""
+    if before is None or after is None or elapsed <= 0:
+        return 0.0
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / elapsed)
 
 
 @dataclass
@@ -288,7 +297,7 @@ def time_together(run_batches: list, options: list | None = None, clock: ThreadW
     own_clock = clock is None
     clock = clock or ThreadWaitClock()
     started = time.perf_counter()
-    cpu0 = _cpu_times()
+    cpu0 = cpu_times()
     try:
         states = [_KernelSampling(rb, (o or TimingOptions()).check(), c) for rb, o, c in zip(run_batches, options, calls)]
         for st in states:
@@ -327,11 +336,8 @@ def time_together(run_batches: list, options: list | None = None, clock: ThreadW
             for st in states:
                 if st.backing_off and st.resume_at <= now:
                     st.start_attempt(clock, now)
-        cpu1 = _cpu_times()
         elapsed = time.perf_counter() - started
-        host_busy = 0.0
-        if cpu0 is not None and cpu1 is not None and elapsed > 0:
-            host_busy = max(0.0, ((cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / elapsed)
+        host_busy = foreign_busy(cpu0, cpu_times(), elapsed)
         return [st.timing(clock.available, host_busy, elapsed if k == 1 else st.spent) for st in states]
     finally:
         if own_clock:

@@ -15,6 +15,10 @@ equally "clean". What notices it is a fixed yardstick timed in the same process:
   a frequency governor) is averaged into every sample instead of hiding between them, and each
   sample's run-queue wait (time other processes took) is taken out of it (`on_cpu_seconds`): the
   calibration says how fast the process runs when it runs, so a loaded host is not a slow worker.
+  Where other processes worked beside it anyway (`host_busy`, from /proc/stat, half a core or
+  more: `loaded`), the verdict asks for a slowdown load cannot explain (`LOADED_SLOW_RATIO`): on
+  a VM whose vCPUs are one core's hyperthreads on the host, a neighbour slows the calibration
+  without taking its run-queue time.
   A fifth speed, `sync_n`, is the team's own: barriers a second of a running team of all the
   worker's threads (compiler.parallel_probe.team_barrier_kernel; none on one thread). Cores whose
   caches are far apart pass a cache line between them slowly; a cloud VM's two vCPUs spend seconds
@@ -78,6 +82,8 @@ RECOVERY_WAIT_S = 8.0        # then calibrations this long at most, for a host-w
 RECOVERY_PAUSE_S = 0.5       # between those calibrations
 CAL_SAMPLE_S = 2e-3          # a calibration sample lasts at least this (see the module docstring)
 CAL_MIN_SAMPLES = 5          # clean samples a calibration figure needs, or it counts as disturbed
+FOREIGN_LOAD_CPUS = 0.5      # other processes' work beside a calibration that makes it `loaded` ...
+LOADED_SLOW_RATIO = 0.6      # ... and judged slow only below this share (what load cannot explain)
 METRICS = ("fma_1", "fma_n", "stream_1", "stream_n", "sync_n")
 TEAM_METRICS = ("fma_n", "stream_n", "sync_n")   # the speeds the verdict is taken on (speed_index) ...
 LONE_THREAD_SLOW_RATIO = 0.6  # ... with the one-thread speeds where they fall below this share
@@ -197,11 +203,13 @@ def calibrate(threads: int | None = None, lock: bool = True) -> dict:
     core), holding the host's timing lock unless `lock` is False (the caller holds it). Returns
     {"version", "threads", "fma_1", "fma_n" (GFLOPS), "stream_1", "stream_n" (GB/s), "sync_n"
     (millions of barriers a second of a team of `threads`; only for two threads or more),
-    "disturbed" (the metrics whose timing other processes disturbed), "seconds", "pid"}."""
+    "disturbed" (the metrics whose timing other processes disturbed), "host_busy" (CPUs' worth
+    of other processes' work beside it), "seconds", "pid"}."""
     import contextlib
 
     from compiler import host_lock
     from compiler.runtime import set_num_threads
+    from compiler.timing import cpu_times, foreign_busy
 
     kernels = dict(calibration_kernels())
     sync_kernel, sync_arrays = kernels.pop("sync")
@@ -216,6 +224,7 @@ def calibrate(threads: int | None = None, lock: bool = True) -> dict:
         # thread team's start): exactly the pass that judges a replacement worker. Not timed.
         for _ in range(1 if n in _WARMED else 2):
             disturbed = []
+            pass_start, cpu0 = time.perf_counter(), cpu_times()
             for count, suffix in ((1, "1"), (n, "n")):
                 set_num_threads(count)
                 for name, (kernel, arrays) in kernels.items():
@@ -231,6 +240,8 @@ def calibrate(threads: int | None = None, lock: bool = True) -> dict:
                 # other all-threads figures saw, it reads the load (half speed now and then)
                 if unsure or any(f"{name}_n" in disturbed for name in kernels):
                     disturbed.append("sync_n")
+            # other processes' work beside the calibration (judge: `loaded`)
+            out["host_busy"] = foreign_busy(cpu0, cpu_times(), time.perf_counter() - pass_start)
             _WARMED.add(n)
     out["disturbed"] = disturbed
     out["seconds"] = time.perf_counter() - t0
@@ -298,12 +309,22 @@ def speed_index(cal: dict, ref: dict) -> float | None:
     return min(found)
 
 
+def loaded(cal: dict) -> bool:
+    """Whether other processes worked beside the calibration (FOREIGN_LOAD_CPUS or more). On a VM
+    whose vCPUs are one core's hyperthreads on the host, such a neighbour slows every figure
+    without taking run-queue time from the calibration (Zen 5 VM, a busy loop on the other vCPU:
+    FMA on two threads at 0.64-0.9 of its quiet speed, nothing waited), so a loaded calibration is
+    judged slow only below LOADED_SLOW_RATIO: a worker stopped on a duty cycle still reads below
+    that, a neighbour's share of the cores does not."""
+    return float(cal.get("host_busy") or 0.0) >= FOREIGN_LOAD_CPUS
+
+
 def judge(cal: dict, history: list) -> tuple[str, float | None]:
     """(HEALTHY, SLOW or UNKNOWN, speed index) of a calibration against the device's history."""
     index = speed_index(cal, reference(history, cal))
     if index is None:
         return UNKNOWN, None
-    return (SLOW if index < SLOW_RATIO else HEALTHY), index
+    return (SLOW if index < (LOADED_SLOW_RATIO if loaded(cal) else SLOW_RATIO) else HEALTHY), index
 
 
 class SpeedHistory:

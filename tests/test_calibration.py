@@ -163,6 +163,10 @@ def test_a_device_that_stays_slow_is_degraded_and_its_figures_rank_last(store, k
     ({"fma_1": 100, "fma_n": 190, "stream_1": 20, "stream_n": 30}, C.HEALTHY),
     ({"fma_1": 100, "fma_n": 100, "stream_1": 20, "stream_n": 30}, C.SLOW),          # all threads at half speed
     ({"fma_1": 100, "fma_n": 100, "stream_1": 20, "stream_n": 30, "disturbed": ["fma_n"]}, C.HEALTHY),   # load, not speed
+    # other processes worked beside it (a VM's SMT neighbour takes no run-queue time): what load explains ...
+    ({"fma_1": 100, "fma_n": 130, "stream_1": 20, "stream_n": 30, "host_busy": 1.0}, C.HEALTHY),
+    ({"fma_1": 100, "fma_n": 130, "stream_1": 20, "stream_n": 30, "host_busy": 0.2}, C.SLOW),   # ... not a trace of it
+    ({"fma_1": 100, "fma_n": 90, "stream_1": 20, "stream_n": 30, "host_busy": 1.0}, C.SLOW),    # ... and not this
 ])
 def test_judging_against_the_device_history(cal, expect):
     past = [{"version": C.CALIBRATION_VERSION, "threads": 2, "fma_1": 100 + i, "fma_n": 200 - i, "stream_1": 20,
