@@ -71,7 +71,8 @@ class Farm:
         name = extra[list(extra).index("--name") + 1] if "--name" in extra else f"agent-{i}"
         proc = self._spawn(self.hosts.agents[i], name, [
             sys.executable, "-m", "device_agent", "--tracker", self.hosts.tracker_address, "--key", KEY,
-            *([] if "--name" in extra else ["--name", name]), "--verbose", *extra], env={"TUNEFARM_AGENT_TOKEN": token})
+            *([] if "--name" in extra else ["--name", name]), "--verbose", "--no-calibration", *extra],
+            env={"TUNEFARM_AGENT_TOKEN": token})   # the protocol's tests: calibration has its own
         self.agent_procs[name] = proc
         return proc
 

@@ -115,7 +115,7 @@ def tracker_with_agent(tmp_path):
     log = tmp_path / "agent.log"
     with open(log, "wb") as out:
         agent = subprocess.Popen([sys.executable, "-m", "device_agent", "--tracker", server.address, "--key", KEY,
-                                  "--name", "agent-here", "--slots", "1"],
+                                  "--name", "agent-here", "--slots", "1", "--no-calibration"],
                                  cwd=ROOT, env=dict(os.environ, TUNEFARM_AGENT_TOKEN=AGENT_TOKEN, PYTHONUNBUFFERED="1"),
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:

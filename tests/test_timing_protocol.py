@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -154,14 +155,18 @@ def test_kernels_timed_together_take_turns_and_their_ratio_does_not_carry_the_dr
     host = DriftingHost(per_call=1 / 20)
     a = time_samples(host.kernel("a", 0.004), opts, clock=QuietClock(), calls=1)
     b = time_samples(host.kernel("b", 0.004), opts, clock=QuietClock(), calls=1)
-    assert b.median / a.median > 1.3
+    apart = b.median / a.median
+    assert apart > 1.3
     # turns of one sample each (TURN_S 0), so the test does not hang on how long a sleep lasts
     monkeypatch.setattr(timing, "TURN_S", 0.0)
     host = DriftingHost(per_call=1 / 20)
     a, b = time_together([host.kernel("a", 0.004), host.kernel("b", 0.004)], [opts, opts],
                          clock=QuietClock(), calls=[1, 1])
     assert host.order[:4] == ["a", "a", "b", "b"]                    # an untimed call, then a sample
-    assert a.count == b.count == 20 and 0.87 < b.median / a.median < 1.15
+    # b's samples come two calls after a's (about 5 % later in the drift); a loaded machine's
+    # oversleeping adds noise to both, so the bound is the drift the turns took out: most of it
+    together = b.median / a.median
+    assert a.count == b.count == 20 and 0.8 < together < 1.25 and abs(math.log(together)) < 0.5 * math.log(apart)
     monkeypatch.undo()
     host = DriftingHost(per_call=0.0)
     time_together([host.kernel("a", 0.002), host.kernel("b", 0.002)], [opts, opts], clock=QuietClock(), calls=[1, 1])

@@ -194,7 +194,7 @@ def test_agent_reports_with_report_result_when_the_tracker_has_no_report_stream(
     env = dict(os.environ, TUNEFARM_AGENT_TOKEN=AGENT_TOKEN, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     with open(log, "wb") as out:
         agent = subprocess.Popen([sys.executable, "-m", "device_agent", "--tracker", srv.address, "--key", "old",
-                                  "--name", "new-agent", "-v"], cwd=ROOT, env=env, stdout=out,
+                                  "--name", "new-agent", "-v", "--no-calibration"], cwd=ROOT, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: farm_summary(srv.address, TUNER_TOKEN).agents, 60, "the agent registered")
@@ -227,7 +227,7 @@ def test_agent_reports_on_the_report_stream(monkeypatch, tmp_path):
     env = dict(os.environ, TUNEFARM_AGENT_TOKEN=AGENT_TOKEN, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     with open(tmp_path / "agent.log", "wb") as out:
         agent = subprocess.Popen([sys.executable, "-m", "device_agent", "--tracker", srv.address, "--key", "new",
-                                  "--name", "new-agent"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  "--name", "new-agent", "--no-calibration"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
     try:
         wait_for(lambda: farm_summary(srv.address, TUNER_TOKEN).agents, 60, "the agent registered")
