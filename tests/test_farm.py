@@ -566,6 +566,7 @@ def test_sigterm_past_the_grace_period_exits_and_leaves_the_request_to_its_lease
         assert "grace" in procs.output(agent)
         # back in the queue with no agent left to take it: the runner gives up after result_timeout
         assert res.error_code == ErrorCode.RUNNER_ERROR and "no result from the farm within 6 s" in res.error_msg
+        assert f"no agent of key {KEY!r} is registered" in res.error_msg, res.error_msg   # ... and why
     finally:
         server.stop(0)
 

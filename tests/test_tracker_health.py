@@ -167,3 +167,19 @@ def test_a_calibrations_team_barrier_speed_travels_to_the_tracker_and_back():
     msg = calibration_message(pb, lone)
     assert msg.sync_n == 0.0 and "sync_n" in msg.disturbed
     H.report_of(pb.AgentHealth(calibrations=[msg]), "HeartbeatRequest.health")     # accepted as it is
+
+
+def test_an_unanswered_request_says_what_the_tracker_knows_of_its_key():
+    """A tuner whose requests went unanswered learns why: no agent of the key, every one of them
+    degraded, or the key's agents and queue."""
+    from tuner.measure.rpc_runner import unanswered_reason
+
+    def farm(*keys):
+        return pb.FarmSummary(keys=[pb.KeySummary(device_key=k, agents=a, degraded=d, queued=q, in_flight=f)
+                                    for k, a, d, q, f in keys])
+    assert unanswered_reason(farm(), "rpi4") == "no agent of key 'rpi4' is registered with the tracker"
+    assert "no agent of key 'rpi4'" in unanswered_reason(farm(("rpi4", 0, 0, 3, 0), ("x86", 2, 0, 0, 0)), "rpi4")
+    why = unanswered_reason(farm(("rpi4", 2, 2, 3, 0)), "rpi4")
+    assert "every agent of key 'rpi4' (2) is degraded" in why and "tunefarm farm status" in why
+    assert unanswered_reason(farm(("rpi4", 2, 1, 3, 1)), "rpi4") == \
+        "key 'rpi4' has 2 agent(s), 1 degraded, 3 request(s) queued and 1 in flight"

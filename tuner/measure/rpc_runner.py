@@ -70,6 +70,21 @@ class FarmRequestError(FarmError):
     """The tracker rejected the batch itself (INVALID_ARGUMENT, an oversized message, ...)."""
 
 
+def unanswered_reason(summary, device_key: str) -> str:
+    """Why requests of `device_key` may have gone unanswered, from the tracker's FarmSummary: no
+    agent of the key, every one of them degraded (they get no work until a calibration shows them
+    recovered), or else how many agents, queued and in-flight requests the key has. A tuner that
+    only saw its timeout would not know which."""
+    mine = next((k for k in summary.keys if k.device_key == device_key), None)
+    if mine is None or mine.agents == 0:
+        return f"no agent of key {device_key!r} is registered with the tracker"
+    if mine.degraded >= mine.agents:
+        return (f"every agent of key {device_key!r} ({mine.agents}) is degraded and gets no work until a "
+                f"calibration shows it recovered (see `tunefarm farm status`)")
+    return (f"key {device_key!r} has {mine.agents} agent(s), {mine.degraded} degraded, {mine.queued} request(s) "
+            f"queued and {mine.in_flight} in flight")
+
+
 class RPCRunner(Runner):
     """Measures on the farm's agents of one device key, with the same MeasureOptions as LocalRunner."""
 
@@ -141,9 +156,12 @@ class RPCRunner(Runner):
             references[rid] = br.reference_bytes or b""
             index[rid] = i
         if requests:
+            why = None   # what the tracker says of the key, asked once when a request goes unanswered
             for rid, answer in self._collect(requests, references, task.target):
                 i = index[rid]
-                yield i, self._to_result(answer, build_results[i])
+                if answer is None and why is None:
+                    why = self._key_state()
+                yield i, self._to_result(answer, build_results[i], why or "")
 
     def _first_contact(self) -> None:
         """Fail fast on a tracker never reached (a wrong address), unlike an outage mid-run, and on a
@@ -185,11 +203,20 @@ class RPCRunner(Runner):
         if tls:
             raise FarmTLSError(f"cannot talk to the tracker at {self.tracker}: {tls}", code) from None
 
-    def _to_result(self, answer, br) -> MeasureResult:
+    def _key_state(self) -> str:
+        """The tracker's word on this runner's key now ("" when it cannot be asked)."""
+        try:
+            summary = self._stub.Summary(pb.SummaryRequest(), metadata=self._metadata, timeout=5.0)
+        except grpc.RpcError:
+            return ""
+        return unanswered_reason(summary, self.device_key)
+
+    def _to_result(self, answer, br, why: str = "") -> MeasureResult:
         if answer is None:
             return MeasureResult(error_code=ErrorCode.RUNNER_ERROR,
                                  error_msg=f"no result from the farm within {self.result_timeout:g} s "
-                                           f"(tracker {self.tracker}, device key {self.device_key!r})",
+                                           f"(tracker {self.tracker}, device key {self.device_key!r})"
+                                           + (f": {why}" if why else ""),
                                  build_seconds=br.build_seconds, measured_by=self._unmeasured_by)
         as_dict = {"costs": list(answer.costs), "error_code": answer.error_code,
                    "error_msg": answer.error_msg, "run_seconds": answer.run_seconds,
